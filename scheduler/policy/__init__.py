@@ -1,0 +1,39 @@
+"""Pure policy core: a :class:`Snapshot` in, :class:`Decisions` out.
+
+Nothing in this package does I/O (tests/test_policy_purity.py checks the
+imports), so it runs the same in the service, in the Jupyter extension, in the
+Kubernetes backend and in the benchmarks.
+"""
+
+from scheduler.policy.model import (
+    BUILD_POOL,
+    MILLI,
+    TRAIN_POOL,
+    Assignment,
+    Decisions,
+    Gpu,
+    Kind,
+    Node,
+    PolicyConfig,
+    Preempt,
+    Project,
+    Reject,
+    Request,
+    Snapshot,
+    Start,
+    Wait,
+    Workload,
+)
+
+__all__ = [
+    "BUILD_POOL", "MILLI", "TRAIN_POOL", "Assignment", "Decisions", "Gpu", "Kind",
+    "Node", "PolicyConfig", "Preempt", "Project", "Reject", "Request", "Snapshot",
+    "Start", "Wait", "Workload", "schedule",
+]
+
+
+def schedule(snapshot: Snapshot) -> Decisions:
+    """Decide what starts where, what is paused and why, for one cycle."""
+    from scheduler.policy.engine import schedule as _schedule
+
+    return _schedule(snapshot)

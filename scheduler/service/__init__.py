@@ -1,0 +1,1 @@
+"""The scheduler service: store, inventory, executor and scheduling loop."""
