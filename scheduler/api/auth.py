@@ -1,0 +1,34 @@
+"""Token authentication for the HTTP API.
+
+The API accepts ``Authorization: token <TOKEN>`` (Jupyter's style) and
+``Authorization: Bearer <TOKEN>``. Which tokens are valid, and who they belong
+to, is the core's business (:meth:`SchedulerCore.authenticate`); this module
+only reads the header and turns "no" into a clear 401.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.errors import Unauthorized
+
+SCHEMES = ("token", "bearer")
+
+
+def parse_authorization(header: str | None) -> str:
+    """Return the token in an Authorization header, or raise Unauthorized saying what is wrong."""
+    if not header or not header.strip():
+        raise Unauthorized("missing token: send the header 'Authorization: token <TOKEN>'")
+    parts = header.strip().split(None, 1)
+    if len(parts) != 2 or parts[0].lower() not in SCHEMES or not parts[1].strip():
+        raise Unauthorized("malformed Authorization header: expected 'token <TOKEN>' or 'Bearer <TOKEN>'")
+    return parts[1].strip()
+
+
+def authenticate(core: Any, header: str | None) -> Any:
+    """Return the core's Actor for the request's token, or raise Unauthorized."""
+    token = parse_authorization(header)
+    actor = core.authenticate(token)
+    if actor is None:
+        raise Unauthorized("invalid token")
+    return actor

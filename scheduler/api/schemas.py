@@ -1,0 +1,287 @@
+"""JSON shapes of the HTTP API, written once and used twice.
+
+The same schema dicts describe the API in the OpenAPI document (OpenAPI 3.0
+dialect, with ``nullable``) and validate request bodies before they reach the
+core (converted to plain JSON Schema for :mod:`jsonschema`). Keeping one source
+means the document cannot drift from what the service actually accepts, and a
+fuzzer driven by the document exercises the real limits.
+
+The limits ("absurd sizes") are deliberately generous: they exist so that a
+typo such as ``gpus: 1e12`` gets a clear 400 instead of reaching the store.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+
+from scheduler.errors import InvalidRequest
+
+# Largest values the API accepts. Beyond these a request is a mistake, not a plan.
+MAX_GPUS = 4096
+MAX_GPU_MEMORY = 2**50  # 1 PiB of GPU memory on one GPU
+MAX_HOST_MEMORY = 2**60
+MAX_CPU = 100_000
+MAX_PRIORITY = 1_000_000
+MAX_QUOTA = 1_000_000  # GPUs
+MAX_NAME = 256
+MAX_STRING = 65_536
+MAX_ITEMS = 4096
+
+NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
+ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+
+JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled", "rejected"]
+JOB_KINDS = ["train", "build"]
+
+
+def _str(max_length: int = MAX_NAME, *, min_length: int = 0, nullable: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
+    if min_length:
+        schema["minLength"] = min_length
+    if nullable:
+        schema["nullable"] = True
+    return schema
+
+
+def _string_map(max_properties: int, key_pattern: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "maxProperties": max_properties,
+        "additionalProperties": _str(MAX_STRING),
+    }
+    if key_pattern:
+        schema["propertyNames"] = {"pattern": key_pattern, "maxLength": MAX_NAME}
+    return schema
+
+
+JOB_SPEC: dict[str, Any] = {
+    "type": "object",
+    "description": "What to run. At most one of gpus, gpu_fraction, gpu_memory; none means CPU only.",
+    "required": ["project"],
+    "additionalProperties": False,
+    "properties": {
+        "project": _str(min_length=1),
+        "kind": {"type": "string", "enum": JOB_KINDS, "default": "train"},
+        "name": _str(nullable=True),
+        "gpus": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS, "nullable": True,
+                 "description": "Whole GPUs (0 or null: none)."},
+        "gpu_fraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                         "exclusiveMaximum": True, "maximum": 1, "nullable": True,
+                         "description": "A share of one GPU, 0 < f < 1."},
+        "gpu_memory": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True,
+                       "description": "Bytes of GPU memory on one GPU."},
+        "gpu_model": _str(nullable=True),
+        "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
+        "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
+                    "items": _str(MAX_STRING)},
+        "workdir": _str(MAX_STRING, nullable=True),
+        "env": _string_map(1024, ENV_NAME),
+        "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
+        "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
+        "labels": _string_map(256),
+        "client_key": _str(nullable=True),
+    },
+}
+
+PROJECT_FIELDS: dict[str, Any] = {
+    "type": "object",
+    "description": "Quotas in GPUs. Fields left out keep their value (or the default for a new project).",
+    "additionalProperties": False,
+    "properties": {
+        "build_quota": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
+        "train_guarantee": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
+        "train_limit": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA, "nullable": True,
+                        "description": "Most training GPUs the project may use; null for no limit."},
+        "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_QUOTA},
+    },
+}
+
+TOKEN_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["user"],
+    "additionalProperties": False,
+    "properties": {"user": {"type": "string", "minLength": 1, "maxLength": 128,
+                            "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]*$"}},
+}
+
+# ------------------------------------------------------------------ replies
+# Replies are described loosely (extra fields allowed) so that the core may add
+# fields without breaking clients; the fields named here are the contract.
+
+ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["error", "status"],
+    "properties": {"error": {"type": "string"}, "status": {"type": "integer"},
+                   "type": {"type": "string", "description": "The scheduler.errors class name."}},
+}
+
+_GPU_SHARE = {"type": "object", "properties": {
+    "id": {"type": "string"}, "index": {"type": "integer"}, "model": {"type": "string"},
+    "milli": {"type": "integer"}, "memory_limit": {"type": "integer", "nullable": True}}}
+
+JOB: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "project", "user", "kind", "state"],
+    "properties": {
+        "id": {"type": "string"}, "name": {"type": "string"}, "project": {"type": "string"},
+        "user": {"type": "string"}, "kind": {"type": "string", "enum": JOB_KINDS},
+        "state": {"type": "string", "enum": JOB_STATES},
+        "request": {"type": "object"},
+        "priority": {"type": "integer"},
+        "submitted_at": {"type": "number"},
+        "started_at": {"type": "number", "nullable": True},
+        "finished_at": {"type": "number", "nullable": True},
+        "attempts": {"type": "integer"}, "preemptible": {"type": "boolean"},
+        "reason": {"type": "string", "nullable": True},
+        "assignment": {"type": "object", "nullable": True, "properties": {
+            "node": {"type": "string"}, "gpus": {"type": "array", "items": _GPU_SHARE}}},
+        "exit_code": {"type": "integer", "nullable": True},
+        "workdir": {"type": "string", "nullable": True},
+        "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
+        "labels": {"type": "object"},
+        "lease_expires_at": {"type": "number", "nullable": True},
+        "env": {"type": "object", "nullable": True},
+    },
+}
+
+PROJECT: dict[str, Any] = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "build_quota": {"type": "number"}, "train_guarantee": {"type": "number"},
+        "train_limit": {"type": "number", "nullable": True}, "weight": {"type": "number"},
+        "usage": {"type": "object"}, "pending": {"type": "integer"},
+    },
+}
+
+POOL: dict[str, Any] = {
+    "type": "object",
+    "required": ["nodes"],
+    "properties": {"simulated": {"type": "boolean"}, "nodes": {"type": "array", "items": {"type": "object"}}},
+}
+
+STATUS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"simulated": {"type": "boolean"}, "pool": POOL,
+                   "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"}},
+}
+
+EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["seq", "type"],
+    "properties": {"seq": {"type": "integer"}, "t": {"type": "number"}, "type": {"type": "string"},
+                   "job_id": {"type": "string"}, "state": {"type": "string"}},
+}
+
+EVENTS: dict[str, Any] = {
+    "type": "object",
+    "required": ["events", "last"],
+    "properties": {"events": {"type": "array", "items": EVENT}, "last": {"type": "integer"}},
+}
+
+LOGS: dict[str, Any] = {
+    "type": "object",
+    "required": ["data", "offset", "eof"],
+    "properties": {"data": {"type": "string"}, "offset": {"type": "integer"}, "eof": {"type": "boolean"}},
+}
+
+WHOAMI: dict[str, Any] = {
+    "type": "object", "required": ["user", "admin"],
+    "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"}},
+}
+
+TOKEN: dict[str, Any] = {
+    "type": "object", "required": ["user", "token"],
+    "properties": {"user": {"type": "string"}, "token": {"type": "string"}},
+}
+
+HISTORY: dict[str, Any] = {
+    "type": "object", "required": ["samples"],
+    "properties": {"samples": {"type": "array", "items": {"type": "object"}}},
+}
+
+COMPONENTS: dict[str, dict[str, Any]] = {
+    "JobSpec": JOB_SPEC, "ProjectFields": PROJECT_FIELDS, "TokenRequest": TOKEN_REQUEST,
+    "Error": ERROR, "Job": JOB, "Project": PROJECT, "Pool": POOL, "Status": STATUS,
+    "Event": EVENT, "Events": EVENTS, "Logs": LOGS, "WhoAmI": WHOAMI, "Token": TOKEN,
+    "History": HISTORY,
+}
+
+
+def to_json_schema(schema: Any) -> Any:
+    """Turn an OpenAPI 3.0 schema into plain JSON Schema (draft 2020-12).
+
+    Only the two differences we use matter: ``nullable: true`` becomes a
+    ``null`` alternative, and the boolean ``exclusiveMinimum``/``exclusiveMaximum``
+    of OpenAPI 3.0 become the numeric form.
+    """
+    if isinstance(schema, list):
+        return [to_json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: to_json_schema(v) for k, v in schema.items() if k not in ("nullable", "description", "default")}
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if out.get(bound) is True:
+            out[bound] = out.pop(limit)
+        elif out.get(bound) is False:
+            del out[bound]
+    if schema.get("nullable"):
+        kind = out.get("type")
+        if isinstance(kind, str):
+            out["type"] = [kind, "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
+_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
+
+
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    if name not in _VALIDATORS:
+        schema = copy.deepcopy(to_json_schema(COMPONENTS[name]))
+        _VALIDATORS[name] = jsonschema.Draft202012Validator(schema)
+    return _VALIDATORS[name]
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One sentence naming the field and the problem, for a human."""
+    where = ".".join(str(p) for p in error.absolute_path)
+    validator = error.validator
+    if validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unknown field")
+    if validator == "required":
+        return error.message.replace("is a required property", "is required")
+    if validator == "pattern" and error.schema.get("pattern") == NO_NUL:
+        return f"{where}: must not contain NUL characters"
+    if validator == "propertyNames":
+        return f"{where or 'object'}: bad key: {error.message}"
+    text = error.message
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{where}: {text}" if where else text
+
+
+def validate(name: str, body: Any, what: str) -> dict[str, Any]:
+    """Check ``body`` against component ``name``; raise InvalidRequest naming the first problem."""
+    errors = sorted(_validator(name).iter_errors(body), key=lambda e: (len(e.absolute_path), str(e.path)))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        raise InvalidRequest(f"invalid {what}: {_describe(best)}")
+    return body
+
+
+def check_job_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Rules across fields that JSON Schema says poorly; raise InvalidRequest."""
+    given = [k for k in ("gpus", "gpu_fraction", "gpu_memory") if spec.get(k) not in (None, 0)]
+    if len(given) > 1:
+        raise InvalidRequest(
+            f"invalid job spec: give at most one of gpus, gpu_fraction, gpu_memory (got {', '.join(given)})"
+        )
+    if spec.get("kind", "train") == "train" and not spec.get("command"):
+        raise InvalidRequest("invalid job spec: a train job needs a command")
+    return spec

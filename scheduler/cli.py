@@ -1,0 +1,412 @@
+"""`gpupool`: the command line of the scheduler.
+
+Every command but ``serve`` is a thin layer over :class:`scheduler.client.GpupoolClient`:
+parse arguments, make one or two calls, print a table (or JSON with ``--json``).
+Failures print one line, ``gpupool: error: <message>``, on stderr and exit with
+2 (bad usage), 1 (the scheduler refused: the server's own message) or 3 (the
+scheduler cannot be reached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from scheduler import cli_tables as out
+from scheduler.client import GpupoolClient
+from scheduler.errors import GpupoolError, Unavailable
+
+EXIT_SERVER = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+FINAL_STATES = {"succeeded", "failed", "cancelled", "rejected"}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]?i?)b?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15, "e": 10**18,
+          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50, "ei": 2**60}
+
+
+class UsageError(Exception):
+    """A mistake in the command line itself (exit 2)."""
+
+
+def parse_size(text: str) -> int:
+    """'20GiB' -> 21474836480; '20GB' or '20G' -> 20000000000; '1024' -> 1024 (bytes)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 20GiB, 512MiB, 16G, 1073741824)")
+    number, unit = match.groups()
+    value = float(number) * _UNITS[unit.lower()]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least one byte, not {text!r}")
+    return int(value)
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value == value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _limit(text: str) -> float | None:
+    return None if text.lower() in ("none", "null", "unlimited", "") else _finite_float(text)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key, value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"gpupool: error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpupool", description="Share a pool of GPUs: quotas, a fair training queue, "
+                                                 "fractional GPUs.")
+    parser.add_argument("--url", help="scheduler URL (default: $GPUPOOL_URL, the client config, "
+                                      "or http://127.0.0.1:8765)")
+    parser.add_argument("--token", help="API token (default: $GPUPOOL_TOKEN or the client config)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        return p
+
+    p = sub.add_parser("serve", help="run the scheduler service", description="Run the scheduler service "
+                       "(core + HTTP API) until interrupted.")
+    p.add_argument("--state-dir", help="where state lives (default: the user data dir)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--simulate", metavar="SPEC", help="simulate GPUs, e.g. 4xA100-80GB or 2xA100-80GB,2xT4")
+    p.add_argument("--admin-token", help="admin token (default: $GPUPOOL_ADMIN_TOKEN, else generated into "
+                                         "<state-dir>/admin_token)")
+    p.add_argument("--config", metavar="FILE", help="JSON file of service settings (tick_s, min_runtime_s, ...)")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    reader("status", "pool, GPUs, quotas and use at a glance")
+    reader("whoami", "who the token belongs to")
+
+    p = reader("projects", "list projects (or: projects set NAME ..., projects delete NAME)")
+    psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser)
+    ps = psub.add_parser("set", help="create or change a project (admin)")
+    ps.add_argument("name")
+    ps.add_argument("--build-quota", type=_finite_float, help="GPUs for interactive (build) work")
+    ps.add_argument("--guarantee", type=_finite_float, help="guaranteed training GPUs")
+    ps.add_argument("--limit", type=_limit, default=argparse.SUPPRESS,
+                    help="most training GPUs ('none' for no limit)")
+    ps.add_argument("--weight", type=_finite_float, help="share of idle GPUs beyond guarantees")
+    ps.add_argument("--json", action="store_true", help="print JSON")
+    pd = psub.add_parser("delete", help="delete a project with no live jobs (admin)")
+    pd.add_argument("name")
+
+    p = reader("submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
+    p.add_argument("--project", "-p", required=True)
+    amount = p.add_mutually_exclusive_group()
+    amount.add_argument("--gpus", type=int, help="whole GPUs")
+    amount.add_argument("--gpu-fraction", type=_finite_float, help="a share of one GPU, 0 < F < 1")
+    amount.add_argument("--gpu-memory", type=parse_size, help="GPU memory on one GPU, e.g. 20GiB")
+    p.add_argument("--gpu-model", help="GPU model, e.g. A100-80GB")
+    p.add_argument("--priority", type=int, default=None, help="higher runs first (default 0)")
+    p.add_argument("--name", help="job name (default: from the command)")
+    p.add_argument("--workdir", help="working directory (default: a fresh one on the scheduler)")
+    p.add_argument("--kind", choices=["train", "build"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--env", type=_key_value, action="append", default=[], metavar="K=V", help="extra environment")
+    p.add_argument("--label", type=_key_value, action="append", default=[], metavar="K=V", help="free-form label")
+    p.add_argument("--cpu", type=_finite_float, help="CPU cores")
+    p.add_argument("--memory", type=parse_size, help="host memory, e.g. 16GiB")
+    p.add_argument("--client-key", help="idempotency key: resubmitting returns the live job")
+    p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
+
+    p = reader("list", "list jobs, newest first")
+    p.add_argument("--project")
+    p.add_argument("--user")
+    p.add_argument("--mine", action="store_true", help="only my jobs")
+    p.add_argument("--state", help="comma-separated states, e.g. queued,running,paused")
+    p.add_argument("--kind", choices=["train", "build"])
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--all", "-a", action="store_true", help="include finished jobs (default: live ones)")
+
+    p = reader("describe", "everything about one job")
+    p.add_argument("job")
+
+    p = sub.add_parser("logs", help="print a job's output", description="Print a job's output.")
+    p.add_argument("job")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--json", action="store_true", help="print the reply chunk as JSON")
+
+    for action, text in (("pause", "pause a running job (it resumes later)"), ("resume", "resume a paused job"),
+                         ("cancel", "cancel a job"), ("renew", "renew a build job's lease")):
+        p = reader(action, text)
+        p.add_argument("job")
+
+    p = sub.add_parser("tokens", help="API tokens (admin)", description="Manage API tokens (admin).")
+    tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser)
+    tsub.required = True
+    tc = tsub.add_parser("create", help="create a token for a user")
+    tc.add_argument("user")
+    tc.add_argument("--json", action="store_true")
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split `... submit [options] -- cmd args` at the first '--' so the command's own options stay its own."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def _print_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+# ------------------------------------------------------------------ commands
+def cmd_status(client: GpupoolClient, args: argparse.Namespace) -> None:
+    status = client.status()
+    _print_json(status) if args.json else print(out.status_text(client.url, status))
+
+
+def cmd_whoami(client: GpupoolClient, args: argparse.Namespace) -> None:
+    me = client.whoami()
+    _print_json(me) if args.json else print(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}")
+
+
+def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
+    if args.projects_command == "set":
+        fields: dict[str, Any] = {}
+        for arg, key in (("build_quota", "build_quota"), ("guarantee", "train_guarantee"),
+                         ("weight", "weight")):
+            if getattr(args, arg) is not None:
+                fields[key] = getattr(args, arg)
+        if hasattr(args, "limit"):
+            fields["train_limit"] = args.limit
+        project = client.set_project(args.name, **fields)
+        _print_json(project) if args.json else print(out.projects_table([project]))
+    elif args.projects_command == "delete":
+        client.delete_project(args.name)
+        print(f"deleted project {args.name}")
+    else:
+        projects = client.projects()
+        _print_json(projects) if args.json else print(out.projects_table(projects))
+
+
+def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
+    """The JobSpec for `gpupool submit` arguments (only what was given, so server defaults apply)."""
+    if command is not None and args.command_args:
+        raise UsageError(f"unexpected argument {args.command_args[0]!r} before '--': give the command once, "
+                         "after '--'")
+    command = command if command is not None else list(args.command_args)
+    spec: dict[str, Any] = {"project": args.project}
+    for key in ("kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "workdir",
+                "cpu", "memory", "client_key"):
+        value = getattr(args, key)
+        if value is not None:
+            spec[key] = value
+    if spec.get("gpus") is not None and spec["gpus"] < 1:
+        raise UsageError(f"--gpus must be at least 1, not {spec['gpus']}")
+    if "gpu_fraction" in spec and not 0 < spec["gpu_fraction"] < 1:
+        raise UsageError(f"--gpu-fraction must be between 0 and 1 (exclusive), not {spec['gpu_fraction']}; "
+                         "use --gpus for whole GPUs")
+    if "workdir" in spec:
+        spec["workdir"] = os.path.abspath(spec["workdir"])
+    if args.env:
+        spec["env"] = dict(args.env)
+    if args.label:
+        spec["labels"] = dict(args.label)
+    if command:
+        spec["command"] = command
+    elif spec.get("kind", "train") == "train":
+        raise UsageError("submit needs a command after '--', e.g. gpupool submit --project P --gpus 1 -- "
+                         "python train.py")
+    return spec
+
+
+def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> None:
+    job = client.submit(submit_spec(args, command))
+    if args.json:
+        _print_json(job)
+    else:
+        reason = f": {job['reason']}" if job.get("reason") else ""
+        print(f"{job['id']} {job['state']}{reason}")
+
+
+def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
+    filters: dict[str, Any] = {}
+    for key in ("project", "user", "kind", "limit"):
+        if getattr(args, key) is not None:
+            filters[key] = getattr(args, key)
+    if args.mine:
+        filters["user"] = client.whoami()["user"]
+    if args.state:
+        filters["state"] = args.state
+    elif not args.all:
+        filters["state"] = "queued,running,paused"
+    jobs = client.jobs(**filters)
+    _print_json(jobs) if args.json else print(out.jobs_table(jobs))
+
+
+def cmd_describe(client: GpupoolClient, args: argparse.Namespace) -> None:
+    job = client.job(args.job)
+    _print_json(job) if args.json else print(out.job_text(job))
+
+
+def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> None:
+    job = getattr(client, args.command)(args.job)
+    if args.json:
+        _print_json(job)
+    else:
+        reason = f": {job['reason']}" if job.get("reason") else ""
+        print(f"{job['id']} {job['state']}{reason}")
+
+
+def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.5) -> None:
+    offset = 0
+    while True:
+        chunk = client.logs(args.job, offset=offset)
+        if args.json and not args.follow:
+            _print_json(chunk)
+            return
+        if chunk.get("data"):
+            sys.stdout.write(chunk["data"])
+            sys.stdout.flush()
+        advanced = int(chunk.get("offset", offset)) != offset
+        offset = int(chunk.get("offset", offset))
+        if not args.follow:
+            if chunk.get("eof") or not advanced:
+                return
+            continue
+        if not advanced:
+            if chunk.get("eof") and client.job(args.job)["state"] in FINAL_STATES:
+                # One last read: output written between the two calls.
+                last = client.logs(args.job, offset=offset)
+                sys.stdout.write(last.get("data") or "")
+                sys.stdout.flush()
+                return
+            time.sleep(poll_s)
+
+
+def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
+    reply = client.create_token(args.user)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(reply["token"])
+        sys.stderr.write(f"token for {reply['user']} (shown once; give it to them as GPUPOOL_TOKEN)\n")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the scheduler in this process until SIGINT/SIGTERM."""
+    import asyncio
+    import logging
+    import signal
+
+    from scheduler.service.config import ServiceConfig, default_state_dir
+    from scheduler.service.embedded import EmbeddedScheduler
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings: dict[str, Any] = {"on_shutdown": "leave"}  # a restart re-adopts running jobs
+    if args.config:
+        from_file = ServiceConfig.from_file(args.config)  # validates, with a clear message
+        with open(args.config) as f:
+            given = json.load(f)
+        settings.update({k: v for k, v in given.items() if k != "state_dir"})
+        if args.state_dir is None and "state_dir" in given:
+            args.state_dir = str(from_file.state_dir)
+    state_dir = args.state_dir or str(default_state_dir())
+    admin_token = args.admin_token or os.environ.get("GPUPOOL_ADMIN_TOKEN") or None
+    scheduler = EmbeddedScheduler(state_dir, simulate=args.simulate, admin_token=admin_token,
+                                  host=args.host, port=args.port, config=settings)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await scheduler.start()
+        try:
+            simulated = " with SIMULATED GPUs" if getattr(scheduler.core, "simulated", False) else ""
+            where = ("as given (--admin-token / $GPUPOOL_ADMIN_TOKEN)" if admin_token
+                     else f"in {scheduler.admin_token_path}")
+            print(f"gpupool scheduler listening on {scheduler.url}{simulated}", flush=True)
+            print(f"state directory: {scheduler.state_dir}", flush=True)
+            print(f"admin token: {where}", flush=True)
+            print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
+            if not admin_token:
+                print(f"  export GPUPOOL_TOKEN=$(cat {scheduler.admin_token_path})", flush=True)
+            await stop.wait()
+            print("gpupool scheduler stopping", flush=True)
+        finally:
+            await scheduler.stop()
+
+    asyncio.run(run())
+    return 0
+
+
+COMMANDS = {
+    "status": cmd_status, "whoami": cmd_whoami, "projects": cmd_projects, "list": cmd_list,
+    "describe": cmd_describe, "logs": cmd_logs, "pause": cmd_action, "resume": cmd_action,
+    "cancel": cmd_action, "renew": cmd_action, "tokens": cmd_tokens,
+}
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"gpupool: error: {message}\n")
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `gpupool` script; returns the exit status."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    arguments, command = _split_command(arguments)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(arguments)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if command is not None and args.command != "submit":
+        return _fail(f"'--' and a command only go with submit, not {args.command}", EXIT_USAGE)
+    try:
+        if args.command == "serve":
+            return cmd_serve(args)
+        client = GpupoolClient(args.url, args.token, timeout=args.timeout)
+        if args.command == "submit":
+            cmd_submit(client, args, command)
+        else:
+            COMMANDS[args.command](client, args)
+    except UsageError as e:
+        return _fail(str(e), EXIT_USAGE)
+    except Unavailable as e:
+        return _fail(e.message, EXIT_UNREACHABLE)
+    except GpupoolError as e:
+        return _fail(e.message, EXIT_SERVER)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

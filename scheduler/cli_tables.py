@@ -1,0 +1,200 @@
+"""Human-readable output of the `gpupool` CLI: tables and key/value blocks.
+
+Kept apart from :mod:`scheduler.cli` (argument parsing and calls) so that the
+shapes on screen can change without touching command logic, and so the
+formatters can be tested on plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+GIB = 2**30
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; empty cells print as '-'."""
+    cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, v in enumerate(row):
+            widths[i] = max(widths[i], len(v))
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    lines += ["  ".join(v.ljust(widths[i]) for i, v in enumerate(row)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def gpus_text(value: Any) -> str:
+    """A GPU amount for people: 2, 1.5, 0.25 (no trailing zeros)."""
+    if value is None:
+        return "-"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{number:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+def bytes_text(value: Any) -> str:
+    if value is None:
+        return "-"
+    number = float(value)
+    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20), ("KiB", 1024)):
+        if number >= size:
+            return f"{number / size:.1f}".rstrip("0").rstrip(".") + unit
+    return f"{int(number)}B"
+
+
+def ago(t: Any, now: float | None = None) -> str:
+    """'12s ago', '5m ago', '3h ago', '2d ago' from a Unix time."""
+    if t is None:
+        return "-"
+    delta = max(0.0, (now if now is not None else time.time()) - float(t))
+    return duration(delta) + " ago"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{int(seconds)}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    return f"{int(seconds // 86400)}d{int(seconds % 86400 // 3600)}h"
+
+
+def request_text(job: dict[str, Any]) -> str:
+    """What a job asked for, e.g. '2 GPU', '0.25 GPU', '20GiB GPU mem', 'CPU'."""
+    req = job.get("request") or {}
+    model = f" {req['gpu_model']}" if req.get("gpu_model") else ""
+    if req.get("gpus"):
+        return f"{req['gpus']} GPU{model}"
+    if req.get("gpu_fraction"):
+        return f"{gpus_text(req['gpu_fraction'])} GPU{model}"
+    if req.get("gpu_memory"):
+        return f"{bytes_text(req['gpu_memory'])} GPU{model}"
+    return "CPU"
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, list | tuple | dict):
+        return len(value)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
+    if not jobs:
+        return "no jobs"
+    now = time.time()
+    rows = [
+        (j.get("id"), _clip(j.get("name"), 24), j.get("project"), j.get("user"), j.get("kind"),
+         j.get("state") + ("*" if j.get("preemptible") and j.get("state") == "running" else ""),
+         request_text(j), j.get("priority"), ago(j.get("submitted_at"), now), _clip(j.get("reason"), 60))
+        for j in jobs
+    ]
+    out = table(["ID", "NAME", "PROJECT", "USER", "KIND", "STATE", "REQUEST", "PRIO", "SUBMITTED", "REASON"], rows)
+    if any(j.get("preemptible") and j.get("state") == "running" for j in jobs):
+        out += "\n(* running beyond its project's guarantee: may be paused to give GPUs back)"
+    return out
+
+
+def projects_table(projects: Sequence[dict[str, Any]]) -> str:
+    if not projects:
+        return "no projects"
+    rows = []
+    for p in projects:
+        usage = p.get("usage") or {}
+        limit = p.get("train_limit")
+        rows.append((
+            p.get("name"),
+            f"{gpus_text(usage.get('build', 0))}/{gpus_text(p.get('build_quota'))}",
+            f"{gpus_text(usage.get('train', 0))}/{gpus_text(p.get('train_guarantee'))}",
+            gpus_text(usage.get("train_over_quota", 0)),
+            "none" if limit is None else gpus_text(limit),
+            gpus_text(p.get("weight")),
+            p.get("pending", 0),
+        ))
+    return table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING"], rows)
+
+
+def gpus_table(pool: dict[str, Any]) -> str:
+    rows = []
+    for node in pool.get("nodes") or []:
+        for gpu in node.get("gpus") or []:
+            users = ", ".join(
+                f"{a.get('job_id')} {a.get('project')}/{a.get('user')} {gpus_text(a.get('fraction'))}"
+                for a in gpu.get("allocations") or []
+            )
+            util = gpu.get("utilization")
+            rows.append((node.get("name"), gpu.get("index"), gpu.get("model"), bytes_text(gpu.get("memory")),
+                         f"{gpus_text(gpu.get('allocated', 0))}/1",
+                         "-" if util is None else f"{util:.0f}%", users or "idle"))
+    if not rows:
+        return "no GPUs"
+    return table(["NODE", "GPU", "MODEL", "MEMORY", "ALLOCATED", "UTIL", "USED BY"], rows)
+
+
+def status_text(url: str, status: dict[str, Any]) -> str:
+    pool = status.get("pool") or {}
+    simulated = status.get("simulated", pool.get("simulated"))
+    gpus = [g for n in pool.get("nodes") or [] for g in n.get("gpus") or []]
+    total = len(gpus)
+    allocated = sum(float(g.get("allocated") or 0) for g in gpus)
+    head = f"gpupool scheduler at {url}"
+    if simulated:
+        head += "   ** SIMULATED GPUs: no real GPU is used **"
+    queue = status.get("queue") or {}
+    lines = [
+        head,
+        f"GPUs: {gpus_text(allocated)} of {total} allocated    queue: {_count(queue.get('pending'))} pending, "
+        f"{_count(queue.get('running'))} running, {_count(queue.get('paused'))} paused",
+        "",
+        gpus_table(pool),
+        "",
+        projects_table(status.get("projects") or []),
+    ]
+    return "\n".join(lines)
+
+
+def job_text(job: dict[str, Any]) -> str:
+    """describe: every field of a job, the important ones first."""
+    order = ["id", "name", "state", "reason", "project", "user", "kind", "priority", "request", "preemptible",
+             "attempts", "submitted_at", "started_at", "finished_at", "exit_code", "assignment", "command",
+             "workdir", "labels", "lease_expires_at", "env"]
+    keys = [k for k in order if k in job] + sorted(k for k in job if k not in order)
+    lines = []
+    for key in keys:
+        value = job[key]
+        if key.endswith("_at") and isinstance(value, int | float):
+            text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({ago(value)})"
+        elif key == "request":
+            text = request_text(job) + "   " + json.dumps({k: v for k, v in (value or {}).items() if v})
+        elif key == "assignment" and isinstance(value, dict):
+            shares = [f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
+                      for g in value.get("gpus") or []]
+            text = f"{value.get('node')}: " + (", ".join(shares) or "no GPU")
+        elif key == "command" and isinstance(value, list):
+            text = " ".join(_shell_quote(a) for a in value)
+        elif isinstance(value, dict | list):
+            text = json.dumps(value) if value else "-"
+        else:
+            text = "-" if value is None else str(value)
+        lines.append(f"{key + ':':<18}{text}")
+    return "\n".join(lines)
+
+
+def _shell_quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+def _clip(text: Any, width: int) -> str:
+    value = "" if text is None else str(text).replace("\n", " ")
+    return value if len(value) <= width else value[: width - 1] + "…"

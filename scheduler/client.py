@@ -1,0 +1,273 @@
+"""Python clients of the scheduler's HTTP API: blocking and asyncio.
+
+:class:`GpupoolClient` (urllib, blocking) serves the CLI, kernels and tests;
+:class:`AsyncGpupoolClient` (tornado's AsyncHTTPClient) serves the Jupyter
+server, whose event loop must never block. Both expose the same methods, one
+per endpoint, defined once in :class:`_Endpoints`: each method builds a request
+and hands it to ``_call``, which the blocking client runs at once and the async
+client returns as a coroutine.
+
+Errors: a 4xx reply raises the :mod:`scheduler.errors` class for its status (or
+the class the server names in ``type``) with the server's message; a refused
+or timed-out connection raises :class:`~scheduler.errors.Unavailable` naming
+the URL; a 5xx raises :class:`ServerError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scheduler import errors
+from scheduler.errors import GpupoolError, Unavailable
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+API = "/api/v1"
+
+_ERROR_CLASSES: dict[str, type[GpupoolError]] = {
+    cls.__name__: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, GpupoolError)
+}
+
+
+class ServerError(GpupoolError):
+    """The scheduler failed with a 5xx (a bug or an overload there, not a mistake here)."""
+
+    status = 500
+
+
+def config_path() -> Path:
+    """``$XDG_CONFIG_HOME/gpupool/client.json`` (``~/.config`` when XDG_CONFIG_HOME is unset)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "gpupool" / "client.json"
+
+
+def resolve_connection(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """Find the scheduler URL and token: arguments, then GPUPOOL_URL/GPUPOOL_TOKEN, then the config file."""
+    url = url or os.environ.get("GPUPOOL_URL") or None
+    token = token or os.environ.get("GPUPOOL_TOKEN") or None
+    if url is None or token is None:
+        path = config_path()
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise errors.InvalidRequest(f"cannot read the client config {path}: {e}") from e
+            if not isinstance(data, dict):
+                raise errors.InvalidRequest(f"client config {path} must hold a JSON object with url and token")
+            url = url or data.get("url") or None
+            token = token or data.get("token") or None
+    return (url or DEFAULT_URL).rstrip("/"), token
+
+
+def error_from_reply(status: int, body: bytes | str | None, url: str) -> GpupoolError:
+    """Turn an error reply into the matching exception, keeping the server's message."""
+    message = ""
+    kind = None
+    try:
+        data = json.loads(body or b"")
+        if isinstance(data, dict):
+            message = str(data.get("error") or "")
+            kind = data.get("type")
+    except (ValueError, TypeError):
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+        message = text.strip().splitlines()[0][:200] if text.strip() else ""
+    if not message:
+        message = f"the scheduler at {url} answered HTTP {status}"
+    if status >= 500 and status != 503:
+        return ServerError(message)
+    cls = _ERROR_CLASSES.get(kind) if isinstance(kind, str) else None
+    if cls is None or cls.status != status:
+        cls = errors.ERRORS_BY_STATUS.get(status, GpupoolError)
+    exc = cls(message)
+    if cls is GpupoolError:
+        exc.status = status
+    return exc
+
+
+def _query(params: Mapping[str, Any]) -> str:
+    items = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, list | tuple | set | frozenset):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "1" if value else "0"
+        items.append((key, str(value)))
+    return ("?" + urllib.parse.urlencode(items)) if items else ""
+
+
+class _Endpoints:
+    """One method per endpoint; ``_call`` does the transport (blocking or async)."""
+
+    url: str
+    token: str | None
+
+    def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
+              raw: bool = False, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def whoami(self) -> Any:
+        return self._call("GET", API + "/whoami")
+
+    def status(self) -> Any:
+        return self._call("GET", API + "/status")
+
+    def pool(self) -> Any:
+        return self._call("GET", API + "/pool")
+
+    def projects(self) -> Any:
+        return self._call("GET", API + "/projects")
+
+    def set_project(self, name: str, **fields: Any) -> Any:
+        return self._call("PUT", f"{API}/projects/{_seg(name)}", body=fields)
+
+    def delete_project(self, name: str) -> Any:
+        return self._call("DELETE", f"{API}/projects/{_seg(name)}")
+
+    def submit(self, spec: Mapping[str, Any]) -> Any:
+        return self._call("POST", API + "/jobs", body=dict(spec))
+
+    def jobs(self, **filters: Any) -> Any:
+        return self._call("GET", API + "/jobs", query=filters)
+
+    def job(self, job_id: str) -> Any:
+        return self._call("GET", f"{API}/jobs/{_seg(job_id)}")
+
+    def pause(self, job_id: str) -> Any:
+        return self._call("POST", f"{API}/jobs/{_seg(job_id)}/pause")
+
+    def resume(self, job_id: str) -> Any:
+        return self._call("POST", f"{API}/jobs/{_seg(job_id)}/resume")
+
+    def cancel(self, job_id: str) -> Any:
+        return self._call("POST", f"{API}/jobs/{_seg(job_id)}/cancel")
+
+    def renew(self, job_id: str) -> Any:
+        return self._call("POST", f"{API}/jobs/{_seg(job_id)}/renew")
+
+    def logs(self, job_id: str, offset: int = 0, limit: int | None = None) -> Any:
+        return self._call("GET", f"{API}/jobs/{_seg(job_id)}/logs", query={"offset": offset, "limit": limit})
+
+    def events(self, since: int = 0, timeout: float = 0) -> Any:
+        wait = self._timeout_for(timeout)
+        return self._call("GET", API + "/events", query={"since": since, "timeout": timeout or None}, timeout=wait)
+
+    def history(self, since: float | None = None) -> Any:
+        return self._call("GET", API + "/history", query={"since": since})
+
+    def create_token(self, user: str) -> Any:
+        return self._call("POST", API + "/tokens", body={"user": user})
+
+    def metrics(self) -> Any:
+        return self._call("GET", "/metrics", raw=True)
+
+    def openapi(self) -> Any:
+        return self._call("GET", API + "/openapi.json")
+
+    def healthz(self) -> Any:
+        return self._call("GET", "/healthz")
+
+    def _timeout_for(self, wait: float) -> float | None:
+        base = getattr(self, "timeout", None)
+        return None if base is None else float(base) + float(wait or 0)
+
+    def _headers(self, has_body: bool) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "gpupool-client/1"}
+        if self.token:
+            headers["Authorization"] = f"token {self.token}"
+        if has_body:
+            headers["Content-Type"] = "application/json"
+        return headers
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r})"
+
+
+def _seg(value: str) -> str:
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _decode(data: bytes, raw: bool) -> Any:
+    if raw:
+        return data.decode("utf-8", "replace")
+    if not data:
+        return None
+    return json.loads(data)
+
+
+class GpupoolClient(_Endpoints):
+    """Blocking client (urllib). Safe to share between threads: it keeps no connection state."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30) -> None:
+        self.url, self.token = resolve_connection(url, token)
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
+              raw: bool = False, timeout: float | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        if method in ("POST", "PUT") and data is None:
+            data = b""
+        request = urllib.request.Request(
+            self.url + path + _query(query or {}), data=data, method=method,
+            headers=self._headers(body is not None),
+        )
+        try:
+            with _OPENER.open(request, timeout=timeout or self.timeout) as reply:
+                return _decode(reply.read(), raw)
+        except urllib.error.HTTPError as e:
+            with e:
+                raise error_from_reply(e.code, e.read(), self.url) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise Unavailable(f"cannot reach the scheduler at {self.url}: {reason}") from None
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow redirects: the token must not travel to another host."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+
+
+class AsyncGpupoolClient(_Endpoints):
+    """Asyncio client on tornado's AsyncHTTPClient; every method is a coroutine."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30) -> None:
+        self.url, self.token = resolve_connection(url, token)
+        self.timeout = timeout
+
+    async def _call(self, method: str, path: str, *, body: Any = None,
+                    query: Mapping[str, Any] | None = None, raw: bool = False,
+                    timeout: float | None = None) -> Any:
+        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+        data: bytes | None = None if body is None else json.dumps(body).encode()
+        if method in ("POST", "PUT") and data is None:
+            data = b""
+        request = HTTPRequest(
+            self.url + path + _query(query or {}), method=method, body=data,
+            headers=self._headers(body is not None), request_timeout=timeout or self.timeout,
+            connect_timeout=min(self.timeout, 20), follow_redirects=False,
+            allow_nonstandard_methods=True,
+        )
+        try:
+            reply = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except OSError as e:
+            raise Unavailable(f"cannot reach the scheduler at {self.url}: {e}") from None
+        if reply.code == 599 or (reply.error is not None and reply.code >= 599):
+            raise Unavailable(f"cannot reach the scheduler at {self.url}: {reply.error}")
+        if reply.code >= 400:
+            raise error_from_reply(reply.code, reply.body, self.url)
+        return _decode(reply.body or b"", raw)

@@ -1,0 +1,151 @@
+"""EmbeddedScheduler: the scheduler core and its HTTP API inside the current asyncio loop.
+
+The Jupyter extension starts one when no scheduler URL is configured, and
+``gpupool serve`` is the same object run as its own process. Either way the
+rest of the system talks to it over HTTP through :mod:`scheduler.client`, so
+there is exactly one path from a user to the core, with the same
+authentication and the same errors, whether the scheduler is shared or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from scheduler.api.app import make_app
+from scheduler.errors import InvalidRequest
+from scheduler.service.config import ServiceConfig
+from scheduler.service.core import Actor
+
+log = logging.getLogger("scheduler.embedded")
+
+MAX_BODY = 4 * 2**20  # a job spec is a few KiB; anything this big is a mistake
+STOP_CONNECTIONS_S = 5.0
+
+
+class EmbeddedScheduler:
+    """Run SchedulerCore plus its HTTP API on ``host`` (default loopback) at a free port.
+
+    ``projects`` maps names to wire fields (``build_quota``, ``train_guarantee``,
+    ``train_limit``, ``weight``, in GPUs); missing projects are created at start,
+    existing ones are left as the admin last set them. ``config`` holds any other
+    :class:`ServiceConfig` field (``tick_s``, ``min_runtime_s``, ...).
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], simulate: str | None = None,
+                 projects: Mapping[str, Mapping[str, Any]] | None = None, admin_token: str | None = None,
+                 *, host: str = "127.0.0.1", port: int = 0,
+                 config: Mapping[str, Any] | ServiceConfig | None = None) -> None:
+        self.state_dir = Path(state_dir).expanduser()
+        self.simulate = simulate
+        self.projects = dict(projects or {})
+        self.host = host
+        self.port = port
+        self._admin_token = admin_token
+        self._config = config
+        self.url: str | None = None
+        self.admin_token: str | None = None
+        self.core: Any = None
+        self.app: Any = None
+        self._server: HTTPServer | None = None
+
+    def service_config(self) -> ServiceConfig:
+        """The core's configuration: explicit arguments win over ``config``."""
+        if isinstance(self._config, ServiceConfig):
+            cfg = self._config
+            cfg.state_dir = self.state_dir
+            if self.simulate is not None:
+                cfg.simulate = self.simulate
+            if self._admin_token is not None:
+                cfg.admin_token = self._admin_token
+            return cfg
+        data = dict(self._config or {})
+        data["state_dir"] = self.state_dir
+        if self.simulate is not None:
+            data["simulate"] = self.simulate
+        if self._admin_token is not None:
+            data["admin_token"] = self._admin_token
+        return ServiceConfig.from_dict(data)
+
+    async def start(self) -> None:
+        """Start the core (recovering its state), create missing projects, then listen."""
+        from scheduler.service.core import SchedulerCore
+
+        if self.core is not None:
+            raise InvalidRequest("this embedded scheduler is already started")
+        cfg = self.service_config()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        core = SchedulerCore(cfg)
+        await core.start()
+        try:
+            self.admin_token = self._find_admin_token(core, cfg)
+            await self._ensure_projects(core, cfg)
+            self.app = make_app(core)
+            sockets = bind_sockets(self.port, self.host, reuse_port=False)
+            self._server = HTTPServer(self.app, max_body_size=MAX_BODY, idle_connection_timeout=120)
+            self._server.add_sockets(sockets)
+        except BaseException:
+            await core.stop()
+            raise
+        self.core = core
+        port = sockets[0].getsockname()[1]
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        if self.host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        self.port = port
+        self.url = f"http://{host}:{port}"
+        log.info("gpupool scheduler listening on %s (state in %s)", self.url, self.state_dir)
+
+    async def stop(self) -> None:
+        """Stop listening, end long-polls and streams, then stop the core (jobs as its config says)."""
+        if self.core is None:
+            return
+        if self._server is not None:
+            self._server.stop()
+            self.app.settings["shutdown_event"].set()
+            try:
+                await asyncio.wait_for(self._server.close_all_connections(), STOP_CONNECTIONS_S)
+            except asyncio.TimeoutError:
+                log.warning("some HTTP connections did not close within %.0f s", STOP_CONNECTIONS_S)
+            self._server = None
+        core, self.core = self.core, None
+        await core.stop()
+
+    async def __aenter__(self) -> EmbeddedScheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def admin_token_path(self) -> Path:
+        """Where a generated admin token lives (mode 0600)."""
+        return self.state_dir / "admin_token"
+
+    def _find_admin_token(self, core: Any, cfg: ServiceConfig) -> str | None:
+        token = cfg.admin_token or getattr(core, "admin_token", None)
+        if token:
+            return str(token)
+        try:
+            return self.admin_token_path.read_text().strip() or None
+        except OSError:
+            return None
+
+    async def _ensure_projects(self, core: Any, cfg: ServiceConfig) -> None:
+        if not self.projects:
+            return
+        existing = {p["name"] for p in core.list_projects()}
+        admin = Actor(cfg.admin_user, admin=True)
+        for name, fields in self.projects.items():
+            if name not in existing:
+                result = core.set_project(admin, name, dict(fields))
+                if asyncio.iscoroutine(result):
+                    await result
