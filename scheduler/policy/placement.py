@@ -1,0 +1,380 @@
+"""Where a workload goes: free-capacity bookkeeping and placement policies.
+
+The engine builds one :class:`FreeState` per scheduling cycle from the pool's
+nodes and the running workloads, then asks :meth:`FreeState.find` for a place
+for each pending request (up to ~10k times a cycle) and :meth:`FreeState.commit`
+for the ones it starts. Everything a query needs is kept in numpy arrays over
+nodes (free share per GPU, free CPU and memory, count of whole free GPUs, the
+largest free share) and refreshed one node row at a time on commit/release, so
+a query is a handful of vectorised operations instead of a Python loop over
+every node. A request that found no place is remembered until capacity is
+released, so a long queue on a full cluster costs one dictionary lookup per job.
+
+Policies (``FreeState.from_nodes(..., policy=...)``):
+
+``default``
+    Ours: fragmentation-aware packing (see :mod:`scheduler.policy.placement_frag`).
+    It places each request where it least increases the expected fragmentation
+    of the pool w.r.t. the mix of requests seen (running plus asked for), so
+    whole GPUs and whole nodes stay free for large jobs, with CPU exhaustion
+    counted as fragmentation too; ties go to the node left fullest.
+``fgd``
+    Fragmentation Gradient Descent (Weng et al., ATC'23) as a baseline: the same
+    fragmentation measure, ties by node order, no packing tie-break.
+``bestfit``
+    The FGD paper's BestFit baseline: node score
+    ``int(100 * (1 - (0.5 * cpu_after / 128000 + 0.5 * gpu_after / 8000)))``,
+    highest wins; a fraction goes on the fitting GPU with the least free share.
+``firstfit``
+    The first node (in node order) that fits; lowest-index GPUs.
+
+All policies: a whole-GPU request takes ``gpus`` whole free GPUs on one node,
+in one topology group when any node can offer that; ties are broken by a fixed
+node order (the node list order, or ``tie_rank``), never by hash order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from scheduler.errors import InvalidRequest
+from scheduler.policy.model import Assignment, Node, Request, Workload
+from scheduler.policy.placement_frag import FragModel, request_shape
+
+POLICIES = ("default", "fgd", "bestfit", "firstfit")
+
+# BestFit's normalisers are the paper's (the largest openb node: 128 cores, 8 GPUs).
+_BESTFIT_CPU = 128_000.0
+_BESTFIT_GPU = 8_000.0
+
+
+def _check_request(request: Request) -> None:
+    """Refuse a request that sets more than one GPU form or a nonsense amount."""
+    forms = (request.gpus > 0) + (request.gpu_milli > 0) + (request.gpu_memory_mib > 0)
+    if forms > 1:
+        raise InvalidRequest("a request asks for whole GPUs, a GPU fraction or GPU memory, not several")
+    if request.gpus < 0 or request.gpu_milli < 0 or request.gpu_memory_mib < 0:
+        raise InvalidRequest("GPU amounts in a request cannot be negative")
+    if request.gpu_milli > 1000:
+        raise InvalidRequest(f"a GPU fraction is at most one GPU (got {request.gpu_milli} milli)")
+    if request.cpu_milli < 0 or request.memory_mib < 0:
+        raise InvalidRequest("CPU and memory in a request cannot be negative")
+
+
+class FreeState:
+    """Mutable free capacity of one pool for one scheduling cycle.
+
+    Build it with :meth:`from_nodes`. Arrays are indexed ``[node, slot]`` where
+    ``slot`` is the GPU's position on its node; nodes with fewer GPUs than the
+    widest node are padded with slots of capacity 0 that never fit anything.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        policy: str = "default",
+        tie_rank: Sequence[int] | None = None,
+        workload: Iterable[Request] | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise InvalidRequest(f"unknown placement policy {policy!r}; known: {', '.join(POLICIES)}")
+        self.policy = policy
+        self.nodes = tuple(nodes)
+        n = len(self.nodes)
+        g = max([len(nd.gpus) for nd in self.nodes] + [1])
+        self.names = [nd.name for nd in self.nodes]
+        self.node_index = {name: i for i, name in enumerate(self.names)}
+        if len(self.node_index) != n:
+            raise InvalidRequest("node names in a pool must be unique")
+        self.cap = np.zeros((n, g), dtype=np.int64)
+        self.gpu_mem = np.ones((n, g), dtype=np.int64)
+        self.model_id = np.full((n, g), -1, dtype=np.int64)
+        self.topo_id = np.full((n, g), -1, dtype=np.int64)
+        self.valid = np.zeros((n, g), dtype=bool)
+        self.cpu_total = np.array([nd.cpu_milli for nd in self.nodes], dtype=np.int64).reshape(n)
+        self.mem_total = np.array([nd.memory_mib for nd in self.nodes], dtype=np.int64).reshape(n)
+        self.models: dict[str, int] = {}
+        self.gpu_ids: list[list[str]] = []
+        self.gpu_slot: dict[str, tuple[int, int]] = {}
+        for i, nd in enumerate(self.nodes):
+            groups: dict[str, int] = {}
+            ids = []
+            for j, gpu in enumerate(sorted(nd.gpus, key=lambda x: (x.index, x.id))):
+                self.cap[i, j] = gpu.capacity_milli
+                self.gpu_mem[i, j] = max(gpu.memory_mib, 1)
+                self.model_id[i, j] = self.models.setdefault(gpu.model, len(self.models))
+                self.topo_id[i, j] = groups.setdefault(gpu.topology_group, len(groups))
+                self.valid[i, j] = True
+                if gpu.id in self.gpu_slot:
+                    raise InvalidRequest(f"GPU id {gpu.id!r} appears twice in the pool")
+                self.gpu_slot[gpu.id] = (i, j)
+                ids.append(gpu.id)
+            self.gpu_ids.append(ids)
+        self.free = self.cap.copy()
+        self.cpu_free = self.cpu_total.copy()
+        self.mem_free = self.mem_total.copy()
+        self.whole_free = np.zeros(n, dtype=np.int64)
+        self.max_share = np.zeros(n, dtype=np.int64)
+        self.max_groups = int(self.topo_id.max()) + 1 if n else 0
+        rank = np.arange(n) if tie_rank is None else np.asarray(tie_rank, dtype=np.int64)
+        if rank.shape != (n,):
+            raise InvalidRequest("tie_rank must give one rank per node")
+        self.tie_rank = rank
+        self._model_masks: dict[frozenset[str], np.ndarray] = {}
+        self._failed: dict[Request, int] = {}
+        self._release_version = 0
+        self._refresh_all()
+        self.frag: FragModel | None = None
+        if policy in ("default", "fgd"):
+            self.frag = FragModel(self, fixed=workload)
+
+    # ------------------------------------------------------------ building
+
+    @classmethod
+    def from_nodes(
+        cls,
+        nodes: Sequence[Node],
+        running: Iterable[Workload],
+        pool: str | None = None,
+        policy: str = "default",
+        *,
+        tie_rank: Sequence[int] | None = None,
+        workload: Iterable[Request] | None = None,
+    ) -> FreeState:
+        """Free capacity of ``pool`` (None: every node) once ``running`` is subtracted.
+
+        ``tie_rank`` (optional) orders nodes for tie-breaking (lower first);
+        ``workload`` (optional) fixes the request mix the fragmentation policies
+        aim at; without it they learn the mix from running and requested work.
+        Running workloads on nodes outside the pool, or on GPUs no longer in it,
+        are skipped: they hold nothing this state hands out.
+        """
+        chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
+        state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload)
+        held = []
+        for w in running:
+            a = w.assignment
+            if a is None or a.node not in state.node_index:
+                continue
+            state._apply(a, w.request, sign=-1)
+            held.append(w.request)
+        state._refresh_all()
+        if state.frag is not None:
+            state.frag.observe_many(held)
+            state.frag.rebuild()
+        return state
+
+    # ------------------------------------------------------------ bookkeeping
+
+    def _refresh_all(self) -> None:
+        full = (self.free == self.cap) & self.valid
+        self.whole_free = full.sum(axis=1)
+        self.max_share = np.where(self.valid, self.free, 0).max(axis=1) if len(self.names) else self.max_share
+
+    def _refresh_row(self, i: int) -> None:
+        row, cap, valid = self.free[i], self.cap[i], self.valid[i]
+        self.whole_free[i] = int(((row == cap) & valid).sum())
+        self.max_share[i] = int(np.where(valid, row, 0).max())
+
+    def _apply(self, assignment: Assignment, request: Request, sign: int) -> int:
+        i = self.node_index.get(assignment.node)
+        if i is None:
+            raise InvalidRequest(f"node {assignment.node!r} is not in this pool")
+        self.cpu_free[i] += sign * request.cpu_milli
+        self.mem_free[i] += sign * request.memory_mib
+        for gid, milli in assignment.gpus:
+            slot = self.gpu_slot.get(gid)
+            if slot is None:
+                continue  # a GPU gone from the inventory holds nothing we hand out
+            if slot[0] != i:
+                raise InvalidRequest(f"GPU {gid!r} is not on node {assignment.node!r}")
+            self.free[slot] += sign * milli
+        return i
+
+    def commit(self, assignment: Assignment, request: Request) -> None:
+        """Take ``assignment``'s capacity (after :meth:`find` chose it)."""
+        i = self._apply(assignment, request, sign=-1)
+        self._refresh_row(i)
+        if self.frag is not None:
+            self.frag.update_row(i)
+
+    def release(self, assignment: Assignment, request: Request) -> None:
+        """Give back what :meth:`commit` took (e.g. a job the engine pauses)."""
+        i = self._apply(assignment, request, sign=+1)
+        self._refresh_row(i)
+        self._release_version += 1
+        if self.frag is not None:
+            self.frag.update_row(i)
+
+    # ------------------------------------------------------------ queries
+
+    def _model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """GPU slots whose model is allowed (cached per model set)."""
+        mask = self._model_masks.get(models)
+        if mask is None:
+            ids = [self.models[m] for m in sorted(models) if m in self.models]
+            mask = np.isin(self.model_id, ids) & self.valid
+            self._model_masks[models] = mask
+        return mask
+
+    def _need_per_gpu(self, request: Request) -> np.ndarray | int:
+        """Milli a fractional/memory request takes on each GPU (memory: per GPU size)."""
+        if request.gpu_memory_mib:
+            need = -(-request.gpu_memory_mib * 1000 // self.gpu_mem)
+            return np.where(need <= self.cap, need, np.iinfo(np.int64).max)
+        return request.gpu_milli
+
+    def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(usable GPU slots, node mask) for a GPU request on the given free matrix."""
+        if request.gpus:
+            ok = (free == cap) & self.valid
+            if request.gpu_models:
+                ok &= self._model_mask(request.gpu_models)
+            return ok, ok.sum(axis=1) >= request.gpus
+        ok = free >= self._need_per_gpu(request)
+        ok &= self.valid
+        if request.gpu_models:
+            ok &= self._model_mask(request.gpu_models)
+        return ok, ok.any(axis=1)
+
+    def fits_empty(self, request: Request) -> bool:
+        """Whether ``request`` could ever fit in this pool if everything were free."""
+        _check_request(request)
+        mask = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
+        if request.gpus or request.gpu_milli or request.gpu_memory_mib:
+            _, gmask = self._gpu_ok(request, self.cap, self.cap)
+            mask &= gmask
+        return bool(mask.any())
+
+    def find(self, request: Request) -> Assignment | None:
+        """The best place for ``request`` under the policy, or None; commits nothing."""
+        _check_request(request)
+        if self.frag is not None:
+            self.frag.observe(request)
+        if self._failed.get(request) == self._release_version:
+            return None
+        mask = (self.cpu_free >= request.cpu_milli) & (self.mem_free >= request.memory_mib)
+        ok = None
+        if request.gpus:
+            if request.gpu_models:
+                ok, gmask = self._gpu_ok(request, self.free, self.cap)
+                mask &= gmask
+            else:
+                mask &= self.whole_free >= request.gpus
+        elif request.gpu_milli and not request.gpu_models:
+            mask &= self.max_share >= request.gpu_milli
+        elif request.gpu_milli or request.gpu_memory_mib:
+            ok, gmask = self._gpu_ok(request, self.free, self.cap)
+            mask &= gmask
+        cand = np.flatnonzero(mask)
+        if cand.size == 0:
+            self._failed[request] = self._release_version
+            return None
+        if request.gpus > 1 and self.max_groups > 1:
+            cand = self._prefer_one_group(cand, request)
+        if ok is None and (request.gpu_milli or request.gpus):
+            ok = self._gpu_ok_rows(cand, request)
+        elif ok is not None:
+            ok = ok[cand]
+        i, slots = self._choose(cand, ok, request)
+        return self._assignment(i, slots, request)
+
+    def _gpu_ok_rows(self, cand: np.ndarray, request: Request) -> np.ndarray:
+        """Usable GPU slots on the candidate rows only (cheaper than all rows)."""
+        free, cap, valid = self.free[cand], self.cap[cand], self.valid[cand]
+        if request.gpus:
+            return (free == cap) & valid
+        return (free >= request.gpu_milli) & valid
+
+    def _prefer_one_group(self, cand: np.ndarray, request: Request) -> np.ndarray:
+        """Keep only nodes that can seat a multi-GPU request inside one topology group, if any can."""
+        full = (self.free[cand] == self.cap[cand]) & self.valid[cand]
+        if request.gpu_models:
+            full &= self._model_mask(request.gpu_models)[cand]
+        topo = self.topo_id[cand]
+        best = np.zeros(cand.size, dtype=np.int64)
+        for grp in range(self.max_groups):
+            best = np.maximum(best, (full & (topo == grp)).sum(axis=1))
+        one = best >= request.gpus
+        return cand[one] if one.any() else cand
+
+    # ------------------------------------------------------------ choosing
+
+    def _choose(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
+        """Pick (node, GPU slots) among candidate nodes; ``ok`` marks usable slots per candidate."""
+        if self.policy == "firstfit":
+            k = int(np.argmin(self.tie_rank[cand]))
+            return int(cand[k]), self._slots(int(cand[k]), ok[k] if ok is not None else None, request)
+        if self.policy == "bestfit":
+            return self._choose_bestfit(cand, ok, request)
+        assert self.frag is not None
+        return self.frag.choose(cand, ok, request, pack_ties=self.policy == "default")
+
+    def _choose_bestfit(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
+        gpu_take = request.gpus * 1000 if request.gpus else request.gpu_milli
+        if request.gpu_memory_mib:
+            gpu_take = 0  # per-GPU; BestFit is defined for milli requests, score as if free
+        gpu_after = np.where(self.valid[cand], self.free[cand], 0).sum(axis=1) - gpu_take
+        cpu_after = self.cpu_free[cand] - request.cpu_milli
+        score = (100.0 * (1.0 - (0.5 * cpu_after / _BESTFIT_CPU + 0.5 * gpu_after / _BESTFIT_GPU))).astype(np.int64)
+        order = np.lexsort((self.tie_rank[cand], -score))
+        k = int(order[0])
+        i = int(cand[k])
+        return i, self._slots(i, ok[k] if ok is not None else None, request, least_free=True)
+
+    def _slots(self, i: int, ok_row: np.ndarray | None, request: Request, least_free: bool = False) -> list[int]:
+        """GPU slots on node ``i`` for the request (empty for CPU-only work)."""
+        if ok_row is None:
+            return []
+        usable = np.flatnonzero(ok_row)
+        if request.gpus:
+            return self.whole_slots(i, usable, request.gpus)
+        if least_free:
+            free = self.free[i, usable]
+            return [int(usable[int(np.argmin(free))])]
+        return [int(usable[0])]
+
+    def whole_slots(self, i: int, usable: np.ndarray, n: int) -> list[int]:
+        """``n`` whole free GPUs on node ``i``: inside one topology group when one has room.
+
+        Among groups that can hold the request the one with the fewest free GPUs is
+        used (it keeps larger groups intact); else GPUs come from the fullest-free
+        groups first. Within a group, lowest slot first.
+        """
+        if n == 1 or self.max_groups <= 1:
+            return [int(s) for s in usable[:n]]
+        by_group: dict[int, list[int]] = {}
+        for s in usable:
+            by_group.setdefault(int(self.topo_id[i, s]), []).append(int(s))
+        fitting = [g for g, slots in by_group.items() if len(slots) >= n]
+        if fitting:
+            g = min(fitting, key=lambda x: (len(by_group[x]), by_group[x][0]))
+            return by_group[g][:n]
+        groups = sorted(by_group.values(), key=lambda slots: (-len(slots), slots[0]))
+        picked = [s for slots in groups for s in slots][:n]
+        return sorted(picked)
+
+    def _assignment(self, i: int, slots: list[int], request: Request) -> Assignment:
+        gpus = []
+        for s in slots:
+            if request.gpus:
+                milli = int(self.cap[i, s])
+            elif request.gpu_memory_mib:
+                milli = math.ceil(request.gpu_memory_mib * 1000 / int(self.gpu_mem[i, s]))
+            else:
+                milli = request.gpu_milli
+            gpus.append((self.gpu_ids[i][s], milli))
+        return Assignment(node=self.names[i], gpus=tuple(gpus))
+
+    # ------------------------------------------------------------ reporting
+
+    def free_gpu_milli(self) -> int:
+        """Free milli-GPU summed over the pool (for reports and tests)."""
+        return int(np.where(self.valid, self.free, 0).sum())
+
+    def shape_of(self, request: Request) -> tuple:
+        """The fragmentation model's key for a request (exposed for tests)."""
+        return request_shape(request)

@@ -1,0 +1,298 @@
+"""FreeState: the placement contract the engine relies on, for every policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.errors import InvalidRequest
+from scheduler.policy.model import Assignment, Gpu, Kind, Node, Request, Workload
+from scheduler.policy.placement import POLICIES, FreeState
+
+
+def node(name: str, n_gpus: int, model: str = "A100", cpu: int = 64_000, mem: int = 256_000,
+         groups: tuple[str, ...] | None = None, pools: frozenset[str] = frozenset({"build", "train"})) -> Node:
+    gpus = tuple(
+        Gpu(id=f"{name}-g{k}", index=k, model=model, memory_mib=40_000,
+            topology_group=groups[k] if groups else "")
+        for k in range(n_gpus)
+    )
+    return Node(name=name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, pools=pools)
+
+
+def running(wid: str, request: Request, assignment: Assignment) -> Workload:
+    return Workload(id=wid, project="p", kind=Kind.TRAIN, request=request, assignment=assignment)
+
+
+def gpu_used(state: FreeState) -> dict[str, int]:
+    """milli taken per GPU id, from the state's arrays."""
+    out = {}
+    for i, ids in enumerate(state.gpu_ids):
+        for j, gid in enumerate(ids):
+            out[gid] = int(state.cap[i, j] - state.free[i, j])
+    return out
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_whole_gpus_on_one_node(policy: str) -> None:
+    state = FreeState.from_nodes([node("a", 2), node("b", 4)], (), policy=policy)
+    a = state.find(Request(gpus=3))
+    assert a is not None and a.node == "b"
+    assert len(a.gpus) == 3 and all(m == 1000 for _, m in a.gpus)
+    state.commit(a, Request(gpus=3))
+    assert state.find(Request(gpus=3)) is None  # 2 + 1 free, but never split across nodes
+    assert state.find(Request(gpus=2)) is not None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_running_work_is_subtracted_and_pool_filter(policy: str) -> None:
+    nodes = [node("a", 2), node("b", 2, pools=frozenset({"build"}))]
+    held = running("w1", Request(gpu_milli=600, cpu_milli=1000), Assignment("a", (("a-g0", 600),)))
+    state = FreeState.from_nodes(nodes, [held], pool="train", policy=policy)
+    assert state.names == ["a"]
+    assert state.free_gpu_milli() == 1400
+    assert int(state.cpu_free[0]) == 63_000
+    a = state.find(Request(gpu_milli=500))
+    assert a is not None and a.gpus[0][0] == "a-g1"  # g0 has only 400 left
+    assert state.find(Request(gpus=2)) is None
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_fraction_goes_on_one_gpu_with_room(policy: str) -> None:
+    state = FreeState.from_nodes([node("a", 1)], (), policy=policy)
+    for _ in range(3):
+        a = state.find(Request(gpu_milli=300))
+        assert a is not None
+        state.commit(a, Request(gpu_milli=300))
+    assert state.find(Request(gpu_milli=300)) is None
+    assert state.find(Request(gpu_milli=100)) is not None
+
+
+def test_gpu_memory_becomes_milli_of_the_gpu_it_lands_on() -> None:
+    small = Node("s", 8000, 64_000, (Gpu("s0", 0, "T4", 16_000),))
+    big = Node("b", 8000, 64_000, (Gpu("b0", 0, "A100", 80_000),))
+    state = FreeState.from_nodes([small, big], (), policy="firstfit")
+    a = state.find(Request(gpu_memory_mib=20_000))
+    assert a == Assignment("b", (("b0", 250),))  # 20 GB does not fit a 16 GB card at all
+    a = state.find(Request(gpu_memory_mib=4_000))
+    assert a == Assignment("s", (("s0", 250),))
+    assert not state.fits_empty(Request(gpu_memory_mib=90_000))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_models_cpu_and_memory_are_respected(policy: str) -> None:
+    nodes = [node("t4", 2, model="T4", cpu=8000), node("a100", 2, model="A100", cpu=64_000, mem=1000)]
+    state = FreeState.from_nodes(nodes, (), policy=policy)
+    assert state.find(Request(gpus=1, gpu_models=frozenset({"T4"}))).node == "t4"
+    assert state.find(Request(gpu_milli=200, gpu_models=frozenset({"A100"}))).node == "a100"
+    assert state.find(Request(gpus=1, cpu_milli=16_000)).node == "a100"
+    assert state.find(Request(gpus=1, memory_mib=2000)).node == "t4"
+    assert state.find(Request(gpus=1, cpu_milli=16_000, memory_mib=2000)) is None
+    assert state.find(Request(gpus=1, gpu_models=frozenset({"H100"}))) is None
+    assert not state.fits_empty(Request(gpus=1, gpu_models=frozenset({"H100"})))
+    assert state.fits_empty(Request(gpus=2, gpu_models=frozenset({"T4"})))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cpu_only_work_needs_only_cpu_and_memory(policy: str) -> None:
+    nodes = [node("gpu", 2, cpu=4000), Node("cpu", 32_000, 64_000)]
+    state = FreeState.from_nodes(nodes, (), policy=policy)
+    a = state.find(Request(cpu_milli=8000, memory_mib=1000))
+    assert a == Assignment("cpu", ())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_topology_group_is_preferred(policy: str) -> None:
+    groups = ("nv0", "nv0", "nv1", "nv1", "nv1", "nv1", "nv2", "nv2")
+    state = FreeState.from_nodes([node("a", 8, groups=groups)], (), policy=policy)
+    one = Request(gpus=1)
+    state.commit(Assignment("a", (("a-g0", 1000),)), one)
+    a = state.find(Request(gpus=2))
+    ids = {g for g, _ in a.gpus}
+    # a 2-GPU job fits inside nv2 (exactly two free) rather than splitting nv1 or using the broken nv0
+    assert ids == {"a-g6", "a-g7"}
+    a4 = state.find(Request(gpus=4))
+    assert {g for g, _ in a4.gpus} == {"a-g2", "a-g3", "a-g4", "a-g5"}
+
+
+def test_topology_group_preferred_across_nodes() -> None:
+    split = node("split", 4, groups=("x", "x", "y", "y"))
+    joined = node("joined", 4, groups=("x", "x", "x", "x"))
+    state = FreeState.from_nodes([split, joined], (), policy="firstfit")
+    state.commit(Assignment("split", (("split-g0", 1000),)), Request(gpus=1))
+    state.commit(Assignment("joined", (("joined-g0", 1000),)), Request(gpus=1))
+    # both nodes have 3 free GPUs; only "joined" has 3 in one group
+    assert state.find(Request(gpus=3)).node == "joined"
+
+
+def test_bestfit_packs_and_picks_least_free_gpu() -> None:
+    state = FreeState.from_nodes([node("a", 2), node("b", 2)], (), policy="bestfit")
+    state.commit(Assignment("b", (("b-g1", 700),)), Request(gpu_milli=700))
+    a = state.find(Request(gpu_milli=200))
+    assert a == Assignment("b", (("b-g1", 200),))  # the busier node, the fuller GPU
+
+
+def test_default_keeps_whole_gpus_and_nodes_free() -> None:
+    nodes = [node(f"n{k}", 4) for k in range(3)]
+    state = FreeState.from_nodes(nodes, (), policy="default")
+    # a fraction on n1 g0; next fractions should stack there, not break new GPUs or nodes
+    state.commit(Assignment("n1", (("n1-g0", 500),)), Request(gpu_milli=500))
+    for _ in range(2):
+        req = Request(gpu_milli=250)
+        a = state.find(req)
+        assert a == Assignment("n1", (("n1-g0", 250),))
+        state.commit(a, req)
+    a = state.find(Request(gpus=1))
+    assert a.node == "n1"  # a whole GPU goes on the node already in use, n0 and n2 stay whole
+    assert state.find(Request(gpus=4)).node in {"n0", "n2"}
+
+
+def test_failed_request_is_remembered_until_release() -> None:
+    state = FreeState.from_nodes([node("a", 1)], (), policy="default")
+    req = Request(gpus=1)
+    a = state.find(req)
+    state.commit(a, req)
+    assert state.find(req) is None
+    assert state.find(req) is None
+    state.release(a, req)
+    assert state.find(req) == a
+
+
+def test_bad_input_is_refused() -> None:
+    state = FreeState.from_nodes([node("a", 1)], ())
+    with pytest.raises(InvalidRequest):
+        state.find(Request(gpus=1, gpu_milli=500))
+    with pytest.raises(InvalidRequest):
+        FreeState.from_nodes([node("a", 1)], (), policy="nope")
+    with pytest.raises(InvalidRequest):
+        state.commit(Assignment("zzz", ()), Request())
+
+
+def test_empty_pool() -> None:
+    state = FreeState.from_nodes([], ())
+    assert state.find(Request(gpus=1)) is None
+    assert state.find(Request(cpu_milli=1)) is None
+    assert not state.fits_empty(Request())
+
+
+# ---------------------------------------------------------------- properties
+
+requests = st.one_of(
+    st.builds(Request, gpus=st.integers(1, 4), cpu_milli=st.sampled_from([0, 2000, 16_000]),
+              gpu_models=st.sampled_from([frozenset(), frozenset({"T4"}), frozenset({"A100", "T4"})])),
+    st.builds(Request, gpu_milli=st.integers(1, 1000), cpu_milli=st.sampled_from([0, 1000, 8000]),
+              memory_mib=st.sampled_from([0, 4000])),
+    st.builds(Request, gpu_memory_mib=st.integers(1, 50_000)),
+    st.builds(Request, cpu_milli=st.integers(0, 40_000), memory_mib=st.integers(0, 100_000)),
+)
+
+
+def cluster() -> list[Node]:
+    return [
+        node("a", 8, model="A100", cpu=32_000, groups=("x",) * 4 + ("y",) * 4),
+        node("b", 2, model="T4", cpu=16_000, mem=64_000),
+        node("c", 4, model="A100", cpu=48_000),
+        Node("d", 8000, 16_000, (Gpu("d-g0", 0, "T4", 16_000),)),
+        Node("cpu", 64_000, 128_000),
+    ]
+
+
+def check_assignment(state: FreeState, a: Assignment, req: Request) -> None:
+    nd = next(n for n in state.nodes if n.name == a.node)
+    by_id = {g.id: g for g in nd.gpus}
+    assert all(gid in by_id for gid, _ in a.gpus), "gang spread over nodes"
+    if req.gpus:
+        assert len(a.gpus) == req.gpus and len({g for g, _ in a.gpus}) == req.gpus
+    elif req.gpu_milli or req.gpu_memory_mib:
+        assert len(a.gpus) == 1
+    else:
+        assert a.gpus == ()
+    if req.gpu_models:
+        assert all(by_id[gid].model in req.gpu_models for gid, _ in a.gpus)
+    if req.gpu_memory_mib:
+        gid, milli = a.gpus[0]
+        assert milli * by_id[gid].memory_mib >= req.gpu_memory_mib * 1000
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(requests, min_size=1, max_size=30))
+def test_never_over_capacity_and_constraints_hold(policy: str, reqs: list[Request]) -> None:
+    state = FreeState.from_nodes(cluster(), (), policy=policy)
+    placed = []
+    for req in reqs:
+        a = state.find(req)
+        if a is None:
+            continue
+        check_assignment(state, a, req)
+        state.commit(a, req)
+        placed.append((a, req))
+        assert (state.free >= 0).all()
+        assert (state.cpu_free >= 0).all() and (state.mem_free >= 0).all()
+    # an independent recount of use matches the state and never exceeds a GPU
+    used: dict[str, int] = {}
+    for a, _ in placed:
+        for gid, milli in a.gpus:
+            used[gid] = used.get(gid, 0) + milli
+    assert {k: v for k, v in gpu_used(state).items() if v} == used
+    assert all(v <= 1000 for v in used.values())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@settings(max_examples=20, deadline=None)
+@given(reqs=st.lists(requests, min_size=1, max_size=25))
+def test_deterministic_and_release_restores(policy: str, reqs: list[Request]) -> None:
+    def play() -> tuple[FreeState, list]:
+        state = FreeState.from_nodes(cluster(), (), policy=policy)
+        out = []
+        for req in reqs:
+            a = state.find(req)
+            if a is not None:
+                state.commit(a, req)
+            out.append(a)
+        return state, out
+
+    s1, out1 = play()
+    s2, out2 = play()
+    assert out1 == out2
+    fresh = FreeState.from_nodes(cluster(), (), policy=policy)
+    for a, req in zip(reversed(out1), reversed(reqs), strict=True):
+        if a is not None:
+            s1.release(a, req)
+    assert (s1.free == fresh.free).all()
+    assert (s1.cpu_free == fresh.cpu_free).all() and (s1.mem_free == fresh.mem_free).all()
+    assert (s1.whole_free == fresh.whole_free).all() and (s1.max_share == fresh.max_share).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(reqs=st.lists(requests, min_size=1, max_size=25))
+def test_from_running_equals_committing(reqs: list[Request]) -> None:
+    """A state rebuilt from running workloads matches the one that placed them."""
+    live = FreeState.from_nodes(cluster(), (), policy="default")
+    work = []
+    for k, req in enumerate(reqs):
+        a = live.find(req)
+        if a is not None:
+            live.commit(a, req)
+            work.append(running(f"w{k}", req, a))
+    rebuilt = FreeState.from_nodes(cluster(), work, policy="default")
+    assert (rebuilt.free == live.free).all() and (rebuilt.cpu_free == live.cpu_free).all()
+    probe = Request(gpu_milli=300)
+    assert (rebuilt.find(probe) is None) == (live.find(probe) is None)
+
+
+@settings(max_examples=20, deadline=None)
+@given(reqs=st.lists(requests, min_size=1, max_size=25))
+def test_frag_cache_matches_a_fresh_rebuild(reqs: list[Request]) -> None:
+    """The incrementally kept fragmentation rows equal a from-scratch computation."""
+    state = FreeState.from_nodes(cluster(), (), policy="fgd", workload=reqs)
+    for req in reqs:
+        a = state.find(req)
+        if a is not None:
+            state.commit(a, req)
+    frag = state.frag
+    kept = frag.frag_now.copy(), frag.su.copy()
+    frag.rebuild()
+    assert kept[0] == pytest.approx(frag.frag_now)
+    assert kept[1] == pytest.approx(frag.su)
