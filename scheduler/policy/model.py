@@ -124,6 +124,7 @@ class PolicyConfig:
     resume_backoff_s: float = 30.0  # a paused job is not restarted sooner than this unless room is plain
     starvation_s: float = 300.0  # see docs/policy.md: head-of-line reservation rule
     placement: str = "default"  # placement policy name (see scheduler.policy.placement)
+    max_reservations: int = 1  # at most this many starving gang jobs hold a node reservation per cycle
 
 
 @dataclass(frozen=True)

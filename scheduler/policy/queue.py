@@ -1,0 +1,68 @@
+"""The order in which pending training jobs are considered.
+
+Order: higher priority first; among equal priorities, the project furthest
+below its fair share (smallest usage / share) first; then earlier submission;
+then workload id. A project's usage changes while the cycle places its jobs
+(and when reclaim pauses its jobs), so its rank is recomputed: each project
+keeps its own queue, and a heap holds one entry per project, keyed by the
+project's head job and its current usage ratio. Stale entries are skipped by
+a version number. Cost: O(log projects) per job.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+
+from scheduler.policy.model import Workload
+
+
+def job_order(w: Workload) -> tuple[int, float, str]:
+    """Within one project: higher priority, then earlier submission, then id."""
+    return (-w.priority, w.submitted_at, w.id)
+
+
+class FairQueue:
+    """Pending jobs of many projects, popped in fair order."""
+
+    def __init__(self, jobs: Iterable[Workload], ratio: Callable[[str], float]) -> None:
+        per_project: dict[str, list[Workload]] = {}
+        for w in jobs:
+            per_project.setdefault(w.project, []).append(w)
+        for queue in per_project.values():
+            queue.sort(key=job_order)
+        self._jobs = per_project
+        self._pos = dict.fromkeys(per_project, 0)
+        self._version = dict.fromkeys(per_project, 0)
+        self._ratio = ratio
+        self._heap: list[tuple[int, float, float, str, str, int]] = []
+        for name in sorted(per_project):
+            self._push(name)
+
+    def _push(self, name: str) -> None:
+        pos = self._pos[name]
+        queue = self._jobs[name]
+        if pos < len(queue):
+            head = queue[pos]
+            entry = (-head.priority, self._ratio(name), head.submitted_at, head.id, name, self._version[name])
+            heapq.heappush(self._heap, entry)
+
+    def pop(self) -> Workload | None:
+        """The next job, or None when all are taken. Call :meth:`touch` on its project afterwards."""
+        heap = self._heap
+        while heap:
+            *_, name, version = heapq.heappop(heap)
+            if version != self._version[name]:
+                continue
+            self._version[name] += 1
+            job = self._jobs[name][self._pos[name]]
+            self._pos[name] += 1
+            return job
+        return None
+
+    def touch(self, name: str) -> None:
+        """The project's usage changed (or its head was taken): re-rank it."""
+        if name not in self._version:
+            return
+        self._version[name] += 1
+        self._push(name)

@@ -1,0 +1,293 @@
+"""The classic scheduling stories, told cycle by cycle.
+
+Each test builds a small pool, runs the engine, applies its decisions the way
+the service does (``test_policy_helpers.apply``) and checks what a user would
+see: which jobs run, which are paused, and the reasons they are given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from test_policy_helpers import (
+    BUILD_ONLY,
+    build,
+    cycle,
+    finish,
+    node,
+    on,
+    project,
+    running_ids,
+    snap,
+    submit,
+    train,
+    usage,
+    violations,
+)
+
+from scheduler.policy import Kind, schedule
+
+
+def _by_id(items):
+    return {x.workload_id: x for x in items}
+
+
+# ------------------------------------------------------------------ quota reclaim
+
+
+def test_two_projects_reclaim_and_resume() -> None:
+    """A runs 4 jobs on 4 GPUs; B (2 guaranteed) submits 2: two of A's pause, B's run; B ends, A resumes."""
+    s = snap([node("n1", 4)], [project("A", 2), project("B", 2)],
+             [train(f"a{i}", "A", t=i) for i in range(4)], now=0)
+    s, d = cycle(s, advance=0)
+    assert running_ids(s, "A") == {"a0", "a1", "a2", "a3"}
+    assert set(d.preemptible) == set()  # flags are about running jobs; these just started
+    assert sorted(st.workload_id for st in d.starts if st.preemptible) == ["a2", "a3"]
+
+    s, d = cycle(s, advance=10)
+    assert sorted(d.preemptible) == ["a2", "a3"]
+
+    s = submit(s, train("b0", "B", t=20), train("b1", "B", t=21))
+    s, d = cycle(s, advance=10)
+    paused = sorted(p.workload_id for p in d.preempts)
+    assert len(paused) == 2 and set(paused) <= {"a2", "a3"}
+    assert sorted(st.workload_id for st in d.starts) == ["b0", "b1"]
+    assert all(not st.preemptible for st in d.starts)
+    reason = d.preempts[0].reason
+    assert "project B" in reason and "project A" in reason and "guarantee" in reason
+    assert running_ids(s) == {"a0", "a1", "b0", "b1"}
+    assert violations(s) == []
+
+    # nothing changed: no flapping
+    s, d = cycle(s, advance=1)
+    assert d.starts == () and d.preempts == ()
+    assert {w.workload_id for w in d.waits} == {"a2", "a3"}
+
+    s = finish(s, "b0", "b1")
+    s, d = cycle(s, advance=5)
+    assert sorted(st.workload_id for st in d.starts) == ["a2", "a3"]
+    assert running_ids(s) == {"a0", "a1", "a2", "a3"}
+
+
+def test_reclaim_never_pushes_a_project_below_its_guarantee() -> None:
+    s = snap([node("n1", 4)], [project("A", 3), project("B", 2)],
+             [train(f"a{i}", "A", t=i) for i in range(4)], now=0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("b0", "B", t=5), train("b1", "B", t=6))
+    s, d = cycle(s, advance=100)
+    assert len(d.preempts) == 1  # A keeps its 3 guaranteed GPUs
+    assert usage(s, "A") == 3000 and usage(s, "B") == 1000
+    waits = _by_id(d.waits)
+    assert "b1" in waits
+
+
+def test_min_runtime_protects_a_job_that_just_started() -> None:
+    s = snap([node("n1", 2)], [project("A", 1), project("B", 1)],
+             [train("a0", "A"), train("a1", "A", t=1)], now=0, min_runtime_s=60.0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("b0", "B", t=5))
+    s, d = cycle(s, advance=10)  # a1 has run 10 s < 60 s
+    assert d.preempts == ()
+    assert "minimum run time" in _by_id(d.waits)["b0"].reason
+    s, d = cycle(s, advance=60)
+    assert [p.workload_id for p in d.preempts] == ["a1"]
+    assert [st.workload_id for st in d.starts] == ["b0"]
+
+
+# ------------------------------------------------------------------ priority
+
+
+def test_priority_preemption_within_a_project() -> None:
+    s = snap([node("n1", 2)], [project("A", 2)], [train("lo0", "A")], now=0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("lo1", "A", t=1))
+    s, _ = cycle(s, advance=10)
+    s = submit(s, train("hi", "A", prio=5, t=10))
+    s, d = cycle(s, advance=100)
+    assert [p.workload_id for p in d.preempts] == ["lo1"]  # least run time among equals
+    assert "higher-priority job hi" in d.preempts[0].reason
+    assert [st.workload_id for st in d.starts] == ["hi"]
+    # the paused low-priority job does not push back
+    s, d = cycle(s, advance=100)
+    assert d.preempts == () and d.starts == ()
+
+
+def test_lower_priority_job_of_another_project_is_not_a_priority_victim() -> None:
+    """Priority preemption stays inside a project; across projects only guarantees reclaim."""
+    s = snap([node("n1", 2)], [project("A", 1), project("B", 1)],
+             [train("a0", "A"), train("b0", "B", t=1)], now=0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("a-hi", "A", prio=9, t=10))
+    s, d = cycle(s, advance=100)
+    assert [p.workload_id for p in d.preempts] == ["a0"]  # its own lower-priority job, not B's
+    assert "b0" in running_ids(s)
+
+
+# ------------------------------------------------------------------ build quota
+
+
+def test_build_over_quota_is_rejected_naming_project_quota_and_holders() -> None:
+    s = snap([node("b1", 2, model="T4", pools=BUILD_ONLY, gpu_mem=16_384)], [project("vision", build=0.5)],
+             [build("k1", "vision", milli=250, t=0), build("k2", "vision", milli=250, t=1),
+              build("k3", "vision", milli=250, t=2)])
+    d = schedule(s)
+    assert [st.workload_id for st in d.starts] == ["k1", "k2"]
+    assert all(not st.preemptible for st in d.starts)
+    (rej,) = d.rejects
+    assert rej.workload_id == "k3"
+    assert "vision" in rej.reason and "0.5 GPUs" in rej.reason and "k1" in rej.reason and "k2" in rej.reason
+
+
+def test_build_within_quota_but_pool_full_waits() -> None:
+    s = snap([node("b1", 1, pools=BUILD_ONLY)], [project("A", build=1), project("B", build=1)],
+             [build("ka", "A", gpus=1, t=0), build("kb", "B", gpus=1, t=1)])
+    d = schedule(s)
+    assert [st.workload_id for st in d.starts] == ["ka"]
+    (w,) = d.waits
+    assert w.workload_id == "kb" and "build quota" in w.reason and "no room" in w.reason
+
+
+def test_build_work_is_never_paused() -> None:
+    shared = node("n1", 2, pools=frozenset({"build", "train"}))
+    s = snap([shared], [project("A", 0, build=1), project("B", 2)], [build("ka", "A", gpus=1)], now=0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("b0", "B", t=1), train("b1", "B", t=2))
+    s, d = cycle(s, advance=100)
+    assert d.preempts == ()
+    assert "ka" in running_ids(s)
+    assert [st.workload_id for st in d.starts] == ["b0"]
+
+
+def test_build_memory_request_becomes_a_fraction_of_its_gpu() -> None:
+    s = snap([node("b1", 1, pools=BUILD_ONLY, gpu_mem=40_000)], [project("A", build=1)],
+             [build("k", "A", mem_mib=10_000)])
+    (st,) = schedule(s).starts
+    assert st.assignment.gpus[0][1] == 250
+
+
+# ------------------------------------------------------------------ limits, weights
+
+
+def test_training_limit_is_respected() -> None:
+    s = snap([node("n1", 8)], [project("A", 1, limit=3)], [train(f"a{i}", "A", t=i) for i in range(5)])
+    d = schedule(s)
+    assert len(d.starts) == 3
+    waits = _by_id(d.waits)
+    assert set(waits) == {"a3", "a4"} and all("limit" in w.reason for w in waits.values())
+
+
+def test_job_larger_than_limit_is_rejected() -> None:
+    s = snap([node("n1", 8)], [project("A", 1, limit=2)], [train("big", "A", gpus=4)])
+    (rej,) = schedule(s).rejects
+    assert "limit" in rej.reason
+
+
+def test_idle_capacity_is_shared_by_weight() -> None:
+    s = snap([node("n1", 8)], [project("A", 0, weight=3), project("B", 0, weight=1)],
+             [train(f"a{i}", "A", t=i) for i in range(10)] + [train(f"b{i}", "B", t=i) for i in range(10)])
+    d = schedule(s)
+    started = [st.workload_id for st in d.starts]
+    assert sum(1 for x in started if x.startswith("a")) == 6
+    assert sum(1 for x in started if x.startswith("b")) == 2
+    assert all(st.preemptible for st in d.starts)
+
+
+def test_project_furthest_below_fair_share_goes_first() -> None:
+    s = snap([node("n1", 4)], [project("A", 0), project("B", 0)],
+             [train("a0", "A", t=0), train("a1", "A", t=1), train("a2", "A", t=2),
+              train("b0", "B", t=50), train("b1", "B", t=51), train("b2", "B", t=52)])
+    d = schedule(s)
+    started = [st.workload_id for st in d.starts]
+    assert sorted(started) == ["a0", "a1", "b0", "b1"]
+
+
+# ------------------------------------------------------------------ gang and starvation
+
+
+def test_gang_job_gets_all_gpus_on_one_node_or_waits() -> None:
+    s = snap([node("n1", 4), node("n2", 4)], [project("A", 8)],
+             [train("x1", "A", gpus=3), train("x2", "A", gpus=3, t=1), train("big", "A", gpus=4, t=2)])
+    d = schedule(s)
+    started = {st.workload_id: st.assignment for st in d.starts}
+    assert set(started) == {"x1", "x2"}
+    for a in started.values():
+        assert len(a.gpus) == 3
+    assert "big" in _by_id(d.waits)
+
+
+def test_starving_gang_job_reserves_the_closest_node() -> None:
+    """A 4-GPU job waits past starvation_s: the node closest to fitting takes no new work until it fits."""
+    nodes = [node("n1", 4), node("n2", 4)]
+    running = [
+        on(train("r1", "A", t=0), "n1", 0, started=0),
+        on(train("r2", "A", gpus=2, t=0), "n2", 0, 1, started=0),
+    ]
+    s = snap(nodes, [project("A", 8)], running, now=0, starvation_s=300.0)
+    s = submit(s, train("big", "A", gpus=4, t=10))
+    s = submit(s, *[train(f"s{i}", "A", t=20 + i) for i in range(8)])
+
+    # before the starvation time: small jobs backfill around the big one
+    s0, d0 = cycle(s, advance=50)
+    assert "big" in _by_id(d0.waits)
+    assert "reserved" not in _by_id(d0.waits)["big"].reason
+    assert len(d0.starts) == 5
+
+    # after: the node closest to fitting (n1: 3 of 4 free) is reserved; small jobs go elsewhere
+    s1, d1 = cycle(s, advance=400)
+    reason = _by_id(d1.waits)["big"].reason
+    assert "node n1" in reason and "reserved" in reason
+    assert [st.assignment.node for st in d1.starts] == ["n2", "n2"]
+    assert "reserved" in _by_id(d1.waits)["s2"].reason
+    # when the reserved node's job ends, the big job gets it before any small one
+    s2, d2 = cycle(finish(s1, "r1"), advance=1)
+    assert [st.workload_id for st in d2.starts] == ["big"]
+    assert d2.starts[0].assignment.node == "n1"
+    assert violations(s2) == []
+
+
+def test_starvation_rule_only_reserves_up_to_the_configured_count() -> None:
+    nodes = [node(f"n{i}", 4) for i in range(3)]
+    running = [on(train(f"r{i}", "A", t=0), f"n{i}", 0, started=0) for i in range(3)]
+    ws = [train(f"big{i}", "A", gpus=4, t=i) for i in range(3)]
+    s = snap(nodes, [project("A", 12)], running + ws, now=1000, starvation_s=300.0, max_reservations=2)
+    d = schedule(s)
+    waits = _by_id(d.waits)
+    assert sum("reserved" in waits[f"big{i}"].reason for i in range(3)) == 2
+
+
+def test_impossible_request_is_rejected() -> None:
+    s = snap([node("n1", 4)], [project("A", 8)], [train("huge", "A", gpus=16)])
+    (rej,) = schedule(s).rejects
+    assert rej.workload_id == "huge" and "can ever hold 16 whole GPUs" in rej.reason
+
+
+def test_unknown_project_is_rejected() -> None:
+    s = snap([node("n1", 4)], [project("A", 8)], [train("x", "nope")])
+    (rej,) = schedule(s).rejects
+    assert "nope" in rej.reason
+
+
+def test_paused_job_backs_off_on_idle_capacity() -> None:
+    """A job paused for over-quota use is not restarted on idle GPUs within resume_backoff_s."""
+    s = snap([node("n1", 2)], [project("A", 1), project("B", 1)],
+             [train("a0", "A"), train("a1", "A", t=1)], now=0, resume_backoff_s=30.0)
+    s, _ = cycle(s, advance=0)
+    s = submit(s, train("b0", "B", t=2))
+    s, d = cycle(s, advance=100)
+    assert [p.workload_id for p in d.preempts] == ["a1"]
+    # the claimant ends right away: the GPU is idle, but a1 was paused 1 s ago
+    s = finish(s, "b0")
+    s, d = cycle(s, advance=1)
+    assert d.starts == ()
+    assert "paused" in _by_id(d.waits)["a1"].reason
+    s, d = cycle(s, advance=40)
+    assert [st.workload_id for st in d.starts] == ["a1"]
+
+
+def test_decisions_are_deterministic_and_order_free() -> None:
+    ws = [train(f"j{i}", "AB"[i % 2], gpus=1 + i % 3, t=i % 5, prio=i % 2) for i in range(30)]
+    s = snap([node(f"n{i}", 4) for i in range(4)], [project("A", 4), project("B", 4)], ws)
+    d1 = schedule(s)
+    d2 = schedule(dataclasses.replace(s, workloads=tuple(reversed(ws))))
+    assert d1 == d2
+    assert all(w.kind is Kind.TRAIN for w in s.workloads)
