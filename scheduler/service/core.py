@@ -8,7 +8,44 @@ Authorization lives here, not in the HTTP layer, so every caller gets it.
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from scheduler.envbuilder import gpu_environment
+from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded, Unavailable
+from scheduler.executor.local import LocalExecutor, ProcessHandle
+from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
+from scheduler.policy.model import (
+    BUILD_POOL,
+    MILLI,
+    TRAIN_POOL,
+    Decisions,
+    Gpu,
+    Node,
+    PolicyConfig,
+    Project,
+    Snapshot,
+    Start,
+)
+from scheduler.service import fallback_policy
+from scheduler.service.config import ServiceConfig
+from scheduler.service.jobs import gpus_text, job_to_wire, project_to_wire, request_of, workload_of
+from scheduler.service.metrics import Metrics
+from scheduler.service.tokens import TokenStore, load_or_create_admin_token
+from scheduler.service.validation import (
+    PoolLimits,
+    validate_project,
+    validate_spec,
+    validate_user,
+)
+from scheduler.service.watchdog import Reading, Watchdog, job_of_process
+from scheduler.store import FINAL_STATES, LIVE_STATES, JobRecord, ProjectRecord, Store
 
 
 @dataclass(frozen=True)
@@ -41,3 +78,871 @@ class Actor:
 #   core.last_event_seq -> int
 #   core.history(since: float | None) -> dict
 #   core.tokens: user-token store: core.create_token(actor, user) -> dict; core.authenticate(token) -> Actor | None
+#
+# Also available: core.admin_token (str), core.config, core.state_dir.
+
+log = logging.getLogger("scheduler.service")
+
+ALL_STATES = LIVE_STATES + FINAL_STATES
+PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
+MAX_LOG_CHUNK = 1024 * 1024
+
+PolicyFn = Callable[[Snapshot], Decisions]
+
+
+class SchedulerCore:
+    """Durable job state, a scheduling cycle on every event, and local execution.
+
+    ``inventory`` and ``policy`` may be injected (tests, benchmarks); by
+    default the inventory comes from NVML or the simulation spec, and the
+    policy is :func:`scheduler.policy.schedule` once the engine module exists,
+    else a first-fit fallback.
+    """
+
+    def __init__(
+        self,
+        config: ServiceConfig | None = None,
+        *,
+        inventory: Inventory | None = None,
+        policy: PolicyFn | None = None,
+    ) -> None:
+        self.config = config or ServiceConfig()
+        self.state_dir = self.config.state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._store = Store(self.config.database)
+        self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation, self.config.node_name)
+        self.simulated: bool = bool(self._inventory.simulated)
+        self.executor = LocalExecutor(self.config.jobs_dir)
+        self.admin_token = load_or_create_admin_token(self.state_dir, self.config.admin_token)
+        self.tokens = TokenStore(self._store, self.admin_token, self.config.admin_user)
+        self._metrics = Metrics()
+        self.registry = self._metrics.registry
+        self._metrics.simulated.set(1 if self.simulated else 0)
+        self._policy_override = policy
+        self._engine: PolicyFn | None = None
+        self._engine_checked = 0.0
+        self._gpus: dict[str, GpuInfo] = {g.id: g for g in self._inventory.gpus()}
+        self._gpu_node: dict[str, str] = {}
+        self._nodes = self._build_nodes()
+        self._procs: dict[str, ProcessHandle] = {}
+        self._stop_tasks: dict[str, asyncio.Task[bool]] = {}
+        self._settled: dict[str, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._new_events: asyncio.Event | None = None
+        self._watchdog = Watchdog(self.config.watchdog if not self.simulated else "off", self.config.watchdog_grace_s)
+        self._sample: dict[str, GpuSample] = {}
+        self._sample_t = 0.0
+        self._last_history = 0.0
+        self._started = False
+        self._closing = False
+        self.last_event_seq: int = self._store.last_event_seq()
+
+    # ================================================================ lifecycle
+    async def start(self) -> None:
+        """Recover what the store says was running, then run the cycle, monitor and tick loops."""
+        if self._started:
+            return
+        self._new_events = asyncio.Event()
+        self._recover()
+        self._started = True
+        self._cycle()
+        self._tasks = [
+            asyncio.create_task(self._loop(self.config.poll_s, self._check_processes), name="gpupool-monitor"),
+            asyncio.create_task(self._loop(self.config.tick_s, self._tick), name="gpupool-tick"),
+        ]
+        self._emit("pool", reason=f"scheduler started with {len(self._gpus)} "
+                   f"{'simulated ' if self.simulated else ''}GPU(s)")
+
+    async def stop(self) -> None:
+        """Stop the loops; then pause running jobs (``on_shutdown="stop"``) or leave them for re-adoption."""
+        if self._closing:
+            return
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        if self._started and self.config.on_shutdown == "stop":
+            for rec in self._store.jobs(("running",), kind="train"):
+                if rec.stop_intent is None:
+                    self._begin_stop(rec, "shutdown", "service shutdown; resumes on the next start")
+            if self._stop_tasks:
+                await asyncio.gather(*self._stop_tasks.values(), return_exceptions=True)
+            deadline = time.monotonic() + 5
+            while self._procs and time.monotonic() < deadline:
+                self._check_processes()
+                if self._procs:
+                    await asyncio.sleep(0.05)
+        else:
+            for t in self._stop_tasks.values():
+                t.cancel()
+        self._emit("pool", reason="scheduler stopped")
+        self._store.close()
+        self._inventory.close()
+
+    async def _loop(self, period: float, fn: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                fn()
+            except Exception:  # one bad iteration must not end the service
+                log.exception("scheduler loop %s failed", getattr(fn, "__name__", fn))
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise Unavailable("the scheduler is shutting down")
+
+    # ================================================================ pool model
+    def _build_nodes(self) -> tuple[Node, ...]:
+        cfg = self.config
+        gpus = sorted(self._gpus.values(), key=lambda g: g.index)
+        cpu_milli = int(cfg.host_cpu() * 1000)
+        mem_mib = cfg.host_memory() // (1024 * 1024)
+
+        def node(name: str, members: list[GpuInfo], pools: frozenset[str]) -> Node:
+            for g in members:
+                self._gpu_node[g.id] = name
+            return Node(name, cpu_milli, mem_mib,
+                        tuple(Gpu(g.id, g.index, g.model, g.memory // (1024 * 1024), g.topology_group) for g in members),
+                        pools)
+
+        if cfg.build_gpus is None:
+            return (node(cfg.node_name, gpus, frozenset({BUILD_POOL, TRAIN_POOL})),)
+        n = min(cfg.build_gpus, len(gpus))
+        return (node(f"{cfg.node_name}-build", gpus[:n], frozenset({BUILD_POOL})),
+                node(cfg.node_name, gpus[n:], frozenset({TRAIN_POOL})))
+
+    def _limits(self) -> PoolLimits:
+        models: dict[str, int] = {}
+        for g in self._gpus.values():
+            models[g.model] = max(models.get(g.model, 0), g.memory)
+        max_gpus = {p: max((len(n.gpus) for n in self._nodes if p in n.pools), default=0) for p in (BUILD_POOL, TRAIN_POOL)}
+        return PoolLimits(models, max_gpus, self.config.host_cpu(), self.config.host_memory(), len(self._gpus))
+
+    def _policy_config(self) -> PolicyConfig:
+        c = self.config
+        return PolicyConfig(min_runtime_s=c.min_runtime_s, resume_backoff_s=c.resume_backoff_s,
+                            starvation_s=c.starvation_s, placement=c.placement)
+
+    def _allocations(self, running: list[JobRecord]) -> dict[str, int]:
+        used: dict[str, int] = {}
+        for rec in running:
+            for g in (rec.assignment or {}).get("gpus", []):
+                used[g["id"]] = used.get(g["id"], 0) + int(g["milli"])
+        return used
+
+    # ================================================================ scheduling cycle
+    def _schedule(self, snapshot: Snapshot) -> Decisions:
+        fn: PolicyFn
+        if self._policy_override is not None:
+            fn = self._policy_override
+        else:
+            now = time.monotonic()
+            if self._engine is None and now - self._engine_checked > 10:
+                self._engine_checked = now
+                if importlib.util.find_spec("scheduler.policy.engine") is not None:
+                    from scheduler.policy import schedule
+
+                    self._engine = schedule
+            fn = self._engine or fallback_policy.schedule
+        try:
+            return fn(snapshot)
+        except Exception:
+            if fn is fallback_policy.schedule:
+                raise
+            log.exception("policy engine failed; using the first-fit fallback for this cycle")
+            return fallback_policy.schedule(snapshot)
+
+    def _snapshot(self, live: list[JobRecord]) -> Snapshot:
+        projects = tuple(
+            Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
+            for p in self._store.projects()
+        )
+        workloads = tuple(workload_of(r) for r in live if not (r.state == "paused" and r.user_paused))
+        return Snapshot(self._nodes, projects, workloads, time.time(), self._policy_config())
+
+    def _cycle(self) -> None:
+        """One scheduling cycle: snapshot -> policy -> preempt, start, reject, wait."""
+        if not self._started or self._closing:
+            return
+        t0 = time.perf_counter()
+        live = self._store.jobs(LIVE_STATES)
+        by_id = {r.id: r for r in live}
+        decisions = self._schedule(self._snapshot(live))
+        for p in decisions.preempts:
+            rec = by_id.get(p.workload_id)
+            if rec is None or rec.state != "running" or rec.stop_intent is not None:
+                continue
+            if rec.kind != "train":
+                log.warning("policy asked to preempt build job %s; build shares are never paused", rec.id)
+                continue
+            self._metrics.pauses.labels("preempt").inc()
+            self._begin_stop(rec, "preempt", p.reason)
+        running = [r for r in live if r.state == "running"]
+        used = self._allocations(running)
+        for s in decisions.starts:
+            rec = by_id.get(s.workload_id)
+            if rec is None or rec.state not in ("queued", "paused") or (rec.state == "paused" and rec.user_paused):
+                continue
+            problem = self._check_fits(s, used)
+            if problem:
+                self._set_reason(rec, problem)
+                continue
+            for gid, m in s.assignment.gpus:
+                used[gid] = used.get(gid, 0) + m
+            self._start(rec, s)
+        with self._store.transaction():
+            for rj in decisions.rejects:
+                rec = by_id.get(rj.workload_id)
+                if rec is not None and rec.state in ("queued", "paused"):
+                    self._finish(rec, "rejected", rj.reason)
+            for w in decisions.waits:
+                rec = by_id.get(w.workload_id)
+                if rec is not None and rec.state in ("queued", "paused") and not rec.user_paused:
+                    self._set_reason(rec, w.reason)
+            over = set(decisions.preemptible)
+            for rec in running:
+                if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
+                    self._store.update_job(rec.id, preemptible=rec.id in over)
+        self._metrics.cycle.observe(time.perf_counter() - t0)
+        self._update_gauges()
+
+    def _check_fits(self, s: Start, used: dict[str, int]) -> str | None:
+        """Our own guard against double-booking, whatever the policy says."""
+        for gid, m in s.assignment.gpus:
+            if gid not in self._gpus:
+                return f"policy placed it on unknown GPU {gid}"
+            if m <= 0 or used.get(gid, 0) + m > MILLI:
+                return "waiting for paused jobs to release their GPUs"
+        return None
+
+    def _set_reason(self, rec: JobRecord, reason: str) -> None:
+        if rec.reason != reason:
+            self._store.update_job(rec.id, reason=reason)
+            rec.reason = reason
+
+    def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
+        gpus = []
+        want_mem = rec.request.get("gpu_memory")
+        for gid, m in s.assignment.gpus:
+            g = self._gpus[gid]
+            limit = min(int(want_mem), g.memory) if want_mem and m < MILLI else g.memory * m // MILLI
+            gpus.append({"id": gid, "index": g.index, "model": g.model, "milli": m, "memory_limit": limit})
+        return {"node": s.assignment.node, "gpus": gpus}
+
+    def _start(self, rec: JobRecord, s: Start) -> None:
+        """Record "starting attempt N" durably, then act (spawn, or grant the lease)."""
+        attempt = rec.attempts + 1
+        now = time.time()
+        assignment = self._assignment_wire(rec, s)
+        shares = [(g["id"], g["milli"], g["memory_limit"]) for g in assignment["gpus"]]
+        gpu_env = gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
+                                  mps=self.config.mps,
+                                  pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+        fields: dict[str, Any] = dict(
+            state="running", attempts=attempt, assignment=assignment, started_at=now, preemptible=s.preemptible,
+            pid=None, pid_start=None, stop_intent=None, exit_code=None,
+        )
+        if rec.kind == "build":
+            fields.update(env=gpu_env, reason=s.reason, lease_expires_at=now + self.config.lease_s)
+            self._store.update_job(rec.id, **fields)
+            self._emit_job(rec.id)
+            return
+        self._store.update_job(rec.id, reason=f"starting attempt {attempt}", **fields)
+        env = dict(os.environ)
+        env.update(rec.job_env)
+        env.update(gpu_env)
+        try:
+            handle = self.executor.spawn(rec.id, attempt, rec.command or [], rec.workdir, env)
+        except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
+            self._finish(rec, "failed", f"could not start: {e}")
+            return
+        self._procs[rec.id] = handle
+        self._store.update_job(rec.id, pid=handle.pid, pid_start=handle.start_time,
+                               reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason)
+        self._emit_job(rec.id)
+
+    # ================================================================ stopping and finishing
+    def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
+        """Record the intent, then SIGTERM the job's group (SIGKILL after the grace) in the background."""
+        self._store.update_job(rec.id, stop_intent=intent, reason=reason)
+        self._emit_job(rec.id)
+        handle = self._procs.get(rec.id)
+        if handle is None:
+            fresh = self._store.job(rec.id)
+            if fresh is not None:
+                self._finish_attempt(fresh, None)
+            return
+        self._spawn_stop(rec.id, handle)
+
+    def _spawn_stop(self, job_id: str, handle: ProcessHandle) -> None:
+        if job_id in self._stop_tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self.executor.stop(handle, self.config.pause_grace_s))
+        self._stop_tasks[job_id] = task
+        task.add_done_callback(lambda _t: self._stop_tasks.pop(job_id, None))
+
+    def _check_processes(self) -> None:
+        """Monitor: settle every attempt whose wrapper has ended."""
+        ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
+        for jid, h in ended:
+            self._procs.pop(jid, None)
+            self.executor.reap_group(h)
+            rec = self._store.job(jid)
+            if rec is None or rec.state != "running" or rec.attempts != h.attempt:
+                continue
+            self._finish_attempt(rec, self.executor.exit_code(jid, h.attempt))
+        if ended and not self._closing:
+            self._cycle()
+
+    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False) -> None:
+        """An attempt's process is gone: decide the job's next state from the stop intent and the exit code."""
+        intent = rec.stop_intent
+        self._watchdog.forget(rec.id)
+        if intent in PAUSE_INTENTS:
+            reason = rec.reason or PAUSE_INTENTS[intent]
+            self._store.update_job(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                                   pid_start=None, stop_intent=None, exit_code=code, reason=reason,
+                                   user_paused=(intent == "pause"), preemptible=False)
+            if intent != "preempt":
+                self._metrics.pauses.labels(intent).inc()
+            self._emit_job(rec.id)
+        elif intent == "cancel":
+            self._finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
+        elif intent == "watchdog":
+            self._finish(rec, "failed", rec.reason, exit_code=code)
+        elif lost:
+            self._store.update_job(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                                   pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
+                                   reason="process lost during restart; requeued")
+            self._emit_job(rec.id)
+        elif code is None:
+            self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
+        elif code == 0:
+            self._finish(rec, "succeeded", "exited with code 0", exit_code=0)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self._finish(rec, "failed", how, exit_code=code)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
+        self._store.update_job(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+                               assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
+                               lease_expires_at=None)
+        self._metrics.finished.labels(state).inc()
+        self._emit_job(rec.id)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    async def _await_settled(self, job_id: str) -> None:
+        rec = self._store.job(job_id)
+        if rec is None or rec.state != "running" or rec.stop_intent is None:
+            return
+        ev = self._settled.setdefault(job_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), self.config.reply_wait_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ================================================================ recovery
+    def _recover(self) -> None:
+        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
+        for rec in self._store.jobs(("running",)):
+            if any(g["id"] not in self._gpus for g in (rec.assignment or {}).get("gpus", [])):
+                missing = "its GPU is no longer in the pool"
+            else:
+                missing = ""
+            if rec.kind == "build":
+                if missing:
+                    self._finish(rec, "cancelled", missing)
+                continue
+            attempt = rec.attempts
+            handle: ProcessHandle | None = None
+            code: int | None = None
+            if rec.pid:
+                handle = self.executor.adopt(rec.id, attempt, rec.pid, rec.pid_start or 0)
+                outcome = "running" if handle else "gone"
+            else:
+                u = self.executor.recover_unrecorded(rec.id, attempt)
+                outcome, handle, code = u.outcome, u.handle, u.exit_code
+                if outcome == "not-started":
+                    self._store.update_job(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                                           assignment=None, started_at=None, stop_intent=None,
+                                           reason="start interrupted by a service restart; requeued")
+                    self._emit_job(rec.id)
+                    continue
+                if outcome == "lost":
+                    outcome = "gone"
+            if outcome == "running" and handle is not None:
+                self._procs[rec.id] = handle
+                if not rec.pid:
+                    self._store.update_job(rec.id, pid=handle.pid, pid_start=handle.start_time)
+                log.info("re-adopted job %s (pid %d)", rec.id, handle.pid)
+                if rec.stop_intent is not None:
+                    self._spawn_stop(rec.id, handle)
+                elif missing:
+                    self._begin_stop(rec, "preempt", missing)
+                continue
+            if code is None:
+                code = self.executor.exit_code(rec.id, attempt)
+            fresh = self._store.job(rec.id)
+            assert fresh is not None
+            if code is None and fresh.stop_intent is None:
+                self._finish_attempt(fresh, None, lost=True)
+            else:
+                self._finish_attempt(fresh, code)
+
+    # ================================================================ periodic work
+    def _tick(self) -> None:
+        now = time.time()
+        for rec in self._store.jobs(("queued", "running"), kind="build"):
+            if rec.lease_expires_at is not None and rec.lease_expires_at < now:
+                self._finish(rec, "cancelled", "lease expired (not renewed)")
+        if not self.simulated and now - self._sample_t >= min(self.config.tick_s, self.config.history_interval_s):
+            self._refresh_sample()
+            self._run_watchdog(now)
+        if now - self._last_history >= self.config.history_interval_s:
+            self._record_history(now)
+        self._store.trim_events(self.config.events_max_rows)
+        self._cycle()
+
+    def _refresh_sample(self) -> None:
+        try:
+            self._sample = self._inventory.sample()
+        except Exception:
+            log.exception("GPU sampling failed")
+            self._sample = {}
+        self._sample_t = time.time()
+
+    def _run_watchdog(self, now: float) -> None:
+        if self._watchdog.mode == "off" or not self._sample:
+            return
+        running = {r.id: r for r in self._store.jobs(("running",))}
+        sessions = {h.pid: jid for jid, h in self._procs.items()}
+        used: dict[tuple[str, str], int] = {}
+        for gid, s in self._sample.items():
+            for pid, mem in s.processes.items():
+                jid = job_of_process(pid, sessions)
+                if jid is not None and jid in running:
+                    used[(jid, gid)] = used.get((jid, gid), 0) + mem
+        readings = []
+        for (jid, gid), mem in used.items():
+            limits = {g["id"]: g["memory_limit"] for g in (running[jid].assignment or {}).get("gpus", [])}
+            readings.append(Reading(jid, gid, mem, int(limits.get(gid, 0))))
+        for act in self._watchdog.check(readings, now):
+            rec = running[act.job_id]
+            self._emit("watchdog", job_id=rec.id, user=rec.user, project=rec.project, reason=act.message(),
+                       state=rec.state)
+            if act.kind == "stop" and rec.kind == "train" and rec.stop_intent is None:
+                self._metrics.pauses.labels("watchdog").inc()
+                self._begin_stop(rec, "watchdog", act.message())
+
+    def _record_history(self, now: float) -> None:
+        self._last_history = now
+        running = self._store.jobs(("running",))
+        projects: dict[str, int] = {p.name: 0 for p in self._store.projects()}
+        gpus: dict[str, dict[str, Any]] = {gid: {"milli": 0} for gid in self._gpus}
+        for rec in running:
+            for g in (rec.assignment or {}).get("gpus", []):
+                projects[rec.project] = projects.get(rec.project, 0) + int(g["milli"])
+                if g["id"] in gpus:
+                    gpus[g["id"]]["milli"] += int(g["milli"])
+        for gid, s in self._sample.items():
+            if gid in gpus:
+                if s.utilization is not None:
+                    gpus[gid]["util"] = s.utilization
+                if s.memory_used is not None:
+                    gpus[gid]["mem_used"] = s.memory_used
+        self._store.add_history(now, {"t": now, "projects": projects, "gpus": gpus}, self.config.history_max_rows)
+
+    def _update_gauges(self) -> None:
+        m = self._metrics
+        counts = {"queued": 0, "paused": 0}
+        running = {"build": 0, "train": 0}
+        per_gpu: dict[str, int] = {gid: 0 for gid in self._gpus}
+        per_project: dict[tuple[str, str], int] = {}
+        for rec in self._store.jobs(LIVE_STATES):
+            if rec.state in counts:
+                counts[rec.state] += 1
+            else:
+                running[rec.kind] = running.get(rec.kind, 0) + 1
+                for g in (rec.assignment or {}).get("gpus", []):
+                    per_gpu[g["id"]] = per_gpu.get(g["id"], 0) + int(g["milli"])
+                    key = (rec.project, rec.kind)
+                    per_project[key] = per_project.get(key, 0) + int(g["milli"])
+        for state, n in counts.items():
+            m.queue_length.labels(state).set(n)
+        for kind, n in running.items():
+            m.running.labels(kind).set(n)
+        for gid, milli in per_gpu.items():
+            m.gpu_allocated.labels(gid).set(milli / MILLI)
+        m.project_allocated.clear()
+        for (project, kind), milli in per_project.items():
+            m.project_allocated.labels(project, kind).set(milli / MILLI)
+
+    # ================================================================ events
+    def _emit(self, type_: str, **fields: Any) -> int:
+        seq = self._store.add_event(time.time(), {"type": type_, **fields})
+        self.last_event_seq = seq
+        if self._new_events is not None:
+            self._new_events.set()
+            self._new_events = asyncio.Event()
+        return seq
+
+    def _emit_job(self, job_id: str) -> None:
+        rec = self._store.job(job_id)
+        if rec is not None:
+            self._emit("job", job_id=rec.id, state=rec.state, reason=rec.reason, user=rec.user, project=rec.project,
+                       kind=rec.kind)
+
+    def events_since(self, seq: int) -> list[dict[str, Any]]:
+        """Events after ``seq`` (at most 1000), oldest first."""
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise InvalidRequest("since must be an integer event sequence number")
+        return self._store.events_since(seq)
+
+    async def wait_events(self, seq: int, timeout: float) -> list[dict[str, Any]]:
+        """Long-poll: events after ``seq``, waiting up to ``timeout`` seconds for the first one."""
+        events = self.events_since(seq)
+        if events or timeout <= 0 or self._closing:
+            return events
+        if self._new_events is None:
+            self._new_events = asyncio.Event()
+        waiter = self._new_events
+        try:
+            await asyncio.wait_for(waiter.wait(), min(float(timeout), 300.0))
+        except asyncio.TimeoutError:
+            return []
+        if self._closing:
+            return []
+        return self.events_since(seq)
+
+    # ================================================================ reads
+    def _job_or_404(self, job_id: Any) -> JobRecord:
+        if not isinstance(job_id, str):
+            raise NotFound(f"no job {job_id!r}")
+        rec = self._store.job(job_id)
+        if rec is None:
+            raise NotFound(f"no job {job_id!r}")
+        return rec
+
+    def _owned(self, actor: Actor, job_id: str, action: str) -> JobRecord:
+        rec = self._job_or_404(job_id)
+        if not (actor.admin or actor.user == rec.user):
+            raise Forbidden(f"only {rec.user} (the owner) or an admin may {action} job {rec.id}")
+        return rec
+
+    def _wire(self, actor: Actor, rec: JobRecord) -> dict[str, Any]:
+        return job_to_wire(rec, show_env=actor.admin or actor.user == rec.user)
+
+    def get_job(self, actor: Actor, job_id: str) -> dict[str, Any]:
+        return self._wire(actor, self._job_or_404(job_id))
+
+    def list_jobs(self, actor: Actor, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Jobs newest first; filters: project, user, state ("a,b" or a list), kind, limit."""
+        f = dict(filters or {})
+        unknown = sorted(set(f) - {"project", "user", "state", "kind", "limit"})
+        if unknown:
+            raise InvalidRequest(f"unknown job filter(s): {', '.join(unknown)}")
+        states = f.get("state")
+        if isinstance(states, str):
+            states = [s for s in states.split(",") if s]
+        if states is not None:
+            if not isinstance(states, (list, tuple)) or not all(isinstance(s, str) for s in states):
+                raise InvalidRequest("state must be a comma-separated list of states")
+            bad = [s for s in states if s not in ALL_STATES]
+            if bad:
+                raise InvalidRequest(f"unknown state(s) {', '.join(bad)}; states are {', '.join(ALL_STATES)}")
+        kind = f.get("kind")
+        if kind is not None and kind not in ("train", "build"):
+            raise InvalidRequest(f"kind must be 'train' or 'build', not {kind!r}")
+        limit = f.get("limit", 200)
+        try:
+            limit = int(limit)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"limit must be a whole number, not {limit!r}") from None
+        if limit < 1:
+            raise InvalidRequest("limit must be at least 1")
+        for k in ("project", "user"):
+            if f.get(k) is not None and not isinstance(f[k], str):
+                raise InvalidRequest(f"{k} must be a string")
+        recs = self._store.jobs(states or None, project=f.get("project"), user=f.get("user"), kind=kind,
+                                limit=min(limit, self.config.max_list), newest_first=True)
+        return [self._wire(actor, r) for r in recs]
+
+    def read_log(self, actor: Actor, job_id: str, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
+        """A chunk of the job's log from byte ``offset``; ``eof`` once the job is final and all is read."""
+        rec = self._owned(actor, job_id, "read the log of")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidRequest("offset must be a whole number >= 0")
+        if limit is None:
+            limit = 64 * 1024
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidRequest("limit must be a whole number >= 1")
+        limit = min(limit, MAX_LOG_CHUNK)
+        path = self.executor.log_path(rec.id)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(min(offset, size))
+                raw = f.read(limit)
+        except FileNotFoundError:
+            size, raw = 0, b""
+        # Do not cut a UTF-8 character in two: hold back an incomplete tail.
+        cut = len(raw)
+        for back in range(1, min(4, len(raw)) + 1):
+            byte = raw[-back]
+            if byte & 0xC0 == 0x80:
+                continue
+            if byte & 0x80:
+                need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+                if back < need:
+                    cut = len(raw) - back
+            break
+        raw = raw[:cut]
+        nxt = min(offset, size) + len(raw)
+        return {"data": raw.decode("utf-8", "replace"), "offset": nxt, "eof": nxt >= size and not rec.live}
+
+    def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+        usage: dict[str, dict[str, int]] = {}
+        pending: dict[str, int] = {}
+        for rec in self._store.jobs(LIVE_STATES):
+            if rec.state == "running":
+                milli = sum(int(g["milli"]) for g in (rec.assignment or {}).get("gpus", []))
+                u = usage.setdefault(rec.project, {})
+                u[rec.kind] = u.get(rec.kind, 0) + milli
+            else:
+                pending[rec.project] = pending.get(rec.project, 0) + 1
+        return usage, pending
+
+    def list_projects(self) -> list[dict[str, Any]]:
+        usage, pending = self._project_usage()
+        out = []
+        for p in self._store.projects():
+            u = dict(usage.get(p.name, {}))
+            u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
+            out.append(project_to_wire(p, u, pending.get(p.name, 0)))
+        return out
+
+    def pool(self) -> dict[str, Any]:
+        if not self.simulated and time.time() - self._sample_t > 2:
+            self._refresh_sample()
+        allocations: dict[str, list[dict[str, Any]]] = {gid: [] for gid in self._gpus}
+        for rec in self._store.jobs(("running",)):
+            for g in (rec.assignment or {}).get("gpus", []):
+                allocations.setdefault(g["id"], []).append({
+                    "job_id": rec.id, "project": rec.project, "user": rec.user, "kind": rec.kind,
+                    "fraction": gpus_text(int(g["milli"])),
+                })
+        nodes = []
+        for node in self._nodes:
+            gpus = []
+            for g in node.gpus:
+                info = self._gpus[g.id]
+                allocs = allocations.get(g.id, [])
+                entry: dict[str, Any] = {
+                    "id": g.id, "index": g.index, "model": g.model, "memory": info.memory,
+                    "topology_group": g.topology_group,
+                    "allocated": round(sum(float(a["fraction"]) for a in allocs), 3), "allocations": allocs,
+                }
+                s = self._sample.get(g.id)
+                if s is not None:
+                    if s.utilization is not None:
+                        entry["utilization"] = s.utilization
+                    if s.memory_used is not None:
+                        entry["memory_used"] = s.memory_used
+                gpus.append(entry)
+            nodes.append({"name": node.name, "pools": sorted(node.pools), "cpu": node.cpu_milli / 1000,
+                          "memory": self.config.host_memory(), "gpus": gpus})
+        return {"simulated": self.simulated, "nodes": nodes}
+
+    def status(self) -> dict[str, Any]:
+        counts = {"pending": 0, "running": 0, "paused": 0}
+        for rec in self._store.jobs(LIVE_STATES):
+            counts["pending" if rec.state == "queued" else rec.state] += 1
+        return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(), "queue": counts}
+
+    def history(self, since: float | None = None) -> dict[str, Any]:
+        if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
+            raise InvalidRequest("since must be a time in Unix seconds")
+        return {"samples": self._store.history_since(None if since is None else float(since))}
+
+    # ================================================================ projects
+    def set_project(self, actor: Actor, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """Create or change a project (admin only); quotas in GPUs."""
+        self._check_open()
+        if not actor.admin:
+            raise Forbidden("only an admin may change projects")
+        changes = validate_project(name, fields, len(self._gpus))
+        cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
+        for k, v in changes.items():
+            setattr(cur, k, v)
+        self._store.upsert_project(cur)
+        self._emit("project", project=name, reason=f"project {name} set by {actor.user}")
+        self._cycle()
+        return next(p for p in self.list_projects() if p["name"] == name)
+
+    def delete_project(self, actor: Actor, name: str) -> None:
+        self._check_open()
+        if not actor.admin:
+            raise Forbidden("only an admin may delete projects")
+        if not isinstance(name, str) or self._store.project(name) is None:
+            raise NotFound(f"no project {name!r}")
+        live = self._store.count_live_jobs(name)
+        if live:
+            raise Conflict(f"project {name!r} still has {live} live job(s); cancel them first")
+        self._store.delete_project(name)
+        self._emit("project", project=name, reason=f"project {name} deleted by {actor.user}")
+
+    # ================================================================ jobs
+    def _estimate_milli(self, request: dict[str, Any]) -> int:
+        if request.get("gpus"):
+            return int(request["gpus"]) * MILLI
+        if request.get("gpu_fraction"):
+            return int(round(request["gpu_fraction"] * MILLI))
+        if request.get("gpu_memory"):
+            mems = [g.memory for g in self._gpus.values() if not request.get("gpu_model") or g.model == request["gpu_model"]]
+            biggest = max(mems, default=1)
+            return min(MILLI, -(-int(request["gpu_memory"]) * MILLI // biggest))
+        return 0
+
+    def _check_build_quota(self, project: ProjectRecord, request: dict[str, Any]) -> None:
+        need = self._estimate_milli(request)
+        holders = [r for r in self._store.jobs(("queued", "running"), project=project.name, kind="build")]
+        held = 0
+        for r in holders:
+            if r.state == "running":
+                held += sum(int(g["milli"]) for g in (r.assignment or {}).get("gpus", []))
+            else:
+                held += self._estimate_milli(r.request)
+        if held + need <= project.build_quota_milli:
+            return
+        quota = f"{gpus_text(project.build_quota_milli):g}"
+        if not holders:
+            raise QuotaExceeded(f"project {project.name!r} has a build quota of {quota} GPUs, "
+                                f"less than the {gpus_text(need):g} GPUs this request needs")
+        names = []
+        for r in holders:
+            extra = [f"{k} {r.labels[k]}" for k in ("notebook", "kernel_id") if r.labels.get(k)]
+            names.append(f"{r.id} ({r.user}{', ' + ', '.join(extra) if extra else ''})")
+        raise QuotaExceeded(
+            f"project {project.name!r} build quota is {quota} GPUs and {gpus_text(held):g} GPUs are held by "
+            f"{'; '.join(names)}; this request needs {gpus_text(need):g} GPUs"
+        )
+
+    async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Validate, store as queued, run a cycle; ``(job, created)`` (created False for a client_key match)."""
+        self._check_open()
+        names = {p.name for p in self._store.projects()}
+        js = validate_spec(spec, names, self._limits())
+        if js.client_key is not None:
+            existing = self._store.live_job_by_key(actor.user, js.client_key)
+            if existing is not None:
+                return self._wire(actor, existing), False
+        project = self._store.project(js.project)
+        assert project is not None
+        request = js.request()
+        if js.kind == "build":
+            self._check_build_quota(project, request)
+        now = time.time()
+        with self._store.transaction():
+            num = self._store.next_job_number()
+            job_id = f"j-{num:06d}"
+            rec = JobRecord(
+                id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",
+                request=request, priority=js.priority, submitted_at=now, reason="queued",
+                workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
+                command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key,
+                lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
+            )
+            self._store.insert_job(rec)
+        self._metrics.submitted.labels(js.kind).inc()
+        self._emit_job(job_id)
+        self._cycle()
+        fresh = self._store.job(job_id)
+        assert fresh is not None
+        return self._wire(actor, fresh), True
+
+    async def pause(self, actor: Actor, job_id: str) -> dict[str, Any]:
+        """Pause (sticky: not resumed until the user resumes): SIGTERM, grace, SIGKILL; keeps the workdir."""
+        self._check_open()
+        rec = self._owned(actor, job_id, "pause")
+        if not rec.live:
+            raise Conflict(f"job {rec.id} is {rec.state}; only live jobs can be paused")
+        if rec.kind == "build":
+            raise Conflict(f"job {rec.id} is a build share; cancel it to release the GPU")
+        reason = f"paused by {actor.user}"
+        if rec.state in ("queued", "paused"):
+            self._store.update_job(rec.id, state="paused", user_paused=True, reason=reason,
+                                   paused_at=rec.paused_at or time.time())
+            self._emit_job(rec.id)
+        elif rec.stop_intent in ("preempt", "shutdown"):
+            self._store.update_job(rec.id, stop_intent="pause", reason=reason)
+        elif rec.stop_intent is None:
+            self._metrics.pauses.labels("user").inc()
+            self._begin_stop(rec, "pause", reason)
+        await self._await_settled(rec.id)
+        return self.get_job(actor, rec.id)
+
+    async def resume(self, actor: Actor, job_id: str) -> dict[str, Any]:
+        """Put a paused job back in the queue (it restarts in its workdir with GPUPOOL_RESUME=1)."""
+        self._check_open()
+        rec = self._owned(actor, job_id, "resume")
+        if not rec.live:
+            raise Conflict(f"job {rec.id} is {rec.state}; only paused jobs can be resumed")
+        if rec.state == "paused":
+            self._store.update_job(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
+            self._emit_job(rec.id)
+            self._cycle()
+        elif rec.state == "running" and rec.stop_intent == "pause":
+            self._store.update_job(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
+        return self.get_job(actor, rec.id)
+
+    async def cancel(self, actor: Actor, job_id: str) -> dict[str, Any]:
+        """Stop for good; a build job releases its share at once."""
+        self._check_open()
+        rec = self._owned(actor, job_id, "cancel")
+        if not rec.live:
+            raise Conflict(f"job {rec.id} is already {rec.state}")
+        reason = f"cancelled by {actor.user}"
+        if rec.state != "running" or rec.kind == "build":
+            self._finish(rec, "cancelled", reason)
+            self._cycle()
+        elif rec.stop_intent is None:
+            self._begin_stop(rec, "cancel", reason)
+        else:
+            self._store.update_job(rec.id, stop_intent="cancel", reason=reason)
+        await self._await_settled(rec.id)
+        return self.get_job(actor, rec.id)
+
+    def renew(self, actor: Actor, job_id: str) -> dict[str, Any]:
+        """Extend a build job's lease by ``lease_s`` from now."""
+        self._check_open()
+        rec = self._owned(actor, job_id, "renew")
+        if rec.kind != "build":
+            raise Conflict(f"job {rec.id} is a train job; only build jobs hold leases")
+        if not rec.live:
+            raise Conflict(f"job {rec.id} is {rec.state}; its lease cannot be renewed")
+        self._store.update_job(rec.id, lease_expires_at=time.time() + self.config.lease_s)
+        return self.get_job(actor, rec.id)
+
+    # ================================================================ tokens
+    def create_token(self, actor: Actor, user: str) -> dict[str, Any]:
+        if not actor.admin:
+            raise Forbidden("only an admin may create tokens")
+        user = validate_user(user)
+        return {"user": user, "token": self.tokens.create(user)}
+
+    def authenticate(self, token: str | None) -> Actor | None:
+        found = self.tokens.lookup(token)
+        return None if found is None else Actor(found[0], found[1])
+
+
+__all__ = ["Actor", "SchedulerCore", "ServiceConfig", "request_of"]

@@ -1,0 +1,1 @@
+"""Executors carry out the scheduler's decisions: start, pause and stop workloads."""

@@ -1,0 +1,207 @@
+"""Run training jobs as local processes, and find them again after a restart.
+
+Each attempt of a job runs through :mod:`scheduler.executor._wrapper` in its
+own session (so its own process group: pausing signals the whole group), in
+the job's working directory, with stdout and stderr appended to the job's log
+file. Files under ``<jobs_dir>/<job_id>/run/`` let a restarted service tell a
+running attempt from a finished one from one that never started:
+
+``attempt-N.launch`` (ticket, made by the service before spawning),
+``attempt-N.claimed`` (the wrapper took the ticket), ``attempt-N.pid``
+(``pid starttime``), ``attempt-N.exit`` (the command's exit status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.errors import InvalidRequest
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if gone/zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def proc_session(pid: int) -> int | None:
+    """The session id of a process (field 6 of /proc/<pid>/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(")") + 2 :].split()[3])
+
+
+@dataclass
+class ProcessHandle:
+    """A running attempt: the wrapper's pid (= process group id) and its start time."""
+
+    job_id: str
+    attempt: int
+    pid: int
+    start_time: int
+    popen: subprocess.Popen[bytes] | None = None  # None when adopted after a restart
+
+
+@dataclass(frozen=True)
+class Unrecorded:
+    """What recovery found for an attempt whose pid the store never got."""
+
+    outcome: str  # "not-started" | "running" | "finished" | "lost"
+    handle: ProcessHandle | None = None
+    exit_code: int | None = None
+
+
+class LocalExecutor:
+    """Starts, watches and stops job processes on this machine."""
+
+    def __init__(self, jobs_dir: Path) -> None:
+        self.jobs_dir = Path(jobs_dir)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ paths
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def log_path(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "job.log"
+
+    def _prefix(self, job_id: str, attempt: int) -> Path:
+        return self.job_dir(job_id) / "run" / f"attempt-{attempt}"
+
+    def default_workdir(self, job_id: str) -> Path:
+        return self.job_dir(job_id) / "work"
+
+    # ------------------------------------------------------------ start
+    def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str]) -> ProcessHandle:
+        """Start attempt ``attempt`` of a job; the caller has already recorded "starting attempt N"."""
+        prefix = self._prefix(job_id, attempt)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        wd = Path(workdir)
+        wd.mkdir(parents=True, exist_ok=True)
+        for suffix in (".claimed", ".pid", ".exit", ".revoked"):
+            Path(str(prefix) + suffix).unlink(missing_ok=True)
+        Path(str(prefix) + ".launch").write_text(f"{time.time()}\n")
+        log_path = self.log_path(job_id)
+        with open(log_path, "ab") as log:
+            log.write(f"--- gpupool: attempt {attempt} of {job_id} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
+            log.flush()
+            try:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "scheduler.executor._wrapper", str(prefix), "--", *command],
+                    cwd=str(wd),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise InvalidRequest(f"cannot start job {job_id}: {e}") from e
+        start = proc_start_time(popen.pid) or 0
+        return ProcessHandle(job_id, attempt, popen.pid, start, popen)
+
+    # ------------------------------------------------------------ watch
+    def alive(self, handle: ProcessHandle) -> bool:
+        """Whether the wrapper still runs (reaps our own child when it ended)."""
+        if handle.popen is not None:
+            return handle.popen.poll() is None
+        return proc_start_time(handle.pid) == handle.start_time
+
+    def exit_code(self, job_id: str, attempt: int) -> int | None:
+        """The command's recorded exit status for this attempt, if it finished."""
+        try:
+            return int(Path(str(self._prefix(job_id, attempt)) + ".exit").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def adopt(self, job_id: str, attempt: int, pid: int, start_time: int) -> ProcessHandle | None:
+        """Find a process again after a restart: alive with the same start time, else None."""
+        if pid and proc_start_time(pid) == start_time:
+            return ProcessHandle(job_id, attempt, pid, start_time)
+        return None
+
+    def recover_unrecorded(self, job_id: str, attempt: int, wait_s: float = 2.0) -> Unrecorded:
+        """Settle an attempt recorded as "starting" whose pid never reached the store."""
+        prefix = str(self._prefix(job_id, attempt))
+        try:
+            os.rename(prefix + ".launch", prefix + ".revoked")
+            return Unrecorded("not-started")  # the wrapper can no longer claim it
+        except FileNotFoundError:
+            pass
+        if not os.path.exists(prefix + ".claimed"):
+            return Unrecorded("not-started")  # crashed before the ticket was written
+        deadline = time.monotonic() + wait_s
+        pid_text = ""
+        while time.monotonic() < deadline:
+            try:
+                pid_text = Path(prefix + ".pid").read_text()
+                if pid_text.endswith("\n"):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        code = self.exit_code(job_id, attempt)
+        try:
+            pid, start = (int(x) for x in pid_text.split())
+        except ValueError:
+            return Unrecorded("finished", exit_code=code) if code is not None else Unrecorded("lost")
+        handle = self.adopt(job_id, attempt, pid, start)
+        if handle is not None:
+            return Unrecorded("running", handle=handle)
+        if code is not None:
+            return Unrecorded("finished", exit_code=code)
+        return Unrecorded("lost")
+
+    # ------------------------------------------------------------ stop
+    def signal_group(self, handle: ProcessHandle, sig: int) -> None:
+        """Send ``sig`` to the attempt's whole process group (gone already is fine)."""
+        try:
+            os.killpg(handle.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def group_alive(self, handle: ProcessHandle) -> bool:
+        if self.alive(handle):
+            return True
+        try:
+            os.killpg(handle.pid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    async def stop(self, handle: ProcessHandle, grace_s: float, poll_s: float = 0.05) -> bool:
+        """SIGTERM the group, wait up to ``grace_s``, then SIGKILL. True if it ended within the grace."""
+        self.signal_group(handle, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.alive(handle):
+                self.signal_group(handle, signal.SIGKILL)  # stragglers of the group
+                return True
+            await asyncio.sleep(poll_s)
+        self.signal_group(handle, signal.SIGKILL)
+        for _ in range(100):
+            if not self.alive(handle):
+                break
+            await asyncio.sleep(poll_s)
+        return False
+
+    def reap_group(self, handle: ProcessHandle) -> None:
+        """After the wrapper ended: kill what the job left behind in its group."""
+        self.signal_group(handle, signal.SIGKILL)

@@ -1,0 +1,135 @@
+"""Service configuration: one dataclass, loadable from a JSON file or a dict.
+
+Every knob has a default that suits a single workstation, so
+``ServiceConfig()`` alone gives a working service whose state lives under the
+user's data directory. Tests and the embedded scheduler pass a ``state_dir``
+in a temporary directory instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.errors import InvalidRequest
+
+_SHUTDOWN_MODES = ("stop", "leave")
+_WATCHDOG_MODES = ("off", "warn", "stop")
+
+
+def default_state_dir() -> Path:
+    """Where state lives when nothing is configured: the platform's user data dir."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("gpupool", appauthor=False))
+
+
+@dataclass
+class ServiceConfig:
+    """All settings of one scheduler service.
+
+    ``simulate``: ``None`` uses NVML when it works and otherwise falls back to
+    ``default_simulation``; a spec string such as ``"4xA100-80GB"`` or
+    ``"2xA100-80GB,2xT4"`` always simulates (even on a GPU machine).
+
+    ``build_gpus``: ``None`` puts every GPU in one node serving both pools;
+    an integer N makes the first N GPUs a build-only node (``<host>-build``)
+    and the rest a train-only node (``<host>``).
+
+    ``on_shutdown``: ``"stop"`` pauses running jobs at :meth:`stop` (they are
+    resumed automatically on the next start: the embedded Jupyter case, where
+    the processes must not outlive the server); ``"leave"`` leaves them
+    running and the next start re-adopts them (``gpupool serve`` restarts).
+    """
+
+    state_dir: Path = field(default_factory=default_state_dir)
+    db_path: Path | None = None  # default: <state_dir>/state.db
+    simulate: str | None = None
+    default_simulation: str = "2xA100-80GB"
+    node_name: str = field(default_factory=socket.gethostname)
+    build_gpus: int | None = None
+    cpu: float | None = None  # default: os.cpu_count()
+    memory: int | None = None  # bytes; default: MemTotal from /proc/meminfo
+    admin_token: str | None = None  # default: generated into <state_dir>/admin_token
+    admin_user: str = "admin"
+    tick_s: float = 5.0  # periodic scheduling cycle, lease expiry, watchdog
+    poll_s: float = 0.2  # how often running processes are checked for exit
+    pause_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when pausing or cancelling
+    reply_wait_s: float = 2.0  # pause/cancel calls wait this long for the process to stop
+    lease_s: float = 120.0  # build-job lease length; renew() extends it
+    history_interval_s: float = 10.0
+    history_max_rows: int = 8640  # one day at 10 s
+    events_max_rows: int = 10000
+    on_shutdown: str = "stop"
+    watchdog: str = "warn"
+    watchdog_grace_s: float = 30.0
+    mps: bool | None = None  # None: detect a running MPS daemon
+    min_runtime_s: float = 60.0  # policy knobs (scheduler.policy.PolicyConfig)
+    resume_backoff_s: float = 30.0
+    starvation_s: float = 300.0
+    placement: str = "default"
+    max_list: int = 1000  # most jobs a list call returns
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).expanduser()
+        if self.db_path is not None:
+            self.db_path = Path(self.db_path).expanduser()
+        if self.on_shutdown not in _SHUTDOWN_MODES:
+            raise InvalidRequest(f"on_shutdown must be one of {', '.join(_SHUTDOWN_MODES)}, not {self.on_shutdown!r}")
+        if self.watchdog not in _WATCHDOG_MODES:
+            raise InvalidRequest(f"watchdog must be one of {', '.join(_WATCHDOG_MODES)}, not {self.watchdog!r}")
+        if self.build_gpus is not None and (not isinstance(self.build_gpus, int) or self.build_gpus < 0):
+            raise InvalidRequest(f"build_gpus must be a non-negative integer, not {self.build_gpus!r}")
+        for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidRequest(f"{name} must be > 0")
+
+    @property
+    def database(self) -> Path:
+        """The SQLite file."""
+        return self.db_path or self.state_dir / "state.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Per-job directories (logs, run files, default working dirs)."""
+        return self.state_dir / "jobs"
+
+    def host_cpu(self) -> float:
+        return float(self.cpu if self.cpu is not None else (os.cpu_count() or 1))
+
+    def host_memory(self) -> int:
+        if self.memory is not None:
+            return int(self.memory)
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemTotal:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 16 * 1024**3
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServiceConfig:
+        """Build from a dict, refusing unknown keys so typos do not pass silently."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise InvalidRequest(f"unknown service setting(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ServiceConfig:
+        """Load a JSON config file (keys are the field names of this class)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise InvalidRequest(f"cannot read service config {path}: {e}") from e
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"service config {path} must hold a JSON object")
+        return cls.from_dict(data)

@@ -1,0 +1,247 @@
+"""Check a JobSpec or project fields from the wire before anything changes.
+
+Every rule raises :class:`scheduler.errors.InvalidRequest` with one sentence
+naming the field, so a bad request becomes a 400 with a message the user can
+act on, and the store is never touched by bad input.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.errors import InvalidRequest
+from scheduler.policy.model import MILLI
+
+SPEC_FIELDS = {
+    "project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "command",
+    "workdir", "env", "cpu", "memory", "labels", "client_key",
+}
+PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_PRIORITY = 1_000_000
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """What the pool can possibly give, for the "absurd size" checks."""
+
+    models: dict[str, int]  # model -> memory bytes (largest of that model)
+    max_gpus: dict[str, int]  # pool ("build"/"train") -> most GPUs on one node serving it
+    cpu: float
+    memory: int
+    total_gpus: int
+
+
+@dataclass
+class JobSpec:
+    """A validated, normalised JobSpec."""
+
+    project: str
+    kind: str
+    name: str
+    gpus: int = 0
+    gpu_fraction: float | None = None
+    gpu_memory: int | None = None
+    gpu_model: str | None = None
+    priority: int = 0
+    command: list[str] | None = None
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cpu: float | None = None
+    memory: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    client_key: str | None = None
+
+    def request(self) -> dict[str, Any]:
+        """The Job's ``request`` object (wire units)."""
+        return {"gpus": self.gpus, "gpu_fraction": self.gpu_fraction, "gpu_memory": self.gpu_memory,
+                "gpu_model": self.gpu_model, "cpu": self.cpu, "memory": self.memory}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be an object of strings")
+    out = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidRequest(f"{what} must map strings to strings (bad entry {k!r})")
+        if key_re is not None and not key_re.match(k):
+            raise InvalidRequest(f"{what} has an invalid variable name {k!r}")
+        if len(k) > 256 or len(v) > 65536:
+            raise InvalidRequest(f"{what} entry {k[:40]!r} is too long")
+        out[k] = v
+    if len(out) > 256:
+        raise InvalidRequest(f"{what} has too many entries (at most 256)")
+    return out
+
+
+def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> JobSpec:
+    """Turn a wire JobSpec into a :class:`JobSpec`, or raise ``InvalidRequest``."""
+    if not isinstance(spec, dict):
+        raise InvalidRequest("the job spec must be a JSON object")
+    unknown = sorted(set(spec) - SPEC_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown job spec field(s): {', '.join(map(str, unknown))}")
+    project = spec.get("project")
+    if not isinstance(project, str) or not project:
+        raise InvalidRequest("project is required (a project name)")
+    if project not in project_names:
+        raise InvalidRequest(f"unknown project {project!r}")
+    kind = spec.get("kind", "train")
+    if kind not in ("train", "build"):
+        raise InvalidRequest(f"kind must be 'train' or 'build', not {kind!r}")
+
+    gpus = spec.get("gpus")
+    fraction = spec.get("gpu_fraction")
+    memory_req = spec.get("gpu_memory")
+    given = [n for n, v in (("gpus", gpus), ("gpu_fraction", fraction), ("gpu_memory", memory_req)) if v is not None]
+    if len(given) > 1:
+        raise InvalidRequest(f"give at most one of gpus, gpu_fraction and gpu_memory (got {' and '.join(given)})")
+    model = spec.get("gpu_model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise InvalidRequest("gpu_model must be a string")
+        match = [m for m in limits.models if m.lower() == model.lower()]
+        if not match:
+            have = ", ".join(sorted(limits.models)) or "none"
+            raise InvalidRequest(f"unknown GPU model {model!r}; this pool has: {have}")
+        model = match[0]
+    pool = "build" if kind == "build" else "train"
+    n_gpus = 0
+    if gpus is not None:
+        if not _is_int(gpus):
+            raise InvalidRequest(f"gpus must be a whole number, not {gpus!r}")
+        if gpus < 1:
+            raise InvalidRequest(f"gpus must be at least 1, not {gpus}")
+        most = limits.max_gpus.get(pool, 0)
+        if gpus > most:
+            raise InvalidRequest(f"gpus={gpus} is more than any node of the {pool} pool has ({most})")
+        n_gpus = gpus
+    if fraction is not None:
+        if not _is_num(fraction):
+            raise InvalidRequest(f"gpu_fraction must be a number, not {fraction!r}")
+        if not 0 < fraction < 1:
+            raise InvalidRequest(f"gpu_fraction must be between 0 and 1 (exclusive), not {fraction}; use gpus for whole GPUs")
+        if round(fraction * MILLI) < 1:
+            raise InvalidRequest(f"gpu_fraction {fraction} is below the smallest share (0.001)")
+        fraction = float(fraction)
+    if memory_req is not None:
+        if not _is_int(memory_req):
+            raise InvalidRequest(f"gpu_memory must be a whole number of bytes, not {memory_req!r}")
+        if memory_req <= 0:
+            raise InvalidRequest(f"gpu_memory must be positive, not {memory_req}")
+        biggest = limits.models.get(model, 0) if model else max(limits.models.values(), default=0)
+        if memory_req > biggest:
+            raise InvalidRequest(f"gpu_memory={memory_req} bytes is more than any GPU here has ({biggest} bytes)")
+    if (gpus or fraction or memory_req) and limits.max_gpus.get(pool, 0) == 0:
+        raise InvalidRequest(f"the {pool} pool has no GPUs")
+
+    priority = spec.get("priority", 0)
+    if not _is_int(priority) or abs(priority) > MAX_PRIORITY:
+        raise InvalidRequest(f"priority must be a whole number between -{MAX_PRIORITY} and {MAX_PRIORITY}")
+
+    command = spec.get("command")
+    if kind == "train":
+        if command is None:
+            raise InvalidRequest("command is required for a train job (a list of strings)")
+        if (not isinstance(command, list) or not command
+                or not all(isinstance(c, str) for c in command) or not command[0]):
+            raise InvalidRequest("command must be a non-empty list of strings")
+    elif command is not None:
+        raise InvalidRequest("a build job has no command (it is a share lease for a kernel)")
+
+    name = spec.get("name")
+    if name is None:
+        name = os.path.basename(command[0]) if command else f"{kind}-{project}"
+        if command and len(command) > 1 and name.startswith("python"):
+            name = os.path.basename(command[-1]) or name
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise InvalidRequest("name must be a non-empty string of at most 200 characters")
+
+    workdir = spec.get("workdir")
+    if workdir is not None:
+        if not isinstance(workdir, str) or not os.path.isabs(workdir):
+            raise InvalidRequest("workdir must be an absolute path")
+        if not os.path.isdir(workdir):
+            raise InvalidRequest(f"workdir {workdir!r} is not an existing directory")
+
+    cpu = spec.get("cpu")
+    if cpu is not None:
+        if not _is_num(cpu) or cpu <= 0:
+            raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu!r}")
+        if cpu > limits.cpu:
+            raise InvalidRequest(f"cpu={cpu} is more than this machine has ({limits.cpu:g})")
+        cpu = float(cpu)
+    memory = spec.get("memory")
+    if memory is not None:
+        if not _is_int(memory) or memory <= 0:
+            raise InvalidRequest(f"memory must be a positive whole number of bytes, not {memory!r}")
+        if memory > limits.memory:
+            raise InvalidRequest(f"memory={memory} bytes is more than this machine has ({limits.memory})")
+
+    client_key = spec.get("client_key")
+    if client_key is not None and (not isinstance(client_key, str) or not client_key or len(client_key) > 200):
+        raise InvalidRequest("client_key must be a non-empty string of at most 200 characters")
+
+    return JobSpec(
+        project=project, kind=kind, name=name.strip(), gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
+        gpu_model=model, priority=priority, command=list(command) if command else None, workdir=workdir,
+        env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
+        labels=_str_map(spec.get("labels"), "labels"), client_key=client_key,
+    )
+
+
+def _gpus_to_milli(value: Any, what: str, total_gpus: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not _is_num(value) or value < 0:
+        raise InvalidRequest(f"{what} must be a number of GPUs >= 0{' or null' if allow_none else ''}, not {value!r}")
+    if value > total_gpus:
+        raise InvalidRequest(f"{what}={value:g} GPUs is more than the whole pool ({total_gpus} GPUs)")
+    return int(round(value * MILLI))
+
+
+def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
+    """Check ``PUT /projects/{name}`` input; returns the changes in milli-GPU."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidRequest("project names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if not isinstance(fields, dict):
+        raise InvalidRequest("project fields must be a JSON object")
+    unknown = sorted(set(fields) - PROJECT_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown project field(s): {', '.join(map(str, unknown))}")
+    out: dict[str, Any] = {}
+    if "build_quota" in fields:
+        out["build_quota_milli"] = _gpus_to_milli(fields["build_quota"], "build_quota", total_gpus)
+    if "train_guarantee" in fields:
+        out["train_guarantee_milli"] = _gpus_to_milli(fields["train_guarantee"], "train_guarantee", total_gpus)
+    if "train_limit" in fields:
+        out["train_limit_milli"] = _gpus_to_milli(fields["train_limit"], "train_limit", total_gpus, allow_none=True)
+    if "weight" in fields:
+        w = fields["weight"]
+        if not _is_num(w) or w <= 0 or w > 1e6:
+            raise InvalidRequest(f"weight must be a positive number, not {w!r}")
+        out["weight"] = float(w)
+    return out
+
+
+def validate_user(user: Any) -> str:
+    if not isinstance(user, str) or not USER_RE.match(user):
+        raise InvalidRequest("user names are 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit")
+    return user

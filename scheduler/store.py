@@ -1,0 +1,347 @@
+"""Durable state in SQLite (WAL): projects, jobs, events, tokens, history.
+
+The service writes every job transition here in a transaction *before* it
+acts on it (e.g. "starting attempt 3" is committed before the process is
+spawned), so a service killed at any instant restarts from a state that says
+what it was doing. The store is small and synchronous: one connection, used
+from the service's event-loop thread; each write is one short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+LIVE_STATES = ("queued", "running", "paused")
+FINAL_STATES = ("succeeded", "failed", "cancelled", "rejected")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS projects (
+    name TEXT PRIMARY KEY,
+    build_quota_milli INTEGER NOT NULL DEFAULT 0,
+    train_guarantee_milli INTEGER NOT NULL DEFAULT 0,
+    train_limit_milli INTEGER,
+    weight REAL NOT NULL DEFAULT 1.0,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    num INTEGER NOT NULL UNIQUE,
+    name TEXT NOT NULL,
+    project TEXT NOT NULL,
+    user TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    request TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    submitted_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    paused_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    preemptible INTEGER NOT NULL DEFAULT 0,
+    reason TEXT NOT NULL DEFAULT '',
+    assignment TEXT,
+    exit_code INTEGER,
+    workdir TEXT NOT NULL DEFAULT '',
+    command TEXT,
+    env TEXT NOT NULL DEFAULT '{}',
+    job_env TEXT NOT NULL DEFAULT '{}',
+    labels TEXT NOT NULL DEFAULT '{}',
+    lease_expires_at REAL,
+    client_key TEXT,
+    user_paused INTEGER NOT NULL DEFAULT 0,
+    stop_intent TEXT,
+    pid INTEGER,
+    pid_start INTEGER
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_key ON jobs(user, client_key);
+CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS history_t ON history(t);
+"""
+
+
+@dataclass
+class JobRecord:
+    """One job as stored. JSON columns are decoded into Python values."""
+
+    id: str
+    num: int
+    name: str
+    project: str
+    user: str
+    kind: str
+    state: str
+    request: dict[str, Any]
+    priority: int = 0
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    paused_at: float | None = None
+    attempts: int = 0
+    preemptible: bool = False
+    reason: str = ""
+    assignment: dict[str, Any] | None = None
+    exit_code: int | None = None
+    workdir: str = ""
+    command: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # GPU env the holder runs with (build jobs)
+    job_env: dict[str, str] = field(default_factory=dict)  # extra env from the spec
+    labels: dict[str, str] = field(default_factory=dict)
+    lease_expires_at: float | None = None
+    client_key: str | None = None
+    user_paused: bool = False  # a user pause is sticky: no automatic resume
+    stop_intent: str | None = None  # "pause" | "preempt" | "cancel" | "shutdown" | "watchdog" while stopping
+    pid: int | None = None
+    pid_start: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+
+_JSON_COLS = {"request", "assignment", "command", "env", "job_env", "labels"}
+_BOOL_COLS = {"preemptible", "user_paused"}
+_COLS = [f.name for f in fields(JobRecord)]
+
+
+def _encode(rec: JobRecord) -> dict[str, Any]:
+    row = asdict(rec)
+    for k in _JSON_COLS:
+        row[k] = None if row[k] is None else json.dumps(row[k])
+    for k in _BOOL_COLS:
+        row[k] = int(bool(row[k]))
+    return row
+
+
+def _decode(row: sqlite3.Row) -> JobRecord:
+    data = {k: row[k] for k in _COLS}
+    for k in _JSON_COLS:
+        data[k] = None if data[k] is None else json.loads(data[k])
+    for k in _BOOL_COLS:
+        data[k] = bool(data[k])
+    return JobRecord(**data)
+
+
+@dataclass
+class ProjectRecord:
+    name: str
+    build_quota_milli: int = 0
+    train_guarantee_milli: int = 0
+    train_limit_milli: int | None = None
+    weight: float = 1.0
+    created_at: float = 0.0
+
+
+class Store:
+    """SQLite-backed state. Open once per service; close at stop."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed transition survives even power loss; writes are few and small.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._depth = 0
+        with self.transaction():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('next_job', '1')")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @property
+    def journal_mode(self) -> str:
+        return str(self._db.execute("PRAGMA journal_mode").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (nested calls join the outer one); rollback on error."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self._db
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield self._db
+        except BaseException:
+            self._depth = 0
+            self._db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------ meta
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # ------------------------------------------------------------ projects
+    def upsert_project(self, rec: ProjectRecord) -> None:
+        with self.transaction() as db:
+            db.execute(
+                "INSERT INTO projects(name, build_quota_milli, train_guarantee_milli, train_limit_milli, weight, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET build_quota_milli=excluded.build_quota_milli,"
+                " train_guarantee_milli=excluded.train_guarantee_milli, train_limit_milli=excluded.train_limit_milli,"
+                " weight=excluded.weight",
+                (rec.name, rec.build_quota_milli, rec.train_guarantee_milli, rec.train_limit_milli, rec.weight,
+                 rec.created_at or time.time()),
+            )
+
+    def delete_project(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM projects WHERE name=?", (name,))
+
+    def projects(self) -> list[ProjectRecord]:
+        rows = self._db.execute("SELECT * FROM projects ORDER BY name").fetchall()
+        return [ProjectRecord(**{k: r[k] for k in r.keys()}) for r in rows]
+
+    def project(self, name: str) -> ProjectRecord | None:
+        r = self._db.execute("SELECT * FROM projects WHERE name=?", (name,)).fetchone()
+        return None if r is None else ProjectRecord(**{k: r[k] for k in r.keys()})
+
+    # ------------------------------------------------------------ jobs
+    def next_job_number(self) -> int:
+        """Allocate a job number (inside the caller's transaction when there is one)."""
+        with self.transaction() as db:
+            n = int(db.execute("SELECT value FROM meta WHERE key='next_job'").fetchone()[0])
+            db.execute("UPDATE meta SET value=? WHERE key='next_job'", (str(n + 1),))
+        return n
+
+    def insert_job(self, rec: JobRecord) -> None:
+        row = _encode(rec)
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self.transaction() as db:
+            db.execute(f"INSERT INTO jobs({cols}) VALUES ({marks})", tuple(row.values()))
+
+    def update_job(self, job_id: str, **changes: Any) -> None:
+        """Write some columns of one job (one transaction unless inside one)."""
+        if not changes:
+            return
+        enc = {}
+        for k, v in changes.items():
+            if k not in _COLS or k in ("id", "num"):
+                raise KeyError(k)
+            if k in _JSON_COLS:
+                v = None if v is None else json.dumps(v)
+            elif k in _BOOL_COLS:
+                v = int(bool(v))
+            enc[k] = v
+        sets = ", ".join(f"{k}=?" for k in enc)
+        with self.transaction() as db:
+            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*enc.values(), job_id))
+
+    def job(self, job_id: str) -> JobRecord | None:
+        r = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if r is None else _decode(r)
+
+    def jobs(
+        self,
+        states: tuple[str, ...] | list[str] | None = None,
+        project: str | None = None,
+        user: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> list[JobRecord]:
+        where, args = [], []
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            args.extend(states)
+        for col, val in (("project", project), ("user", user), ("kind", kind)):
+            if val is not None:
+                where.append(f"{col}=?")
+                args.append(val)
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY num " + ("DESC" if newest_first else "ASC")
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        return [_decode(r) for r in self._db.execute(sql, args).fetchall()]
+
+    def live_job_by_key(self, user: str, client_key: str) -> JobRecord | None:
+        r = self._db.execute(
+            "SELECT * FROM jobs WHERE user=? AND client_key=? AND state IN ('queued','running','paused') ORDER BY num DESC",
+            (user, client_key),
+        ).fetchone()
+        return None if r is None else _decode(r)
+
+    def count_live_jobs(self, project: str) -> int:
+        return int(self._db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE project=? AND state IN ('queued','running','paused')", (project,)
+        ).fetchone()[0])
+
+    # ------------------------------------------------------------ events
+    def add_event(self, t: float, body: dict[str, Any]) -> int:
+        """Append an event; returns its sequence number (stored inside the body too)."""
+        with self.transaction() as db:
+            cur = db.execute("INSERT INTO events(t, body) VALUES (?, '{}')", (t,))
+            seq = int(cur.lastrowid or 0)
+            body = {"seq": seq, "t": t, **body}
+            db.execute("UPDATE events SET body=? WHERE seq=?", (json.dumps(body), seq))
+        return seq
+
+    def events_since(self, seq: int, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT body FROM events WHERE seq>? ORDER BY seq LIMIT ?", (seq, limit)).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    def last_event_seq(self) -> int:
+        r = self._db.execute("SELECT MAX(seq) FROM events").fetchone()
+        return int(r[0] or 0)
+
+    def trim_events(self, keep: int) -> int:
+        with self.transaction() as db:
+            cur = db.execute("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (keep,))
+        return cur.rowcount
+
+    # ------------------------------------------------------------ tokens
+    def add_token(self, token_hash: str, user: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO tokens(hash, user, created_at) VALUES (?, ?, ?)", (token_hash, user, time.time()))
+
+    def token_user(self, token_hash: str) -> tuple[str, str] | None:
+        r = self._db.execute("SELECT hash, user FROM tokens WHERE hash=?", (token_hash,)).fetchone()
+        return None if r is None else (str(r[0]), str(r[1]))
+
+    # ------------------------------------------------------------ history
+    def add_history(self, t: float, body: dict[str, Any], keep: int) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO history(t, body) VALUES (?, ?)", (t, json.dumps(body)))
+            db.execute("DELETE FROM history WHERE id <= (SELECT MAX(id) FROM history) - ?", (keep,))
+
+    def history_since(self, since: float | None, limit: int = 10000) -> list[dict[str, Any]]:
+        rows = self._db.execute(
+            "SELECT body FROM history WHERE t > ? ORDER BY id DESC LIMIT ?", (since if since is not None else -1.0, limit)
+        ).fetchall()
+        return [json.loads(r[0]) for r in reversed(rows)]
