@@ -1,0 +1,217 @@
+"""The Jupyter server extension: settings (``c.GPUPool``), wiring and background work.
+
+At load it registers the scheduler connection (for the provisioner and the
+handlers), writes the GPU kernelspecs and puts them on the server's kernelspec
+path, and adds the /gpupool/api handlers. Once the loop runs it connects to
+the scheduler (starting the embedded one when no URL is set) and keeps two
+periodic tasks: renewing the GPU-share leases of live kernels, and shutting
+down GPU kernels idle for too long so their shares go back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Dict, Float, List, Unicode, default, validate
+
+from jupyter_gpupool import connection as connection_mod
+from jupyter_gpupool import leases
+from jupyter_gpupool.connection import PoolConnection, PoolSettings
+from jupyter_gpupool.handlers import handlers as gpupool_handlers
+from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
+from jupyter_gpupool.provisioner import share_request
+
+
+class GPUPool(ExtensionApp):
+    """GPU-share kernels, a fair training queue and promote-to-training for Jupyter."""
+
+    name = "jupyter_gpupool"
+    load_other_extensions = True
+
+    scheduler_url = Unicode(
+        "",
+        config=True,
+        help="URL of a shared gpupool scheduler. Empty: run an embedded scheduler in this server.",
+    )
+    scheduler_token = Unicode(
+        "",
+        config=True,
+        help="This user's token for the shared scheduler (unused with the embedded one).",
+    )
+    project = Unicode("", config=True, help="Project charged for kernels and promoted jobs ('' = the user name).")
+    kernel_fractions = List(
+        Float(),
+        default_value=[0.25, 0.5, 1.0],
+        config=True,
+        help="GPU shares offered as kernels in the Launcher: fractions below 1, whole GPUs from 1.",
+    )
+    base_kernel = Unicode("python3", config=True, help="Kernelspec the GPU kernels are made from.")
+    lease_seconds = Float(
+        120.0,
+        config=True,
+        help="Lease of a kernel's GPU share: a kernel the server stops renewing loses its share after this long.",
+    )
+    renew_interval = Float(
+        0.0, config=True, help="Seconds between lease renewals (0 = a third of lease_seconds)."
+    )
+    idle_timeout = Float(
+        0.0,
+        config=True,
+        help="Shut down GPU kernels idle (no execution, no connection activity) this many seconds; 0 = never.",
+    )
+    idle_grace = Float(
+        300.0, config=True, help="A GPU kernel is never shut down as idle in its first idle_grace seconds."
+    )
+    kernel_start_timeout = Float(
+        30.0, config=True, help="How long a GPU kernel waits for a queued share before it fails to start."
+    )
+    simulate = Unicode(
+        "",
+        config=True,
+        help="Embedded scheduler: GPUs to simulate, e.g. '4xA100-80GB' ('' = real GPUs via NVML, "
+        "or 4xA100-80GB when there are none).",
+    )
+    state_dir = Unicode(config=True, help="Embedded scheduler state (default: <Jupyter data dir>/gpupool).")
+    build_quota = Float(1.0, config=True, help="Embedded scheduler: the project's build (kernel) quota in GPUs.")
+    train_guarantee = Float(
+        -1.0, config=True, help="Embedded scheduler: the project's training guarantee in GPUs (-1 = all GPUs)."
+    )
+    scheduler_config = Dict(
+        config=True, help="Embedded scheduler: other service settings (scheduler.service.config.ServiceConfig)."
+    )
+
+    @default("state_dir")
+    def _default_state_dir(self) -> str:
+        return os.path.join(jupyter_data_dir(), "gpupool")
+
+    @validate("kernel_fractions")
+    def _check_fractions(self, proposal: dict[str, Any]) -> list[float]:
+        for fraction in proposal["value"]:
+            share_request(fraction)
+        return list(proposal["value"])
+
+    connection: PoolConnection | None = None
+    _tasks: list[asyncio.Task[Any]]
+
+    def pool_settings(self) -> PoolSettings:
+        """The connection's settings from the traits."""
+        extra: dict[str, Any] = {}
+        if not self.scheduler_url:
+            config = {"lease_s": self.lease_seconds, **self.scheduler_config}
+            extra["config"] = config
+        return PoolSettings(
+            scheduler_url=self.scheduler_url,
+            scheduler_token=self.scheduler_token,
+            project=self.project,
+            state_dir=self.state_dir,
+            simulate=self.simulate,
+            build_quota=self.build_quota,
+            train_guarantee=None if self.train_guarantee < 0 else self.train_guarantee,
+            lease_seconds=self.lease_seconds,
+            kernel_start_timeout=self.kernel_start_timeout,
+            extra=extra,
+        )
+
+    def initialize_settings(self) -> None:
+        """Register the connection and install the GPU kernelspecs."""
+        self._tasks = []
+        self.connection = PoolConnection(self.pool_settings())
+        connection_mod.set_current(self.connection)
+        self.settings["gpupool_connection"] = self.connection
+        self.settings["gpupool_app"] = self
+        ksm = self.serverapp.kernel_spec_manager
+        kernels_dir = os.path.join(self.state_dir, "kernels")
+        names = write_kernelspecs(kernels_dir, list(self.kernel_fractions), ksm, base=self.base_kernel)
+        register_kernel_dir(ksm, kernels_dir)
+        self.log.info("gpupool: GPU kernels %s from %s", ", ".join(names), kernels_dir)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(gpupool_handlers("/"))
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        """Connect to the scheduler now (not at the first request) and start the periodic tasks."""
+        self.start_background()
+        try:
+            assert self.connection is not None
+            await self.connection.client()
+        except Exception as err:  # the UI reports it; the server must still start
+            self.log.error("gpupool: scheduler not available: %s", err)
+
+    def start_background(self) -> None:
+        """Start lease renewal and idle culling in the running loop (idempotent)."""
+        if self._tasks:
+            return
+        self._tasks.append(asyncio.ensure_future(self._renew_loop()))
+        if self.idle_timeout > 0:
+            self._tasks.append(asyncio.ensure_future(self._idle_loop()))
+
+    @property
+    def renew_every(self) -> float:
+        return self.renew_interval or max(self.lease_seconds / 3.0, 0.05)
+
+    async def renew_once(self) -> list[str]:
+        """One round of lease renewal (also what the periodic task runs)."""
+        if not leases.held() or self.connection is None:
+            return []
+        client = await self.connection.client()
+        return await leases.renew_live_shares(client, self.serverapp.kernel_manager)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                await self.renew_once()
+            except Exception as err:
+                self.log.warning("gpupool: lease renewal failed: %s", err)
+
+    async def cull_idle_once(self) -> list[str]:
+        """Shut down GPU kernels idle longer than idle_timeout (past their grace); returns their ids."""
+        mkm = self.serverapp.kernel_manager
+        now = datetime.datetime.now(datetime.timezone.utc)
+        culled = []
+        for kernel_id in list(leases.held()):
+            if kernel_id not in mkm:
+                continue
+            km = mkm.get_kernel(kernel_id)
+            started = getattr(km, "_gpupool_started", None)
+            if started is None:
+                km._gpupool_started = now
+                continue
+            if getattr(km, "execution_state", "") == "busy":
+                continue
+            last = getattr(km, "last_activity", None) or started
+            idle = (now - last).total_seconds()
+            age = (now - started).total_seconds()
+            if idle >= self.idle_timeout and age >= self.idle_grace:
+                self.log.info("gpupool: shutting down kernel %s, idle %.0f s, to free its GPU share", kernel_id, idle)
+                await mkm.shutdown_kernel(kernel_id)
+                culled.append(kernel_id)
+        return culled
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(min(self.idle_timeout / 4.0, 60.0), 0.5))
+            try:
+                await self.cull_idle_once()
+            except Exception as err:
+                self.log.warning("gpupool: idle culling failed: %s", err)
+
+    async def stop_extension(self) -> None:
+        """Stop the tasks and the embedded scheduler (its jobs pause and resume next start)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks = []
+        if self.connection is not None:
+            await self.connection.close()
+            if connection_mod.current() is self.connection:
+                connection_mod.set_current(None)

@@ -1,0 +1,217 @@
+"""How the Jupyter server reaches the scheduler: shared service or embedded one.
+
+The server extension, the kernel provisioner and the REST handlers all run in
+the Jupyter server process and must talk to the *same* scheduler with the
+*same* identity. :class:`PoolConnection` is that one place: it knows the
+scheduler URL and the user's token, starts the embedded scheduler on first use
+when no URL is configured, and hands out an :class:`AsyncGpupoolClient`.
+
+The provisioner is created by ``jupyter_client`` (an entry point), not by the
+extension, so it cannot be handed the connection; the extension registers it
+here with :func:`set_current` and the provisioner looks it up with
+:func:`current`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.errors import Unavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIMULATION = "4xA100-80GB"
+"""Simulated GPUs for the embedded scheduler on a machine without NVML GPUs."""
+
+
+def nvml_gpu_count() -> int:
+    """Number of GPUs NVML sees here; 0 when NVML is missing or has no GPU.
+
+    Used to pick real GPUs over simulated ones for the embedded scheduler and to
+    size the default training guarantee.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def simulated_gpu_count(spec: str) -> int:
+    """GPUs in a simulation string like ``"4xA100-80GB"`` or ``"2xA100-80GB,1xV100"``."""
+    total = 0
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        match = re.match(r"^(\d+)\s*[xX]", part)
+        total += int(match.group(1)) if match else 1
+    return total
+
+
+@dataclass
+class PoolSettings:
+    """What the extension was configured with (a plain copy of the traitlets)."""
+
+    scheduler_url: str = ""
+    scheduler_token: str = ""
+    project: str = ""
+    state_dir: str = ""
+    simulate: str = ""
+    build_quota: float = 1.0
+    train_guarantee: float | None = None
+    lease_seconds: float = 120.0
+    kernel_start_timeout: float = 30.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class PoolConnection:
+    """The server's one link to the scheduler (shared, or embedded on first use)."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.user = getpass.getuser()
+        self.project = settings.project or self.user
+        self.url = settings.scheduler_url.rstrip("/")
+        self.token = settings.scheduler_token
+        self.admin = False
+        self.embedded: Any = None
+        self._client: Any = None
+        self._admin_client: Any = None
+        self._lock = asyncio.Lock()
+        self._ready = False
+
+    @property
+    def is_embedded(self) -> bool:
+        """True when this server runs the scheduler itself (no URL configured)."""
+        return not self.settings.scheduler_url
+
+    async def client(self) -> Any:
+        """The user's async scheduler client, starting the embedded scheduler if needed."""
+        if not self._ready:
+            async with self._lock:
+                if not self._ready:
+                    await self._connect()
+                    self._ready = True
+        return self._client
+
+    def use_client(self, client: Any, admin_client: Any = None, admin: bool = False) -> None:
+        """Use a ready client instead of connecting (another transport, or a test double)."""
+        self._client = client
+        self._admin_client = admin_client
+        self.admin = admin or admin_client is not None
+        self.url = getattr(client, "url", self.url)
+        self.token = getattr(client, "token", self.token)
+        self._ready = True
+
+    async def admin_client(self) -> Any | None:
+        """A client with the admin token (embedded mode), or None when we have none."""
+        await self.client()
+        return self._admin_client or (self._client if self.admin else None)
+
+    async def _connect(self) -> None:
+        from scheduler.client import AsyncGpupoolClient
+
+        if self.is_embedded:
+            await self._start_embedded()
+            self._admin_client = AsyncGpupoolClient(url=self.url, token=self.embedded.admin_token)
+            reply = await self._admin_client.create_token(self.user)
+            self.token = reply["token"]
+            self._client = AsyncGpupoolClient(url=self.url, token=self.token)
+            self.admin = True
+        else:
+            if not self.url:
+                raise Unavailable("no scheduler URL configured")
+            self._client = AsyncGpupoolClient(url=self.url, token=self.token or None)
+            who = await self._client.whoami()
+            self.user = who.get("user") or self.user
+            self.admin = bool(who.get("admin"))
+            if not self.settings.project:
+                self.project = self.user
+
+    def _embedded_pool(self) -> tuple[str | None, int]:
+        """(simulate argument, GPU count) for the embedded scheduler."""
+        if self.settings.simulate:
+            return self.settings.simulate, simulated_gpu_count(self.settings.simulate)
+        real = nvml_gpu_count()
+        if real:
+            return None, real
+        return DEFAULT_SIMULATION, simulated_gpu_count(DEFAULT_SIMULATION)
+
+    async def _start_embedded(self) -> None:
+        from scheduler.service.embedded import EmbeddedScheduler
+
+        simulate, gpus = self._embedded_pool()
+        guarantee = self.settings.train_guarantee
+        project = {
+            "build_quota": self.settings.build_quota,
+            "train_guarantee": float(gpus) if guarantee is None else guarantee,
+        }
+        state_dir = self.settings.state_dir
+        os.makedirs(state_dir, exist_ok=True)
+        kwargs: dict[str, Any] = {"simulate": simulate, "projects": {self.project: project}}
+        kwargs.update(self.settings.extra)
+        self.embedded = EmbeddedScheduler(state_dir, **kwargs)
+        await self.embedded.start()
+        self.url = self.embedded.url.rstrip("/")
+        log.info("gpupool: embedded scheduler at %s (state in %s)", self.url, state_dir)
+
+    def kernel_env(self) -> dict[str, str]:
+        """What a kernel needs to reach the scheduler as this user (widgets, magics)."""
+        env = {"GPUPOOL_URL": self.url, "GPUPOOL_PROJECT_DEFAULT": self.project, "GPUPOOL_USER": self.user}
+        if self.token:
+            env["GPUPOOL_TOKEN"] = self.token
+        return env
+
+    async def close(self) -> None:
+        """Stop the embedded scheduler (if ours) and drop the clients."""
+        for client in (self._client, self._admin_client):
+            closer = getattr(client, "close", None)
+            if closer is not None:
+                result = closer()
+                if asyncio.iscoroutine(result):
+                    await result
+        self._client = self._admin_client = None
+        self._ready = False
+        if self.embedded is not None:
+            embedded, self.embedded = self.embedded, None
+            await embedded.stop()
+
+
+_current: PoolConnection | None = None
+
+
+def set_current(connection: PoolConnection | None) -> None:
+    """Register the server's connection for the provisioner (None to unregister)."""
+    global _current
+    _current = connection
+
+
+def current() -> PoolConnection | None:
+    """The connection registered by the server extension in this process, if any."""
+    return _current
+
+
+def connection_from_env() -> PoolConnection | None:
+    """A connection built from GPUPOOL_URL / GPUPOOL_TOKEN (provisioner outside the extension)."""
+    url = os.environ.get("GPUPOOL_URL", "")
+    if not url:
+        return None
+    return PoolConnection(
+        PoolSettings(
+            scheduler_url=url,
+            scheduler_token=os.environ.get("GPUPOOL_TOKEN", ""),
+            project=os.environ.get("GPUPOOL_PROJECT_DEFAULT", ""),
+        )
+    )

@@ -1,0 +1,91 @@
+"""GPU shares held by this server's kernels, and the renewal that keeps them.
+
+A kernel's GPU share is a scheduler *build job* with a lease. The server renews
+the leases of kernels it still runs; a kernel that disappears without a clean
+shutdown (server killed, kernel dead for good) stops being renewed and the
+scheduler takes its share back when the lease runs out. That bounds how long a
+lost kernel can hold a GPU without the server having to notice anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.errors import GpupoolError, NotFound
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Share:
+    """One kernel's share: its build job and the notebook it serves."""
+
+    kernel_id: str
+    job_id: str
+    path: str = ""
+
+
+_shares: dict[str, Share] = {}
+
+
+def hold(share: Share) -> None:
+    """Record that a kernel of this server holds a share (renewed from now on)."""
+    _shares[share.kernel_id] = share
+
+
+def release(kernel_id: str) -> Share | None:
+    """Stop renewing a kernel's share; returns it if it was held."""
+    return _shares.pop(kernel_id, None)
+
+
+def held() -> dict[str, Share]:
+    """A copy of the kernel id -> share map (for the handlers and tests)."""
+    return dict(_shares)
+
+
+async def kernel_is_live(kernel_manager: Any, kernel_id: str) -> bool:
+    """Whether the server still runs this kernel (alive, starting or restarting).
+
+    A kernel the server no longer lists, or whose process is gone with no
+    restart under way, is not live: its lease must be left to expire.
+    """
+    if kernel_manager is None or kernel_id not in kernel_manager:
+        return False
+    km = kernel_manager.get_kernel(kernel_id)
+    if getattr(km, "_restarter", None) is not None and getattr(km, "autorestart", False):
+        restarter = km._restarter
+        if getattr(restarter, "_restarting", False):
+            return True
+    if not getattr(km, "ready", None) or not km.ready.done():
+        return True  # still starting
+    try:
+        return bool(await km.is_alive())
+    except Exception:
+        return False
+
+
+async def renew_live_shares(client: Any, kernel_manager: Any) -> list[str]:
+    """Renew the leases of live kernels; forget shares whose job is gone.
+
+    Returns the job ids renewed. Kernels that are not live are *not* renewed
+    (their lease runs out), but stay recorded so a later restart can keep them.
+    """
+    renewed: list[str] = []
+    for share in list(_shares.values()):
+        if not await kernel_is_live(kernel_manager, share.kernel_id):
+            continue
+        try:
+            job = await client.renew(share.job_id)
+        except NotFound:
+            release(share.kernel_id)
+            continue
+        except GpupoolError as err:
+            log.warning("gpupool: cannot renew share %s of kernel %s: %s", share.job_id, share.kernel_id, err)
+            continue
+        if job.get("state") not in ("queued", "running"):
+            release(share.kernel_id)
+            continue
+        renewed.append(share.job_id)
+    return renewed

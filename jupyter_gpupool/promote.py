@@ -1,0 +1,192 @@
+"""Promote a notebook to a training job that runs it headless with papermill.
+
+The notebook is snapshotted at promote time, so later edits do not change the
+run. A job's id is only known after submit, but its run directory is named by
+it (``<nb dir>/<name>.runs/<job-id>/``); so the snapshot is first written to a
+staging file in ``<name>.runs/``, the job's working directory, and moved into
+``<job-id>/input.ipynb`` by whichever comes first: the server right after
+submit, or :mod:`jupyter_gpupool.runner` when the job starts (an atomic
+rename; the loser finds the file already in place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import nbformat
+
+from jupyter_gpupool.kernelspecs import base_kernel
+from jupyter_gpupool.paths import relative_to_root, resolve_notebook
+from scheduler.errors import InvalidRequest
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+STAGING_PREFIX = ".staging-"
+
+
+@dataclass
+class PromoteRequest:
+    """A validated promote request (the POST /gpupool/api/promote body)."""
+
+    path: str
+    project: str | None = None
+    gpus: int | None = None
+    gpu_fraction: float | None = None
+    priority: int = 0
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_body(cls, body: Any) -> PromoteRequest:
+        """Check types and ranges; every problem is a one-line InvalidRequest."""
+        if not isinstance(body, dict):
+            raise InvalidRequest("the request body must be a JSON object")
+        unknown = set(body) - {"path", "project", "gpus", "gpu_fraction", "priority", "parameters"}
+        if unknown:
+            raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise InvalidRequest("'path' (the notebook, relative to the server root) is required")
+        project = body.get("project")
+        if project is not None and (not isinstance(project, str) or not project):
+            raise InvalidRequest("'project' must be a non-empty string")
+        gpus, fraction = body.get("gpus"), body.get("gpu_fraction")
+        if gpus is not None and fraction is not None:
+            raise InvalidRequest("give either 'gpus' or 'gpu_fraction', not both")
+        if gpus is not None:
+            if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or gpus <= 0:
+                raise InvalidRequest("'gpus' must be a positive number")
+            if gpus < 1:
+                fraction, gpus = float(gpus), None
+            elif not float(gpus).is_integer():
+                raise InvalidRequest("'gpus' above 1 must be a whole number")
+            else:
+                gpus = int(gpus)
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+                raise InvalidRequest("'gpu_fraction' must be a number with 0 < fraction <= 1")
+            if fraction == 1:
+                gpus, fraction = 1, None
+            else:
+                fraction = float(fraction)
+        if gpus is None and fraction is None:
+            gpus = 1
+        priority = body.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest("'priority' must be an integer")
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InvalidRequest("'parameters' must be an object of name: value")
+        for name in parameters:
+            if not IDENTIFIER.match(name):
+                raise InvalidRequest(f"parameter name '{name}' is not a Python identifier")
+        return cls(path, project, gpus, fraction, priority, parameters)
+
+
+def notebook_kernel(full_path: str) -> str:
+    """The kernel a promoted notebook runs on: its own, or the plain one behind a GPU kernelspec.
+
+    A headless run must not start one of our GPU kernelspecs: it would take a
+    second share on top of the job's GPUs.
+    """
+    nb = nbformat.read(full_path, as_version=4)
+    spec = nb.metadata.get("kernelspec") or {}
+    name = spec.get("name") or "python3"
+    return base_kernel(name, spec.get("metadata"))
+
+
+def papermill_args(parameters: dict[str, Any], kernel: str, cwd: str) -> list[str]:
+    """papermill's arguments after 'python -m papermill' (parameters as JSON: types survive)."""
+    args = ["input.ipynb", "output.ipynb"]
+    if parameters:
+        args += ["-y", json.dumps(parameters)]
+    args += ["--kernel", kernel, "--cwd", cwd, "--log-output", "--no-progress-bar"]
+    return args
+
+
+def runs_dir_for(full_path: str) -> str:
+    """``<nb dir>/<name>.runs`` for a notebook ``<nb dir>/<name>.ipynb``."""
+    folder, name = os.path.split(full_path)
+    return os.path.join(folder, name[: -len(".ipynb")] + ".runs")
+
+
+def claim_snapshot(runs_dir: str, staging: str, job_id: str) -> str:
+    """Move the staged snapshot to ``<runs>/<job-id>/input.ipynb``; idempotent and race-safe."""
+    run_dir = os.path.join(runs_dir, job_id)
+    os.makedirs(run_dir, exist_ok=True)
+    target = os.path.join(run_dir, "input.ipynb")
+    try:
+        os.rename(os.path.join(runs_dir, staging), target)
+    except FileNotFoundError:
+        if not os.path.exists(target):
+            raise
+    return run_dir
+
+
+def build_spec(
+    request: PromoteRequest, root_dir: str, default_project: str
+) -> tuple[dict[str, Any], str, str, str]:
+    """(JobSpec, runs dir, staging file name, notebook full path); writes the snapshot."""
+    full = resolve_notebook(root_dir, request.path)
+    try:
+        kernel = notebook_kernel(full)
+    except Exception as err:
+        raise InvalidRequest(f"cannot read notebook '{request.path}': {err}") from err
+    runs = runs_dir_for(full)
+    os.makedirs(runs, exist_ok=True)
+    staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}.ipynb"
+    shutil.copyfile(full, os.path.join(runs, staging))
+    rel = relative_to_root(root_dir, full)
+    command = [
+        sys.executable,
+        "-m",
+        "jupyter_gpupool.runner",
+        "--staging",
+        staging,
+        "--",
+        *papermill_args(request.parameters, kernel, os.path.dirname(full)),
+    ]
+    spec: dict[str, Any] = {
+        "project": request.project or default_project,
+        "kind": "train",
+        "name": f"{os.path.basename(full)[: -len('.ipynb')]} (notebook)",
+        "priority": request.priority,
+        "command": command,
+        "workdir": runs,
+        "labels": {"notebook": rel, "runs_dir": relative_to_root(root_dir, runs), "promoted": "1"},
+    }
+    if request.gpus is not None:
+        spec["gpus"] = request.gpus
+    else:
+        spec["gpu_fraction"] = request.gpu_fraction
+    return spec, runs, staging, full
+
+
+def run_paths(job: dict[str, Any]) -> dict[str, str]:
+    """``{"run_dir", "output_notebook"}`` (root-relative) for a promoted job, else {}."""
+    labels = job.get("labels") or {}
+    runs = labels.get("runs_dir")
+    if not runs or labels.get("promoted") != "1":
+        return {}
+    run_dir = f"{runs}/{job['id']}" if runs != "." else job["id"]
+    return {"run_dir": run_dir, "output_notebook": f"{run_dir}/output.ipynb"}
+
+
+async def promote(client: Any, root_dir: str, request: PromoteRequest, default_project: str) -> dict[str, Any]:
+    """Snapshot the notebook, submit its training job, place the snapshot; returns Job + paths."""
+    spec, runs, staging, _full = build_spec(request, root_dir, default_project)
+    try:
+        job = await client.submit(spec)
+    except BaseException:
+        try:
+            os.unlink(os.path.join(runs, staging))
+        except FileNotFoundError:
+            pass
+        raise
+    claim_snapshot(runs, staging, job["id"])
+    return {**job, **run_paths(job)}

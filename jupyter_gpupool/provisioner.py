@@ -1,0 +1,252 @@
+"""The kernel provisioner that gives a kernel its GPU share before it starts.
+
+``jupyter_client`` creates one provisioner per kernel from the kernelspec's
+``kernel_provisioner`` stanza (``gpu_fraction`` comes from its ``config``).
+Before launch it takes the kernel's share as a *build job* of the user's
+project (``client_key`` = kernel id, so a restart gets the same share back),
+waits for it to be granted, and launches the kernel with the job's GPU
+environment plus what the kernel needs to reach the scheduler itself.
+``cleanup(restart=False)`` gives the share back; a restart keeps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from jupyter_client.provisioning import LocalProvisioner
+from tornado import web
+from traitlets import Float, Unicode
+
+from jupyter_gpupool import leases
+from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
+from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded, Unavailable
+
+LIVE_STATES = ("queued", "running")
+
+
+class GpuShareUnavailable(web.HTTPError):
+    """The kernel cannot get its GPU share; the message reaches the user as is.
+
+    A ``tornado.web.HTTPError`` so that Jupyter's kernel and session handlers
+    answer with this status and message instead of "Unhandled error".
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, reason="GPU share unavailable")
+        self.log_message = message  # set after init: a message with '%' must not be %-formatted
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def fraction_label(fraction: float) -> str:
+    """Human words for a share: '¼ GPU', '½ GPU', '1 GPU', '2 GPUs', '0.3 GPU'."""
+    symbols = {0.25: "¼", 0.5: "½", 0.75: "¾"}
+    if fraction in symbols:
+        return f"{symbols[fraction]} GPU"
+    if fraction >= 1 and float(fraction).is_integer():
+        n = int(fraction)
+        return f"{n} GPU" if n == 1 else f"{n} GPUs"
+    return f"{fraction:g} GPU"
+
+
+def share_request(fraction: float) -> dict[str, Any]:
+    """The JobSpec amount for a kernel share: a fraction below 1, whole GPUs from 1 up."""
+    if fraction <= 0:
+        raise ValueError(f"gpu_fraction must be positive, not {fraction}")
+    if fraction < 1:
+        return {"gpu_fraction": float(fraction)}
+    if not float(fraction).is_integer():
+        raise ValueError(f"a kernel share of {fraction} GPUs must be a whole number above 1")
+    return {"gpus": int(fraction)}
+
+
+def build_job_env(job: dict[str, Any], simulated: bool | None = None) -> dict[str, str]:
+    """The GPU environment a kernel holding ``job`` must run with.
+
+    The scheduler returns it with build jobs (``job["env"]``, built by
+    ``scheduler.envbuilder``); when an older scheduler leaves it out we build it
+    here with the same builder so kernels and jobs always agree.
+    """
+    env = job.get("env")
+    if env:
+        return {str(k): str(v) for k, v in env.items()}
+    from scheduler.envbuilder import gpu_environment
+
+    gpus = [
+        (str(g["id"]), int(g.get("milli") or 1000), int(g.get("memory_limit") or 0))
+        for g in (job.get("assignment") or {}).get("gpus", [])
+    ]
+    return gpu_environment(
+        job["id"],
+        job["project"],
+        gpus,
+        attempt=int(job.get("attempts") or 1),
+        resume=False,
+        simulated=bool(simulated),
+    )
+
+
+async def quota_message(client: Any, project: str, fallback: str) -> str:
+    """'Project P has used its build quota of Q GPU: held by ...' naming the kernels.
+
+    The scheduler's own message names jobs; users think in notebooks, so we
+    name the kernels' notebooks where the labels tell them.
+    """
+    try:
+        projects = await client.projects()
+        quota = next((p.get("build_quota") for p in projects if p.get("name") == project), None)
+        holders = await client.jobs(project=project, kind="build", state="queued,running")
+    except GpupoolError:
+        return fallback
+    if quota is None:
+        return fallback
+    names = []
+    for job in holders:
+        labels = job.get("labels") or {}
+        amount = job.get("request") or {}
+        share = amount.get("gpu_fraction") or amount.get("gpus") or 0
+        what = labels.get("notebook") or labels.get("kernel_id") or job.get("name") or job["id"]
+        kid = labels.get("kernel_id", "")
+        who = f"{what} (kernel {kid[:8]}, {fraction_label(float(share))})" if kid else f"{what} ({job['id']})"
+        names.append(who)
+    held = "; ".join(names) if names else "no kernel"
+    return (
+        f"No GPU share for this kernel: project '{project}' has used its build quota of "
+        f"{fraction_label(float(quota))} (held by {held}). Shut down one of those kernels or ask for more quota."
+    )
+
+
+class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """A local kernel that runs on a GPU share granted by the gpupool scheduler."""
+
+    gpu_fraction = Float(0.25, config=True, help="GPU share of the kernel (below 1), or whole GPUs (1, 2...).")
+    gpu_model = Unicode("", config=True, help="GPU model to ask for ('' = any).")
+    project = Unicode("", config=True, help="Project charged for the share ('' = the server's project).")
+
+    job: dict[str, Any] | None = None
+
+    def _connection(self) -> PoolConnection:
+        conn = current() or connection_from_env()
+        if conn is None:
+            raise GpuShareUnavailable(
+                503, "GPU kernels need the jupyter_gpupool server extension or GPUPOOL_URL to reach a scheduler."
+            )
+        return conn
+
+    def _notebook_path(self, env: dict[str, str]) -> str:
+        """The kernel's notebook relative to the server root (absolute if outside)."""
+        path = env.get("JPY_SESSION_NAME", "")
+        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        if path and root and os.path.isabs(path):
+            try:
+                rel = os.path.relpath(path, root)
+                if not rel.startswith(".."):
+                    return rel.replace(os.sep, "/")
+            except ValueError:
+                pass
+        return path
+
+    async def _take_share(self, conn: PoolConnection, notebook: str) -> dict[str, Any]:
+        client = await conn.client()
+        project = self.project or conn.project
+        spec: dict[str, Any] = {
+            "project": project,
+            "kind": "build",
+            "name": f"kernel {os.path.basename(notebook) or self.kernel_id[:8]}",
+            "labels": {"notebook": notebook, "kernel_id": str(self.kernel_id)},
+            "client_key": f"kernel-{self.kernel_id}",
+            **share_request(self.gpu_fraction),
+        }
+        if self.gpu_model:
+            spec["gpu_model"] = self.gpu_model
+        try:
+            job = await client.submit(spec)
+        except (QuotaExceeded, Conflict) as err:
+            raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
+        except Unavailable as err:
+            raise GpuShareUnavailable(503, f"No GPU share for this kernel: {err.message}") from err
+        except GpupoolError as err:
+            raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
+        return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
+
+    async def _wait_granted(self, client: Any, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Wait for a queued share to be granted; give it back if it takes too long."""
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while job["state"] == "queued" and time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            job = await client.job(job["id"])
+        if job["state"] == "running":
+            return job
+        if job["state"] == "queued":
+            await self._cancel_quietly(client, job["id"])
+            reason = job.get("reason") or "no GPU has a free share"
+            raise GpuShareUnavailable(409, f"No GPU share for this kernel after {timeout:g} s: {reason}")
+        raise GpuShareUnavailable(409, f"No GPU share for this kernel: {job.get('reason') or job['state']}")
+
+    @staticmethod
+    async def _cancel_quietly(client: Any, job_id: str) -> None:
+        try:
+            await client.cancel(job_id)
+        except (NotFound, Conflict):
+            pass
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Take (or keep, on restart) the kernel's share, then prepare the launch with its env."""
+        conn = self._connection()
+        env_in = kwargs.get("env") or os.environ
+        notebook = self._notebook_path(dict(env_in))
+        job = await self._take_share(conn, notebook)
+        self.job = job
+        leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"], path=notebook))
+        try:
+            kwargs = await super().pre_launch(**kwargs)
+            simulated = conn.embedded.core.simulated if conn.embedded is not None else None
+            kwargs["env"].update(build_job_env(job, simulated))
+            kwargs["env"].update(conn.kernel_env())
+            kwargs["env"]["GPUPOOL_KERNEL_ID"] = str(self.kernel_id)
+        except BaseException:
+            await self._give_back(conn)
+            raise
+        return kwargs
+
+    async def _give_back(self, conn: PoolConnection | None = None) -> None:
+        share = leases.release(str(self.kernel_id))
+        job_id = share.job_id if share else (self.job or {}).get("id")
+        self.job = None
+        if not job_id:
+            return
+        conn = conn or current() or connection_from_env()
+        if conn is None:
+            return
+        try:
+            client = await conn.client()
+            await self._cancel_quietly(client, job_id)
+        except GpupoolError as err:
+            self.log.warning("gpupool: could not release share %s: %s (its lease will expire)", job_id, err)
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """Free ports etc.; on a real shutdown (not a restart) give the GPU share back."""
+        await super().cleanup(restart=restart)
+        if not restart:
+            await self._give_back()
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        """Persist the share's job id with the kernel (for servers that restore kernels)."""
+        info = await super().get_provisioner_info()
+        info["gpupool_job_id"] = (self.job or {}).get("id")
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict[str, Any]) -> None:
+        """Restore the share's job id and resume renewing it."""
+        await super().load_provisioner_info(provisioner_info)
+        job_id = provisioner_info.get("gpupool_job_id")
+        if job_id:
+            self.job = {"id": job_id, "state": "running"}
+            leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job_id))

@@ -1,0 +1,91 @@
+"""The process a promoted notebook's training job runs: papermill, in its run directory.
+
+``python -m jupyter_gpupool.runner --staging .staging-X.ipynb -- <papermill args>``
+starts in ``<name>.runs/`` (the job's working directory), takes its snapshot
+into ``<job-id>/input.ipynb`` (see :mod:`jupyter_gpupool.promote`), and runs
+``python -m papermill input.ipynb output.ipynb ...`` there with the job's GPU
+environment. papermill's output goes both to stdout (the scheduler's job log)
+and to ``job.log`` beside the notebooks. Stop signals are passed on so a pause
+or cancel stops the notebook's kernel too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from jupyter_gpupool.promote import claim_snapshot
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split our options from papermill's (after ``--``)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, theirs = argv[:cut], argv[cut + 1 :]
+    else:
+        ours, theirs = argv, []
+    parser = argparse.ArgumentParser(prog="python -m jupyter_gpupool.runner")
+    parser.add_argument("--staging", required=True, help="snapshot file in the working directory")
+    return parser.parse_args(ours), theirs
+
+
+def wait_for_snapshot(run_dir: str, timeout: float = 10.0) -> bool:
+    """Whether input.ipynb is (or within ``timeout``) in place."""
+    target = os.path.join(run_dir, "input.ipynb")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(target):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run papermill for this job; returns its exit status."""
+    args, papermill_args = parse(sys.argv[1:] if argv is None else argv)
+    job_id = os.environ.get("GPUPOOL_JOB_ID")
+    if not job_id:
+        print("gpupool runner: GPUPOOL_JOB_ID is not set; run me as a gpupool job", file=sys.stderr)
+        return 2
+    runs_dir = os.getcwd()
+    try:
+        run_dir = claim_snapshot(runs_dir, args.staging, job_id)
+    except FileNotFoundError:
+        run_dir = os.path.join(runs_dir, job_id)
+    if not wait_for_snapshot(run_dir):
+        print(f"gpupool runner: no notebook snapshot for job {job_id} in {run_dir}", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "papermill", *papermill_args]
+    with open(os.path.join(run_dir, "job.log"), "ab", buffering=0) as log:
+        attempt = os.environ.get("GPUPOOL_ATTEMPT", "")
+        header = f"gpupool: job {job_id} attempt {attempt or '?'}: {' '.join(command)}\n".encode()
+        log.write(header)
+        sys.stdout.buffer.write(header)
+        sys.stdout.flush()
+        child = subprocess.Popen(command, cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+        def forward(signum: int, _frame: object) -> None:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, forward)
+        assert child.stdout is not None
+        for chunk in iter(lambda: child.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            log.write(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+        code = child.wait()
+        footer = f"gpupool: papermill exited with status {code}\n".encode()
+        log.write(footer)
+        sys.stdout.buffer.write(footer)
+        sys.stdout.flush()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The /gpupool/api endpoints against an in-memory scheduler: auth, errors, paths, forwarding."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import nbformat
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpupool.handlers import ROUTES
+
+SAMPLE_ARGS = {"job_id": "j-000001", "action": "cancel", "name": "me"}
+
+
+def concrete(pattern: str) -> str:
+    """A request path for a route pattern, with sample values for its groups."""
+    path = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: SAMPLE_ARGS[m.group(1)], pattern)
+    assert "(" not in path, path
+    return path
+
+
+def write_notebook(path: Any, source: str = "x = 1\n", tags: tuple[str, ...] = ("parameters",)) -> None:
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["tags"] = list(tags)
+    nb.cells = [cell, nbformat.v4.new_code_cell("print(x)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+async def fetch_json(jp_fetch: Any, *parts: str, **kwargs: Any) -> tuple[int, Any]:
+    try:
+        reply = await jp_fetch(*parts, **kwargs)
+    except HTTPClientError as err:
+        assert err.response is not None
+        return err.code, json.loads(err.response.body)
+    return reply.code, json.loads(reply.body) if reply.body else None
+
+
+async def test_every_handler_refuses_requests_without_a_token(jp_fetch: Any, fake_pool: Any, gpupool_app: Any) -> None:
+    """Walk every route the extension registered; each method must refuse anonymous and bad-token calls."""
+    seen = 0
+    for pattern, cls in ROUTES:
+        path = concrete(pattern)
+        for method in ("GET", "POST", "PUT"):
+            if getattr(cls, method.lower(), None) is None or method.lower() not in vars(cls):
+                continue
+            for headers in ({"Authorization": ""}, {"Authorization": "token not-the-token"}):
+                body = b"{}" if method in ("POST", "PUT") else None
+                with pytest.raises(HTTPClientError) as info:
+                    await jp_fetch("gpupool", "api", *path.split("/"), method=method, body=body, headers=headers)
+                assert info.value.code in (401, 403), (method, path, info.value.code)
+                seen += 1
+    assert seen >= 2 * len(ROUTES)
+    # and nothing happened on the scheduler side
+    assert fake_pool.jobs == {}
+
+
+async def test_status_adds_identity_and_reports_unreachable_scheduler(jp_fetch: Any, fake_pool: Any) -> None:
+    code, status = await fetch_json(jp_fetch, "gpupool", "api", "status")
+    assert code == 200
+    assert status["me"] == "me" and status["project"] == "me" and status["reachable"] is True
+    assert status["simulated"] is True and len(status["pool"]["nodes"][0]["gpus"]) == 4
+    fake_pool.down = True
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "status")
+    assert code == 503 and "cannot reach the scheduler" in reply["error"]
+
+
+async def test_job_actions_are_the_owners(jp_fetch: Any, fake_pool: Any) -> None:
+    other = fake_pool.client("bob")
+    theirs = await other.submit({"project": "bob", "kind": "train", "command": ["true"], "gpus": 1})
+    mine = await fake_pool.client("me").submit({"project": "me", "kind": "train", "command": ["true"], "gpus": 1})
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "jobs", theirs["id"], "cancel", method="POST", body=b"")
+    assert code == 403 and "bob" in reply["error"]
+    assert fake_pool.jobs[theirs["id"]]["state"] == "running"
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "jobs", mine["id"], "pause", method="POST", body=b"")
+    assert code == 200 and reply["state"] == "paused"
+    code, jobs = await fetch_json(jp_fetch, "gpupool", "api", "jobs", params={"mine": "1"})
+    assert [j["id"] for j in jobs] == [mine["id"]]
+    code, jobs = await fetch_json(jp_fetch, "gpupool", "api", "jobs")
+    assert {j["id"] for j in jobs} == {mine["id"], theirs["id"]}
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "jobs", "j-999999")
+    assert code == 404 and "j-999999" in reply["error"]
+
+
+async def test_parameters_listed_and_paths_outside_root_refused(
+    jp_fetch: Any, fake_pool: Any, jp_root_dir: Any, tmp_path: Any
+) -> None:
+    write_notebook(jp_root_dir / "nb.ipynb", "lr: float = 0.1  # learning rate\nepochs = 3\n")
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "parameters", params={"path": "nb.ipynb"})
+    assert code == 200
+    params = {p["name"]: p for p in reply["parameters"]}
+    assert params["lr"]["inferred_type_name"] == "float" and params["lr"]["default"] == "0.1"
+    assert params["lr"]["help"] == "learning rate" and params["epochs"]["default"] == "3"
+
+    outside = tmp_path / "outside.ipynb"
+    write_notebook(outside)
+    (jp_root_dir / "link.ipynb").symlink_to(outside)
+    for bad in ("../outside.ipynb", str(outside), "link.ipynb", "sub/../../outside.ipynb"):
+        code, reply = await fetch_json(jp_fetch, "gpupool", "api", "parameters", params={"path": bad})
+        assert code == 403 and "outside the server root" in reply["error"], bad
+        code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST",
+                                       body=json.dumps({"path": bad}))
+        assert code == 403 and "outside the server root" in reply["error"], bad
+    assert fake_pool.jobs == {}
+    assert not list(tmp_path.glob("outside.runs"))
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "parameters", params={"path": "missing.ipynb"})
+    assert code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("not json", "not valid JSON"),
+        (json.dumps({"gpus": 1}), "'path'"),
+        (json.dumps({"path": "nb.ipynb", "gpus": 1, "gpu_fraction": 0.5}), "not both"),
+        (json.dumps({"path": "nb.ipynb", "gpus": -1}), "positive"),
+        (json.dumps({"path": "nb.ipynb", "priority": "high"}), "integer"),
+        (json.dumps({"path": "nb.ipynb", "parameters": {"not valid": 1}}), "identifier"),
+        (json.dumps({"path": "nb.txt"}), "not a notebook"),
+    ],
+)
+async def test_promote_rejects_bad_requests(jp_fetch: Any, fake_pool: Any, jp_root_dir: Any,
+                                            body: str, message: str) -> None:
+    write_notebook(jp_root_dir / "nb.ipynb")
+    (jp_root_dir / "nb.txt").write_text("x")
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=body)
+    assert code == 400 and message in reply["error"]
+    assert fake_pool.jobs == {}
+
+
+async def test_promote_submits_snapshot_to_run_dir(jp_fetch: Any, fake_pool: Any, jp_root_dir: Any) -> None:
+    (jp_root_dir / "work").mkdir()
+    write_notebook(jp_root_dir / "work" / "nb.ipynb", "lr = 0.1\n")
+    body = {"path": "work/nb.ipynb", "gpus": 0.5, "priority": 3, "parameters": {"lr": 0.5}}
+    code, job = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=json.dumps(body))
+    assert code == 201
+    assert job["kind"] == "train" and job["priority"] == 3 and job["request"]["gpu_fraction"] == 0.5
+    assert job["run_dir"] == f"work/nb.runs/{job['id']}"
+    assert job["output_notebook"] == f"work/nb.runs/{job['id']}/output.ipynb"
+    snapshot = jp_root_dir / job["run_dir"] / "input.ipynb"
+    assert snapshot.read_bytes() == (jp_root_dir / "work" / "nb.ipynb").read_bytes()
+    command = job["command"]
+    assert command[1:3] == ["-m", "jupyter_gpupool.runner"]
+    assert json.loads(command[command.index("-y") + 1]) == {"lr": 0.5}
+    assert command[command.index("--kernel") + 1] == "python3"
+    code, again = await fetch_json(jp_fetch, "gpupool", "api", "jobs", job["id"])
+    assert again["output_notebook"] == job["output_notebook"]
+
+
+async def test_project_put_is_admin_and_events_forwarded(jp_fetch: Any, fake_pool: Any) -> None:
+    code, project = await fetch_json(jp_fetch, "gpupool", "api", "projects", "vision", method="PUT",
+                                     body=json.dumps({"build_quota": 2}))
+    assert code == 200 and project["build_quota"] == 2
+    await fake_pool.client("me").submit({"project": "me", "kind": "build", "gpu_fraction": 0.25})
+    code, events = await fetch_json(jp_fetch, "gpupool", "api", "events", params={"since": "0"})
+    assert code == 200 and events["events"][-1]["state"] == "running"
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "events", params={"since": "x"})
+    assert code == 400 and "integer" in reply["error"]
