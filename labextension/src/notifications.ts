@@ -1,0 +1,181 @@
+/**
+ * Notifications for the user's training jobs (JupyterLab 4 Notification API).
+ *
+ * Submitting tells the user the job id and where to watch it; afterwards each
+ * state change of one of *their* training jobs (start, pause, resume, finish,
+ * failure) becomes a notification with links to the job and, once it exists,
+ * to the output notebook. Kernel shares (build jobs) are not announced: the
+ * status bar shows them.
+ */
+import { Notification } from '@jupyterlab/apputils';
+
+import { api, describeError, GpupoolError, IGpupoolEvent, IJob, JobState } from './api';
+import { EventStream } from './events';
+import { basename, formatRequest } from './format';
+
+/** What the notifier needs from the rest of the extension. */
+export interface INotifierHost {
+  /** The current user's name (from /status), or null before it is known. */
+  me(): string | null;
+  /** Reveal the GPU Pool panel on this job's detail. */
+  showJob(id: string): void;
+  /** Open a notebook or file (path relative to the server root). */
+  openPath(path: string): void;
+}
+
+interface ITracked {
+  state: JobState;
+  kind: string;
+  name: string;
+  output: string | null;
+}
+
+const AUTO_CLOSE_MS = 8000;
+
+export class JobNotifier {
+  private _jobs = new Map<string, ITracked>();
+
+  constructor(
+    private _host: INotifierHost,
+    stream: EventStream
+  ) {
+    stream.received.connect((_, events) => void this.handle(events));
+    stream.reachableChanged.connect((sender, reachable) => {
+      if (!reachable) {
+        Notification.warning(sender.error || 'The GPU scheduler is unreachable.', {
+          autoClose: AUTO_CLOSE_MS
+        });
+      } else {
+        Notification.info('The GPU scheduler is reachable again.', { autoClose: 4000 });
+      }
+    });
+  }
+
+  /** Announce a promoted job and start following it. */
+  submitted(job: IJob, path: string): void {
+    this._jobs.set(job.id, {
+      state: job.state,
+      kind: job.kind,
+      name: job.name,
+      output: job.output_notebook ?? null
+    });
+    const where = job.state === 'running' ? 'is running' : `is ${job.state}`;
+    Notification.success(
+      `Promoted ${basename(path)}: job ${job.id} (${job.project}, ${formatRequest(job.request)}) ${where}.`,
+      { autoClose: AUTO_CLOSE_MS, actions: [this._showAction(job.id)] }
+    );
+  }
+
+  /** Turn job events into notifications (only the user's own training jobs). */
+  async handle(events: IGpupoolEvent[]): Promise<void> {
+    const me = this._host.me();
+    for (const event of events) {
+      if (event.type !== 'job' || !event.job_id || !event.state) {
+        continue;
+      }
+      const known = this._jobs.get(event.job_id);
+      if (!known && (me === null || event.user !== me)) {
+        continue;
+      }
+      let tracked = known;
+      if (!tracked || (isFinal(event.state) && !tracked.output)) {
+        tracked = await this._lookup(event.job_id, tracked);
+        if (!tracked) {
+          continue;
+        }
+      }
+      const previous = tracked.state;
+      tracked.state = event.state;
+      if (tracked.kind !== 'train' || previous === event.state) {
+        continue;
+      }
+      this._announce(event, tracked, previous);
+    }
+  }
+
+  private async _lookup(id: string, known?: ITracked): Promise<ITracked | undefined> {
+    try {
+      const job = await api.job(id);
+      const tracked: ITracked = {
+        state: known?.state ?? 'queued',
+        kind: job.kind,
+        name: job.name,
+        output: job.output_notebook ?? known?.output ?? null
+      };
+      this._jobs.set(id, tracked);
+      return tracked;
+    } catch (err) {
+      if (err instanceof GpupoolError && err.status === 404) {
+        return undefined;
+      }
+      return known;
+    }
+  }
+
+  private _announce(event: IGpupoolEvent, job: ITracked, previous: JobState): void {
+    const id = event.job_id as string;
+    const label = `Job ${id} (${job.name})`;
+    const reason = event.reason ? `: ${event.reason}` : '';
+    const actions: Notification.IAction[] = [this._showAction(id)];
+    if (job.output && event.state !== 'queued') {
+      actions.push(this._outputAction(job.output));
+    }
+    switch (event.state) {
+      case 'running':
+        Notification.info(previous === 'paused' ? `${label} resumed.` : `${label} started.`, {
+          autoClose: AUTO_CLOSE_MS,
+          actions
+        });
+        break;
+      case 'paused':
+        Notification.warning(`${label} was paused${reason}`, { autoClose: AUTO_CLOSE_MS, actions });
+        break;
+      case 'succeeded':
+        Notification.success(`${label} finished.`, { autoClose: false, actions });
+        break;
+      case 'failed':
+        Notification.error(`${label} failed${reason}`, { autoClose: false, actions });
+        break;
+      case 'cancelled':
+        Notification.info(`${label} was cancelled.`, { autoClose: AUTO_CLOSE_MS, actions });
+        break;
+      case 'rejected':
+        Notification.error(`${label} was rejected${reason}`, { autoClose: false, actions });
+        break;
+      default:
+        break;
+    }
+  }
+
+  private _showAction(id: string): Notification.IAction {
+    return {
+      label: 'Show job',
+      caption: `Show job ${id} in the GPU Pool panel`,
+      displayType: 'link',
+      callback: () => this._host.showJob(id)
+    };
+  }
+
+  private _outputAction(path: string): Notification.IAction {
+    return {
+      label: 'Open output notebook',
+      caption: `Open ${path}`,
+      displayType: 'link',
+      callback: () => this._host.openPath(path)
+    };
+  }
+}
+
+function isFinal(state: JobState): boolean {
+  return state === 'succeeded' || state === 'failed' || state === 'cancelled' || state === 'rejected';
+}
+
+/** Show an API failure as a notification whose wording says what went wrong. */
+export function notifyError(prefix: string, err: unknown): void {
+  const message = `${prefix}: ${describeError(err)}`;
+  if (err instanceof GpupoolError && err.quota) {
+    Notification.warning(message, { autoClose: false });
+  } else {
+    Notification.error(message, { autoClose: false });
+  }
+}

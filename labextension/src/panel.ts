@@ -1,0 +1,675 @@
+/**
+ * The GPU Pool sidebar: pool GPUs and their shares, projects against their
+ * quotas, the pool over time, the queue (with pause/resume/cancel on the
+ * user's own jobs) and one job's detail with its live log and output
+ * notebook.
+ *
+ * It refreshes on scheduler events (shared long-poll) and on a slow timer
+ * while visible; nothing polls while the panel is hidden.
+ */
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { api, describeError, FINAL_STATES, IGpu, IJob, IProject, IStatus } from './api';
+import { renderHistory, projectColor } from './chart';
+import { h, replaceChildren } from './dom';
+import { EventStream } from './events';
+import { basename, formatAgo, formatBytes, formatGpus, formatRequest, jobShare } from './format';
+import { notifyError } from './notifications';
+import { editProject } from './quota';
+
+const REFRESH_MS = 5000;
+const HISTORY_MS = 15000;
+const LOG_MS = 2000;
+const HISTORY_WINDOW_S = 3600;
+const MAX_LOG_CHARS = 200_000;
+const MAX_FINISHED_SHOWN = 15;
+
+export interface IPanelOptions {
+  stream: EventStream;
+  /** Open a file of the server's contents in Lab. */
+  openPath: (path: string) => void;
+}
+
+export class GpuPoolPanel extends Widget {
+  private _status: IStatus | null = null;
+  private _jobs: IJob[] = [];
+  private _error = '';
+  private _selected: string | null = null;
+  private _detailJob: IJob | null = null;
+  private _log = '';
+  private _logOffset = 0;
+  private _logEof = false;
+  private _mineOnly = false;
+  private _showKernels = false;
+  private _timer = 0;
+  private _historyTimer = 0;
+  private _logTimer = 0;
+  private _refreshing: Promise<void> | null = null;
+  private _pendingRefresh = false;
+
+  private _banner = h('div', { class: 'jp-gpupool-banner', role: 'status', 'aria-live': 'polite' });
+  private _summary = h('div', { class: 'jp-gpupool-summary' });
+  private _poolBody = h('div', { class: 'jp-gpupool-pool' });
+  private _projectsBody = h('div', { class: 'jp-gpupool-projects' });
+  private _chartBody = h('div', { class: 'jp-gpupool-history' });
+  private _queueBody = h('div', { class: 'jp-gpupool-queue' });
+  private _detailSection = h('section', { class: 'jp-gpupool-detail', 'aria-label': 'Job detail', hidden: true });
+  private _logPre = h('pre', { class: 'jp-gpupool-log', tabindex: 0, 'aria-label': 'Job log' });
+
+  constructor(private _options: IPanelOptions) {
+    super();
+    this.id = 'jp-gpupool-panel';
+    this.addClass('jp-gpupool-panel');
+    this.title.caption = 'GPU Pool';
+    this.node.setAttribute('role', 'region');
+    this.node.setAttribute('aria-label', 'GPU Pool');
+
+    const section = (title: string, body: HTMLElement, extra?: HTMLElement): HTMLElement =>
+      h(
+        'details',
+        { class: 'jp-gpupool-section', open: true },
+        h('summary', {}, h('h3', {}, title), extra ?? null),
+        body
+      );
+
+    const mine = h('input', { type: 'checkbox', id: 'jp-gpupool-mine' });
+    mine.addEventListener('change', () => {
+      this._mineOnly = mine.checked;
+      this._renderQueue();
+    });
+    const kernels = h('input', { type: 'checkbox', id: 'jp-gpupool-kernels' });
+    kernels.addEventListener('change', () => {
+      this._showKernels = kernels.checked;
+      this._renderQueue();
+    });
+    const queueFilters = h(
+      'div',
+      { class: 'jp-gpupool-filters' },
+      h('label', { for: 'jp-gpupool-mine' }, mine, ' My jobs only'),
+      h('label', { for: 'jp-gpupool-kernels' }, kernels, ' Show kernels')
+    );
+
+    const refresh = h(
+      'button',
+      {
+        class: 'jp-gpupool-button jp-gpupool-refresh',
+        type: 'button',
+        'aria-label': 'Refresh the GPU pool',
+        title: 'Refresh'
+      },
+      'Refresh'
+    );
+    refresh.addEventListener('click', () => void this.refresh(true));
+
+    this.node.append(
+      h('header', { class: 'jp-gpupool-header' }, h('h2', {}, 'GPU Pool'), refresh),
+      this._banner,
+      this._summary,
+      section('GPUs', this._poolBody),
+      section('Projects', this._projectsBody),
+      section('Pool over time', this._chartBody),
+      section('Queue', h('div', {}, queueFilters, this._queueBody)),
+      this._detailSection
+    );
+
+    _options.stream.received.connect(this._onEvents, this);
+  }
+
+  /** The last status (null before the first successful refresh). */
+  get status(): IStatus | null {
+    return this._status;
+  }
+
+  /** The user's name once known. */
+  get me(): string | null {
+    return this._status?.me ?? null;
+  }
+
+  dispose(): void {
+    this._stopTimers();
+    window.clearInterval(this._logTimer);
+    super.dispose();
+  }
+
+  /** Fetch status and jobs and re-render (coalesces overlapping calls). */
+  async refresh(force = false): Promise<void> {
+    if (this._refreshing) {
+      this._pendingRefresh = this._pendingRefresh || force;
+      return this._refreshing;
+    }
+    this._refreshing = this._doRefresh();
+    try {
+      await this._refreshing;
+    } finally {
+      this._refreshing = null;
+      if (this._pendingRefresh) {
+        this._pendingRefresh = false;
+        void this.refresh();
+      }
+    }
+  }
+
+  /** Show one job's detail (and make sure the panel is refreshed). */
+  async showJob(id: string): Promise<void> {
+    if (this._selected !== id) {
+      this._selected = id;
+      this._log = '';
+      this._logOffset = 0;
+      this._logEof = false;
+      replaceChildren(this._logPre);
+    }
+    await this._loadDetail();
+    this._renderQueue();
+    this._detailSection.scrollIntoView({ block: 'nearest' });
+    const heading = this._detailSection.querySelector('h3');
+    (heading as HTMLElement | null)?.focus();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this.refresh();
+    void this._refreshHistory();
+    this._startTimers();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._stopTimers();
+  }
+
+  private _startTimers(): void {
+    this._stopTimers();
+    this._timer = window.setInterval(() => void this.refresh(), REFRESH_MS);
+    this._historyTimer = window.setInterval(() => void this._refreshHistory(), HISTORY_MS);
+  }
+
+  private _stopTimers(): void {
+    window.clearInterval(this._timer);
+    window.clearInterval(this._historyTimer);
+  }
+
+  private _onEvents(): void {
+    if (this.isVisible) {
+      void this.refresh();
+    }
+  }
+
+  private async _doRefresh(): Promise<void> {
+    try {
+      const [status, jobs] = await Promise.all([api.status(), api.jobs()]);
+      this._status = status;
+      this._jobs = jobs;
+      this._error = '';
+    } catch (err) {
+      this._error = describeError(err);
+    }
+    this._render();
+    if (this._selected) {
+      await this._loadDetail();
+    }
+  }
+
+  private async _refreshHistory(): Promise<void> {
+    if (!this._status) {
+      await this.refresh();
+    }
+    try {
+      const reply = await api.history(Date.now() / 1000 - HISTORY_WINDOW_S);
+      const capacity = this._capacity();
+      const names = (this._status?.projects ?? []).map(p => p.name);
+      replaceChildren(this._chartBody, renderHistory(reply.samples ?? [], capacity, names));
+    } catch (err) {
+      replaceChildren(this._chartBody, h('p', { class: 'jp-gpupool-empty' }, `No history: ${describeError(err)}`));
+    }
+  }
+
+  private _capacity(): number {
+    return (this._status?.pool.nodes ?? []).reduce((n, node) => n + node.gpus.length, 0);
+  }
+
+  private _render(): void {
+    this._renderBanner();
+    if (!this._status) {
+      return;
+    }
+    this._renderSummary(this._status);
+    this._renderPool(this._status);
+    this._renderProjects(this._status);
+    this._renderQueue();
+  }
+
+  private _renderBanner(): void {
+    if (!this._error) {
+      this._banner.hidden = true;
+      replaceChildren(this._banner);
+      return;
+    }
+    this._banner.hidden = false;
+    const retry = h('button', { class: 'jp-gpupool-button', type: 'button', 'aria-label': 'Retry' }, 'Retry');
+    retry.addEventListener('click', () => void this.refresh(true));
+    replaceChildren(
+      this._banner,
+      h('span', { class: 'jp-gpupool-error' }, this._error),
+      ' ',
+      this._status ? h('span', { class: 'jp-gpupool-help' }, '(showing the last known state)') : '',
+      retry
+    );
+  }
+
+  private _renderSummary(status: IStatus): void {
+    const q = status.queue ?? { pending: 0, running: 0, paused: 0 };
+    replaceChildren(
+      this._summary,
+      h(
+        'p',
+        {},
+        h('strong', {}, status.me),
+        status.admin ? h('span', { class: 'jp-gpupool-badge', title: 'You can edit project quotas' }, 'admin') : '',
+        status.project ? ` · project ${status.project}` : '',
+        status.simulated ? h('span', { class: 'jp-gpupool-badge jp-gpupool-badge-sim', title: 'Simulated GPUs' }, 'simulated') : ''
+      ),
+      h('p', { class: 'jp-gpupool-help' }, `${q.running} running · ${q.pending} pending · ${q.paused} paused`)
+    );
+  }
+
+  private _renderPool(status: IStatus): void {
+    const names = status.projects.map(p => p.name);
+    const nodes = status.pool.nodes ?? [];
+    if (nodes.every(n => n.gpus.length === 0)) {
+      replaceChildren(this._poolBody, h('p', { class: 'jp-gpupool-empty' }, 'No GPUs in the pool.'));
+      return;
+    }
+    const list = h('ul', { class: 'jp-gpupool-gpus', 'aria-label': 'Pool GPUs' });
+    for (const node of nodes) {
+      for (const gpu of node.gpus) {
+        list.appendChild(this._gpuRow(node.name, nodes.length > 1, gpu, names));
+      }
+    }
+    replaceChildren(this._poolBody, list);
+  }
+
+  private _gpuRow(nodeName: string, showNode: boolean, gpu: IGpu, names: string[]): HTMLElement {
+    const bar = h('div', { class: 'jp-gpupool-bar', 'aria-hidden': 'true' });
+    for (const a of gpu.allocations ?? []) {
+      const seg = h('span', {
+        class: `jp-gpupool-seg jp-gpupool-seg-${a.kind}`,
+        style: `width:${Math.min(100, a.fraction * 100)}%;background:${projectColor(a.project, names)}`,
+        title: `${a.job_id}: ${a.project}/${a.user} ${a.kind === 'build' ? 'kernel' : 'training'} ${formatGpus(a.fraction)} GPU`
+      });
+      bar.appendChild(seg);
+    }
+    const measured: string[] = [];
+    if (typeof gpu.utilization === 'number') {
+      measured.push(`${Math.round(gpu.utilization)}% busy`);
+    }
+    if (typeof gpu.memory_used === 'number') {
+      measured.push(`${formatBytes(gpu.memory_used)} used`);
+    }
+    const who = (gpu.allocations ?? []).map(a => `${a.project} ${formatGpus(a.fraction)}`).join(', ');
+    const label =
+      `GPU ${gpu.index} ${gpu.model}: ${formatGpus(gpu.allocated)} of 1 allocated` +
+      (who ? ` (${who})` : '') +
+      `, memory ${formatBytes(gpu.memory)}` +
+      (measured.length ? `, ${measured.join(', ')}` : '');
+    return h(
+      'li',
+      { class: 'jp-gpupool-gpu', 'aria-label': label, 'data-gpu': gpu.id },
+      h(
+        'div',
+        { class: 'jp-gpupool-gpu-title' },
+        h('span', {}, `${showNode ? `${nodeName} · ` : ''}GPU ${gpu.index} · ${gpu.model}`),
+        h('span', { class: 'jp-gpupool-help' }, `${formatGpus(gpu.allocated)}/1`)
+      ),
+      bar,
+      h(
+        'div',
+        { class: 'jp-gpupool-help' },
+        `${formatBytes(gpu.memory)}${measured.length ? ' · ' + measured.join(' · ') : ''}`
+      )
+    );
+  }
+
+  private _renderProjects(status: IStatus): void {
+    const names = status.projects.map(p => p.name);
+    const table = h(
+      'table',
+      { class: 'jp-gpupool-table', 'aria-label': 'Projects and quotas' },
+      h(
+        'thead',
+        {},
+        h(
+          'tr',
+          {},
+          h('th', { scope: 'col' }, 'Project'),
+          h('th', { scope: 'col', title: 'Kernel shares used / build quota' }, 'Build'),
+          h('th', { scope: 'col', title: 'Training GPUs used / guarantee' }, 'Training'),
+          h('th', { scope: 'col', title: 'Pending jobs' }, 'Pending'),
+          status.admin ? h('th', { scope: 'col' }, h('span', { class: 'jp-gpupool-sr' }, 'Actions')) : null
+        )
+      )
+    );
+    const body = h('tbody');
+    for (const p of status.projects) {
+      body.appendChild(this._projectRow(p, names, status.admin));
+    }
+    table.appendChild(body);
+    const children: HTMLElement[] = [table];
+    if (status.admin) {
+      const add = h(
+        'button',
+        { class: 'jp-gpupool-button', type: 'button', 'aria-label': 'Add a project' },
+        'Add project'
+      );
+      add.addEventListener('click', () => void this._edit(null));
+      children.push(add);
+    }
+    if (status.projects.length === 0) {
+      children.unshift(h('p', { class: 'jp-gpupool-empty' }, 'No projects yet.'));
+    }
+    replaceChildren(this._projectsBody, ...children);
+  }
+
+  private _projectRow(p: IProject, names: string[], admin: boolean): HTMLElement {
+    const buildFull = p.build_quota > 0 && p.usage.build >= p.build_quota - 1e-9;
+    const over = p.usage.train_over_quota > 0;
+    const limit = p.train_limit === null || p.train_limit === undefined ? '' : `, limit ${formatGpus(p.train_limit)}`;
+    const cells: HTMLElement[] = [
+      h(
+        'th',
+        { scope: 'row' },
+        h('span', { class: 'jp-gpupool-swatch', style: `background:${projectColor(p.name, names)}` }),
+        p.name
+      ),
+      h(
+        'td',
+        { class: buildFull ? 'jp-mod-full' : '', title: buildFull ? 'Build quota exhausted: new GPU kernels are refused' : '' },
+        meter(p.usage.build, p.build_quota, `${p.name} build quota`),
+        `${formatGpus(p.usage.build)}/${formatGpus(p.build_quota)}`,
+        buildFull ? h('span', { class: 'jp-gpupool-flag' }, ' full') : ''
+      ),
+      h(
+        'td',
+        {
+          class: over ? 'jp-mod-over' : '',
+          title: over
+            ? `${formatGpus(p.usage.train_over_quota)} GPU over the guarantee: those jobs may be paused when another project claims its share${limit}`
+            : `guarantee ${formatGpus(p.train_guarantee)} GPU${limit}`
+        },
+        meter(p.usage.train, p.train_guarantee, `${p.name} training guarantee`),
+        `${formatGpus(p.usage.train)}/${formatGpus(p.train_guarantee)}`,
+        over ? h('span', { class: 'jp-gpupool-flag' }, ` +${formatGpus(p.usage.train_over_quota)} over`) : ''
+      ),
+      h('td', {}, String(p.pending ?? 0))
+    ];
+    if (admin) {
+      const edit = h(
+        'button',
+        { class: 'jp-gpupool-button', type: 'button', 'aria-label': `Edit quotas of project ${p.name}` },
+        'Edit'
+      );
+      edit.addEventListener('click', () => void this._edit(p));
+      cells.push(h('td', {}, edit));
+    }
+    return h('tr', { 'data-project': p.name, class: over ? 'jp-mod-over' : '' }, ...cells);
+  }
+
+  private async _edit(project: IProject | null): Promise<void> {
+    const saved = await editProject(project);
+    if (saved) {
+      await this.refresh(true);
+    }
+  }
+
+  private _visibleJobs(): IJob[] {
+    const me = this.me;
+    let jobs = this._jobs.filter(j => this._showKernels || j.kind !== 'build');
+    if (this._mineOnly && me) {
+      jobs = jobs.filter(j => j.user === me);
+    }
+    const live = jobs.filter(j => !isFinal(j));
+    const finished = jobs.filter(j => isFinal(j)).slice(0, MAX_FINISHED_SHOWN);
+    return [...live, ...finished];
+  }
+
+  private _renderQueue(): void {
+    if (!this._status) {
+      return;
+    }
+    const jobs = this._visibleJobs();
+    if (jobs.length === 0) {
+      replaceChildren(this._queueBody, h('p', { class: 'jp-gpupool-empty' }, 'No jobs. Promote a notebook to start one.'));
+      return;
+    }
+    const list = h('ul', { class: 'jp-gpupool-jobs', 'aria-label': 'Jobs' });
+    for (const job of jobs) {
+      list.appendChild(this._jobRow(job));
+    }
+    replaceChildren(this._queueBody, list);
+  }
+
+  private _canControl(job: IJob): boolean {
+    return !!this._status && (this._status.admin || job.user === this._status.me);
+  }
+
+  private _jobRow(job: IJob): HTMLElement {
+    const open = (): void => void this.showJob(job.id);
+    const row = h(
+      'li',
+      {
+        class: `jp-gpupool-job jp-gpupool-state-${job.state}${job.id === this._selected ? ' jp-mod-selected' : ''}`,
+        'data-job-id': job.id,
+        'data-state': job.state
+      },
+      h(
+        'button',
+        {
+          class: 'jp-gpupool-job-open',
+          type: 'button',
+          'aria-label': `Show job ${job.id} ${job.name}, ${job.state}`,
+          title: job.reason || job.state,
+          onclick: open
+        },
+        h('span', { class: 'jp-gpupool-job-name' }, job.name || job.id),
+        h('span', { class: `jp-gpupool-state jp-gpupool-state-${job.state}` }, job.state)
+      ),
+      h(
+        'div',
+        { class: 'jp-gpupool-help' },
+        `${job.id} · ${job.project} · ${job.user} · ${job.kind === 'build' ? 'kernel ' : ''}${formatRequest(job.request)}` +
+          (job.priority ? ` · prio ${job.priority}` : '')
+      ),
+      this._actions(job)
+    );
+    return row;
+  }
+
+  private _actions(job: IJob): HTMLElement | null {
+    if (!this._canControl(job) || isFinal(job)) {
+      return null;
+    }
+    const buttons: HTMLElement[] = [];
+    const add = (action: 'pause' | 'resume' | 'cancel', label: string): void => {
+      const b = h(
+        'button',
+        {
+          class: `jp-gpupool-button jp-gpupool-${action}`,
+          type: 'button',
+          'aria-label': `${label} job ${job.id}`
+        },
+        label
+      );
+      b.addEventListener('click', () => void this._act(job, action));
+      buttons.push(b);
+    };
+    if (job.kind === 'train' && job.state === 'running') {
+      add('pause', 'Pause');
+    }
+    if (job.state === 'paused') {
+      add('resume', 'Resume');
+    }
+    add('cancel', 'Cancel');
+    return h('div', { class: 'jp-gpupool-actions' }, ...buttons);
+  }
+
+  private async _act(job: IJob, action: 'pause' | 'resume' | 'cancel'): Promise<void> {
+    try {
+      await api.action(job.id, action);
+    } catch (err) {
+      notifyError(`Could not ${action} job ${job.id}`, err);
+    }
+    await this.refresh(true);
+  }
+
+  private async _loadDetail(): Promise<void> {
+    const id = this._selected;
+    if (!id) {
+      return;
+    }
+    try {
+      this._detailJob = await api.job(id);
+    } catch (err) {
+      this._detailJob = null;
+      this._renderDetail(describeError(err));
+      return;
+    }
+    this._renderDetail('');
+    await this._pollLog();
+    window.clearInterval(this._logTimer);
+    if (!this._logEof || (this._detailJob && !isFinal(this._detailJob))) {
+      this._logTimer = window.setInterval(() => void this._pollLog(), LOG_MS);
+    }
+  }
+
+  private async _pollLog(): Promise<void> {
+    const job = this._detailJob;
+    if (!job || job.id !== this._selected || !this.isVisible) {
+      return;
+    }
+    try {
+      const chunk = await api.logs(job.id, this._logOffset);
+      if (chunk.data) {
+        this._log = (this._log + chunk.data).slice(-MAX_LOG_CHARS);
+        const atBottom = this._logPre.scrollTop + this._logPre.clientHeight >= this._logPre.scrollHeight - 8;
+        this._logPre.textContent = this._log;
+        if (atBottom) {
+          this._logPre.scrollTop = this._logPre.scrollHeight;
+        }
+      } else if (!this._log) {
+        this._logPre.textContent = '(no output yet)';
+      }
+      this._logOffset = chunk.offset;
+      this._logEof = chunk.eof;
+      if (chunk.eof && isFinal(job)) {
+        window.clearInterval(this._logTimer);
+      }
+    } catch (err) {
+      this._logPre.textContent = `${this._log}\n[log unavailable: ${describeError(err)}]`;
+      window.clearInterval(this._logTimer);
+    }
+  }
+
+  private _renderDetail(error: string): void {
+    const close = h(
+      'button',
+      { class: 'jp-gpupool-button', type: 'button', 'aria-label': 'Close job detail' },
+      'Close'
+    );
+    close.addEventListener('click', () => {
+      this._selected = null;
+      this._detailJob = null;
+      window.clearInterval(this._logTimer);
+      this._detailSection.hidden = true;
+      this._renderQueue();
+    });
+    const job = this._detailJob;
+    this._detailSection.hidden = false;
+    if (!job) {
+      replaceChildren(
+        this._detailSection,
+        h('header', {}, h('h3', { tabindex: -1 }, `Job ${this._selected}`), close),
+        h('p', { class: 'jp-gpupool-error', role: 'alert' }, error)
+      );
+      return;
+    }
+    const rows: [string, string][] = [
+      ['State', job.state + (job.reason ? ` — ${job.reason}` : '')],
+      ['Project', job.project],
+      ['User', job.user],
+      ['Request', formatRequest(job.request)],
+      [
+        'GPUs',
+        (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`).join(', ') ||
+          (isFinal(job) ? '–' : 'none yet')
+      ],
+      ['Share', `${formatGpus(jobShare(job))} GPU`],
+      ['Priority', String(job.priority)],
+      ['Submitted', formatAgo(job.submitted_at)],
+      ['Started', formatAgo(job.started_at)],
+      ['Finished', formatAgo(job.finished_at)],
+      ['Attempts', String(job.attempts)],
+      ['Exit code', job.exit_code === null || job.exit_code === undefined ? '–' : String(job.exit_code)]
+    ];
+    const actions: HTMLElement[] = [];
+    if (job.output_notebook) {
+      const out = job.output_notebook;
+      const openOut = h(
+        'button',
+        {
+          class: 'jp-gpupool-button jp-mod-accept jp-gpupool-open-output',
+          type: 'button',
+          'aria-label': `Open output notebook ${out}`,
+          title: out
+        },
+        'Open output notebook'
+      );
+      openOut.addEventListener('click', () => this._options.openPath(out));
+      actions.push(openOut);
+    }
+    const control = this._actions(job);
+    replaceChildren(
+      this._detailSection,
+      h(
+        'header',
+        {},
+        h('h3', { tabindex: -1 }, `${job.name || job.id}`, h('span', { class: 'jp-gpupool-help' }, ` ${job.id}`)),
+        close
+      ),
+      h(
+        'dl',
+        { class: 'jp-gpupool-dl' },
+        ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
+        job.output_notebook ? h('dt', {}, 'Output') : null,
+        job.output_notebook ? h('dd', { title: job.output_notebook }, basename(job.output_notebook)) : null
+      ),
+      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? ''),
+      h('h4', {}, 'Log'),
+      this._logPre
+    );
+  }
+}
+
+function isFinal(job: IJob): boolean {
+  return (FINAL_STATES as readonly string[]).includes(job.state);
+}
+
+/** A small bar: used against a quota, overflowing in the warning color. */
+function meter(used: number, quota: number, label: string): HTMLElement {
+  const scale = Math.max(quota, used, 1e-9);
+  const within = Math.min(used, quota);
+  const over = Math.max(0, used - quota);
+  return h(
+    'span',
+    {
+      class: 'jp-gpupool-meter',
+      role: 'meter',
+      'aria-label': label,
+      'aria-valuemin': 0,
+      'aria-valuemax': quota,
+      'aria-valuenow': used,
+      'aria-valuetext': `${formatGpus(used)} of ${formatGpus(quota)} GPU`
+    },
+    h('span', { class: 'jp-gpupool-meter-fill', style: `width:${(within / scale) * 100}%` }),
+    over > 0 ? h('span', { class: 'jp-gpupool-meter-over', style: `width:${(over / scale) * 100}%` }) : null
+  );
+}

@@ -1,0 +1,259 @@
+/**
+ * "Promote to training": the dialog and the submit.
+ *
+ * The dialog asks for the project, the GPUs (whole count or a fraction),
+ * the priority and the notebook's papermill parameters, prefilled from its
+ * `parameters` cell. Only parameters the user changed are sent, so the run
+ * keeps the notebook's own defaults (and their Python types) otherwise.
+ */
+import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import { Widget } from '@lumino/widgets';
+
+import { api, describeError, IParameter, IPromoteRequest, IStatus } from './api';
+import { h } from './dom';
+import { basename, formatGpus, parseGpus, parseParameter } from './format';
+
+/** What the user typed, kept between attempts when validation fails. */
+export interface IPromoteDraft {
+  project: string;
+  gpus: string;
+  priority: string;
+  parameters: Record<string, string>;
+}
+
+let formCounter = 0;
+
+/** The dialog body: a plain form whose values are read back by `getValue`. */
+export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDraft> {
+  private _project: HTMLSelectElement;
+  private _gpus: HTMLInputElement;
+  private _priority: HTMLInputElement;
+  private _params = new Map<string, HTMLInputElement>();
+
+  constructor(
+    readonly path: string,
+    status: IStatus,
+    readonly parameters: IParameter[],
+    draft: IPromoteDraft,
+    error = ''
+  ) {
+    super({ node: document.createElement('form') });
+    this.addClass('jp-gpupool-promote');
+    const id = `jp-gpupool-promote-${++formCounter}`;
+    this.node.setAttribute('aria-label', `Promote ${basename(path)} to training`);
+    this.node.addEventListener('submit', ev => ev.preventDefault());
+
+    this._project = h(
+      'select',
+      { id: `${id}-project`, name: 'project', 'aria-describedby': `${id}-project-help` },
+      ...status.projects.map(p =>
+        h('option', { value: p.name, selected: p.name === draft.project }, p.name)
+      )
+    );
+    const projectHelp = h('div', { id: `${id}-project-help`, class: 'jp-gpupool-help' });
+    const describeProject = (): void => {
+      const p = status.projects.find(x => x.name === this._project.value);
+      projectHelp.textContent = p
+        ? `Guarantee ${formatGpus(p.train_guarantee)} GPU, training now ${formatGpus(p.usage.train)}, ${p.pending} pending.`
+        : '';
+    };
+    this._project.addEventListener('change', describeProject);
+    describeProject();
+
+    this._gpus = h('input', {
+      id: `${id}-gpus`,
+      name: 'gpus',
+      type: 'text',
+      inputmode: 'decimal',
+      value: draft.gpus,
+      'aria-describedby': `${id}-gpus-help`
+    });
+    this._priority = h('input', {
+      id: `${id}-priority`,
+      name: 'priority',
+      type: 'number',
+      step: 1,
+      value: draft.priority
+    });
+
+    const fields = h(
+      'div',
+      { class: 'jp-gpupool-form-grid' },
+      h('label', { for: `${id}-project` }, 'Project'),
+      h('div', {}, this._project, projectHelp),
+      h('label', { for: `${id}-gpus` }, 'GPUs'),
+      h(
+        'div',
+        {},
+        this._gpus,
+        h(
+          'div',
+          { id: `${id}-gpus-help`, class: 'jp-gpupool-help' },
+          'A whole number (1, 2) or a fraction of one GPU (0.25, 1/2). 0 for CPU only.'
+        )
+      ),
+      h('label', { for: `${id}-priority` }, 'Priority'),
+      h('div', {}, this._priority, h('div', { class: 'jp-gpupool-help' }, 'Higher runs first within the project.'))
+    );
+
+    const paramRows = parameters.map(p => {
+      const input = h('input', {
+        id: `${id}-param-${p.name}`,
+        name: `param-${p.name}`,
+        type: 'text',
+        class: 'jp-gpupool-param',
+        value: draft.parameters[p.name] ?? p.default ?? '',
+        'data-param': p.name,
+        title: p.help || `${p.name} (${p.inferred_type_name})`
+      });
+      this._params.set(p.name, input);
+      return [
+        h('label', { for: input.id }, p.name, h('span', { class: 'jp-gpupool-type' }, ` ${p.inferred_type_name ?? ''}`)),
+        h('div', {}, input, p.help ? h('div', { class: 'jp-gpupool-help' }, p.help) : null)
+      ];
+    });
+    const paramSection =
+      parameters.length > 0
+        ? h(
+            'fieldset',
+            { class: 'jp-gpupool-params' },
+            h('legend', {}, 'Parameters (from the notebook\u2019s parameters cell)'),
+            h('div', { class: 'jp-gpupool-form-grid' }, ...paramRows.flat())
+          )
+        : h(
+            'p',
+            { class: 'jp-gpupool-help' },
+            'This notebook has no cell tagged "parameters": it runs as it is.'
+          );
+
+    this.node.append(
+      h('p', { class: 'jp-gpupool-help' }, `Runs ${path} with papermill in the training queue; the output notebook and log land next to it.`),
+      error ? h('div', { class: 'jp-gpupool-error', role: 'alert' }, error) : '',
+      fields,
+      paramSection
+    );
+  }
+
+  /** The raw field values (validated by `toRequest`). */
+  getValue(): IPromoteDraft {
+    const parameters: Record<string, string> = {};
+    for (const [name, input] of this._params) {
+      parameters[name] = input.value;
+    }
+    return {
+      project: this._project.value,
+      gpus: this._gpus.value,
+      priority: this._priority.value,
+      parameters
+    };
+  }
+}
+
+/**
+ * Validate a draft into the POST /promote body; throws an Error with one
+ * sentence naming the field that is wrong.
+ */
+export function toRequest(path: string, draft: IPromoteDraft, parameters: IParameter[]): IPromoteRequest {
+  const body: IPromoteRequest = { path };
+  if (draft.project) {
+    body.project = draft.project;
+  }
+  Object.assign(body, parseGpus(draft.gpus));
+  const priority = draft.priority.trim() === '' ? 0 : Number(draft.priority);
+  if (!Number.isInteger(priority)) {
+    throw new Error(`Priority must be a whole number, not '${draft.priority}'.`);
+  }
+  body.priority = priority;
+  const changed: Record<string, unknown> = {};
+  for (const p of parameters) {
+    const text = draft.parameters[p.name];
+    if (text === undefined || text.trim() === (p.default ?? '').trim()) {
+      continue;
+    }
+    try {
+      changed[p.name] = parseParameter(text, p.inferred_type_name ?? '');
+    } catch (err) {
+      throw new Error(`Parameter ${p.name}: ${(err as Error).message}`);
+    }
+  }
+  if (Object.keys(changed).length > 0) {
+    body.parameters = changed;
+  }
+  return body;
+}
+
+/**
+ * Ask for the promote options and submit; returns the new job, or null when
+ * the user cancelled or the submit failed (a notification says why).
+ */
+export async function promoteWithDialog(path: string): Promise<{ job: Awaited<ReturnType<typeof api.promote>> } | null> {
+  let status: IStatus;
+  let parameters: IParameter[] = [];
+  try {
+    const [st, params] = await Promise.all([
+      api.status(),
+      api.parameters(path).catch(err => {
+        Notification.warning(`Could not read the parameters of ${basename(path)}: ${describeError(err)}`, {
+          autoClose: 6000
+        });
+        return { parameters: [] as IParameter[] };
+      })
+    ]);
+    status = st;
+    parameters = params.parameters ?? [];
+  } catch (err) {
+    Notification.error(`Cannot promote ${basename(path)}: ${describeError(err)}`, { autoClose: false });
+    return null;
+  }
+  if (status.projects.length === 0) {
+    Notification.error('Cannot promote: the GPU pool has no projects yet. Ask an admin to create one.', {
+      autoClose: false
+    });
+    return null;
+  }
+  let draft: IPromoteDraft = {
+    project: status.project ?? status.projects[0].name,
+    gpus: '1',
+    priority: '0',
+    parameters: {}
+  };
+  let error = '';
+  for (;;) {
+    const body = new PromoteForm(path, status, parameters, draft, error);
+    const result = await showDialog<IPromoteDraft>({
+      title: `Promote ${basename(path)} to training`,
+      body,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Promote', ariaLabel: 'Promote to training' })],
+      focusNodeSelector: 'select'
+    });
+    if (!result.button.accept || !result.value) {
+      return null;
+    }
+    draft = result.value;
+    let request: IPromoteRequest;
+    try {
+      request = toRequest(path, draft, parameters);
+    } catch (err) {
+      error = (err as Error).message;
+      continue;
+    }
+    try {
+      const job = await api.promote(request);
+      return { job };
+    } catch (err) {
+      const message = describeError(err);
+      // Bad input (4xx other than quota): let the user fix it in the dialog.
+      const status = (err as { status?: number }).status ?? 0;
+      if (status === 400 || status === 404 || status === 422) {
+        error = message;
+        continue;
+      }
+      if (status === 409) {
+        Notification.warning(`Promote ${basename(path)}: ${message}`, { autoClose: false });
+      } else {
+        Notification.error(`Promote ${basename(path)} failed: ${message}`, { autoClose: false });
+      }
+      return null;
+    }
+  }
+}

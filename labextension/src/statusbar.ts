@@ -1,0 +1,137 @@
+/**
+ * Status bar item: the GPU share and GPU memory of the current kernel.
+ *
+ * The current widget's kernel id is matched against GET /gpupool/api/kernels
+ * (the user's GPU kernels with their build jobs). A kernel without a GPU
+ * share hides the item, so CPU-only work shows nothing extra.
+ */
+import { ISessionContext } from '@jupyterlab/apputils';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { api, IKernelShare } from './api';
+import { EventStream } from './events';
+import { formatBytes, formatGpus, jobMemoryLimit, jobShare } from './format';
+
+const REFRESH_MS = 5000;
+
+export class KernelShareStatus extends Widget {
+  private _session: ISessionContext | null = null;
+  private _share: IKernelShare | null = null;
+  private _activeChanged = new Signal<this, void>(this);
+  private _timer = 0;
+
+  constructor(
+    stream: EventStream,
+    private _onOpen: () => void
+  ) {
+    super({ node: document.createElement('button') });
+    this.addClass('jp-gpupool-status');
+    this.node.setAttribute('type', 'button');
+    this.node.addEventListener('click', () => this._onOpen());
+    stream.received.connect(() => void this.update_());
+    this._timer = window.setInterval(() => void this.update_(), REFRESH_MS);
+  }
+
+  /** Fires when the item should be shown or hidden (status bar `isActive`). */
+  get activeChanged(): ISignal<this, void> {
+    return this._activeChanged;
+  }
+
+  /** True when the current kernel holds (or waits for) a GPU share. */
+  get active(): boolean {
+    return this._share !== null;
+  }
+
+  /** The share shown now (for tests and the panel). */
+  get share(): IKernelShare | null {
+    return this._share;
+  }
+
+  dispose(): void {
+    window.clearInterval(this._timer);
+    this._watch(null);
+    super.dispose();
+  }
+
+  /** Follow the session of the current widget (null for none). */
+  setSession(session: ISessionContext | null): void {
+    this._watch(session);
+    void this.update_();
+  }
+
+  private _watch(session: ISessionContext | null): void {
+    if (this._session === session) {
+      return;
+    }
+    if (this._session) {
+      this._session.kernelChanged.disconnect(this._onKernel, this);
+      this._session.statusChanged.disconnect(this._onKernel, this);
+    }
+    this._session = session;
+    if (session) {
+      session.kernelChanged.connect(this._onKernel, this);
+      session.statusChanged.connect(this._onKernel, this);
+    }
+  }
+
+  private _onKernel(): void {
+    void this.update_();
+  }
+
+  /** Re-read the kernels endpoint and redraw (named so it does not shadow Widget.update). */
+  async update_(): Promise<void> {
+    const kernelId = this._session?.session?.kernel?.id ?? null;
+    let share: IKernelShare | null = null;
+    if (kernelId) {
+      try {
+        const shares = await api.kernels();
+        share = shares.find(s => s.kernel_id === kernelId) ?? null;
+      } catch {
+        share = this._share && this._share.kernel_id === kernelId ? this._share : null;
+      }
+    }
+    if (this.isDisposed || (this._session?.session?.kernel?.id ?? null) !== kernelId) {
+      return;
+    }
+    const wasActive = this.active;
+    this._share = share;
+    this._render();
+    if (wasActive !== this.active) {
+      this._activeChanged.emit();
+    }
+  }
+
+  private _render(): void {
+    const share = this._share;
+    if (!share) {
+      this.node.textContent = '';
+      this.node.title = '';
+      this.node.removeAttribute('aria-label');
+      return;
+    }
+    const job = share.job;
+    const gpus = formatGpus(jobShare(job));
+    const limit = jobMemoryLimit(job);
+    const used = share.gpu_memory_used;
+    const memory =
+      typeof used === 'number'
+        ? `${formatBytes(used)} / ${formatBytes(limit)}`
+        : limit !== null
+          ? `${formatBytes(limit)} limit`
+          : '';
+    const waiting = job.state === 'queued' ? ' (waiting)' : job.state !== 'running' ? ` (${job.state})` : '';
+    const text = `GPU ${gpus}${memory ? ' · ' + memory : ''}${waiting}`;
+    const where = (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} (${g.model})`).join(', ');
+    const tip =
+      `Kernel on ${gpus} GPU${where ? ' of ' + where : ''}, job ${job.id}, project ${job.project}. ` +
+      (typeof used === 'number'
+        ? `GPU memory ${formatBytes(used)} used of ${formatBytes(limit)}.`
+        : 'GPU memory use is not measured here.') +
+      ' Click to open the GPU Pool panel.';
+    this.node.textContent = text;
+    this.node.title = tip;
+    this.node.setAttribute('aria-label', tip);
+    this.node.dataset.jobId = job.id;
+  }
+}
