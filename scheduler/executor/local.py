@@ -48,6 +48,25 @@ def proc_session(pid: int) -> int | None:
     return int(data[data.rindex(")") + 2 :].split()[3])
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes whose process group is ``pgid``, found by scanning /proc."""
+    out = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rindex(")") + 2 :].split()
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            out.append(pid)
+    return out
+
+
 @dataclass
 class ProcessHandle:
     """A running attempt: the wrapper's pid (= process group id) and its start time."""
@@ -178,13 +197,8 @@ class LocalExecutor:
             pass
 
     def group_alive(self, handle: ProcessHandle) -> bool:
-        if self.alive(handle):
-            return True
-        try:
-            os.killpg(handle.pid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
+        """Whether any live (non-zombie) process remains in the attempt's process group."""
+        return self.alive(handle) or bool(group_members(handle.pid))
 
     async def stop(self, handle: ProcessHandle, grace_s: float, poll_s: float = 0.05) -> bool:
         """SIGTERM the group, wait up to ``grace_s``, then SIGKILL. True if it ended within the grace."""

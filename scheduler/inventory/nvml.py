@@ -54,7 +54,7 @@ def normalize_model(nvml_name: str, memory_bytes: int) -> str:
     gib = memory_bytes / GIB
     families = sorted({m.split("-")[0] for m in MODEL_MEMORY_GIB} | set(ALIASES), key=len, reverse=True)
     for fam in families:
-        if re.search(rf"(^|[^A-Z0-9]){re.escape(fam)}([^0-9]|$)", compact):
+        if re.search(rf"(^|[^A-Z0-9]){re.escape(fam)}([^0-9]|$)", name.upper().replace(" ", "-")):
             variants = [m for m in MODEL_MEMORY_GIB if m.split("-")[0] == fam]
             if not variants:
                 return ALIASES.get(fam, fam)

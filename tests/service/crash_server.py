@@ -1,0 +1,41 @@
+"""A scheduler service in its own process, for the crash-recovery tests.
+
+``python -m tests.service.crash_server STATE_DIR SPECS_JSON``: starts a core
+on simulated GPUs with ``on_shutdown="leave"``; on its first start (empty
+store) creates project ``p`` and submits the job specs in SPECS_JSON (a JSON
+list). Runs until SIGTERM (clean stop) or SIGKILL (the point of the tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from scheduler.service.config import ServiceConfig
+from scheduler.service.core import Actor, SchedulerCore
+
+
+async def main(state_dir: str, specs_path: str, gpus: str) -> None:
+    core = SchedulerCore(ServiceConfig(
+        state_dir=Path(state_dir), simulate=gpus, tick_s=0.1, poll_s=0.02, pause_grace_s=1.0,
+        on_shutdown="leave", min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin", node_name="crash",
+        history_interval_s=0.5,
+    ))
+    await core.start()
+    admin = Actor("admin", True)
+    if not core.list_jobs(admin, {}):
+        core.set_project(admin, "p", {"train_guarantee": 0, "build_quota": 1})
+        for spec in json.loads(Path(specs_path).read_text()):
+            await core.submit(Actor("alice"), spec)
+    (Path(state_dir) / "server.ready").write_text("ok")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await core.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "2xA100-80GB"))
