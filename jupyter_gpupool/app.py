@@ -121,6 +121,7 @@ class GPUPool(ExtensionApp):
         """Register the connection and install the GPU kernelspecs."""
         self._tasks = []
         self.connection = PoolConnection(self.pool_settings())
+        self.connection.on_ready = self.start_background
         connection_mod.set_current(self.connection)
         self.settings["gpupool_connection"] = self.connection
         self.settings["gpupool_app"] = self

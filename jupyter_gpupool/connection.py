@@ -19,6 +19,7 @@ import getpass
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +92,8 @@ class PoolConnection:
         self._admin_client: Any = None
         self._lock = asyncio.Lock()
         self._ready = False
+        self.on_ready: Callable[[], None] | None = None
+        """Called once connected, in the loop: the extension starts its periodic tasks there."""
 
     @property
     def is_embedded(self) -> bool:
@@ -104,7 +107,12 @@ class PoolConnection:
                 if not self._ready:
                     await self._connect()
                     self._ready = True
+                    self._fire_ready()
         return self._client
+
+    def _fire_ready(self) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
 
     def use_client(self, client: Any, admin_client: Any = None, admin: bool = False) -> None:
         """Use a ready client instead of connecting (another transport, or a test double)."""
@@ -114,6 +122,7 @@ class PoolConnection:
         self.url = getattr(client, "url", self.url)
         self.token = getattr(client, "token", self.token)
         self._ready = True
+        self._fire_ready()
 
     async def admin_client(self) -> Any | None:
         """A client with the admin token (embedded mode), or None when we have none."""

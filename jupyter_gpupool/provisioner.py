@@ -35,8 +35,7 @@ class GpuShareUnavailable(web.HTTPError):
     """
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, reason="GPU share unavailable")
-        self.log_message = message  # set after init: a message with '%' must not be %-formatted
+        super().__init__(status, message.replace("%", " percent"), reason="GPU share unavailable")
         self.message = message
 
     def __str__(self) -> str:

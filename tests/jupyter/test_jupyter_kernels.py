@@ -1,0 +1,118 @@
+"""GPU-share kernels, end to end: real kernels through the provisioner on the embedded scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+from kernel_helpers import kernel_env
+from tornado.httpclient import HTTPClientError
+
+from jupyter_gpupool import leases
+
+pytestmark = pytest.mark.timeout(240)
+
+
+async def get_json(jp_fetch: Any, *parts: str, **kwargs: Any) -> Any:
+    reply = await jp_fetch(*parts, **kwargs)
+    return json.loads(reply.body) if reply.body else None
+
+
+async def start_session(jp_fetch: Any, path: str, kernel: str) -> dict[str, Any]:
+    body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": kernel}}
+    return await get_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(body))
+
+
+async def wait_state(client: Any, job_id: str, states: set[str], timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = await client.job(job_id)
+        if job["state"] in states or time.monotonic() > deadline:
+            return job
+        await asyncio.sleep(0.2)
+
+
+async def test_kernelspecs_in_launcher_and_plain_python_untouched(jp_fetch: Any, gpupool_app: Any) -> None:
+    specs = (await get_json(jp_fetch, "api", "kernelspecs"))["kernelspecs"]
+    names = {name: spec["spec"]["display_name"] for name, spec in specs.items()}
+    assert names["gpupool-python3-0.25"] == "Python 3 (¼ GPU)"
+    assert names["gpupool-python3-0.5"] == "Python 3 (½ GPU)"
+    assert names["gpupool-python3-1"] == "Python 3 (1 GPU)"
+    meta = specs["gpupool-python3-0.25"]["spec"]["metadata"]["kernel_provisioner"]
+    assert meta == {"provisioner_name": "gpupool-provisioner", "config": {"gpu_fraction": 0.25}}
+    assert "kernel_provisioner" not in (specs["python3"]["spec"].get("metadata") or {})
+
+
+async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any, jp_root_dir: Any) -> None:
+    """Env inside the kernel, quota exhausted message, restart keeps the share, shutdown frees it."""
+    session = await start_session(jp_fetch, "work/nb1.ipynb", "gpupool-python3-0.5")
+    kernel_id = session["kernel"]["id"]
+    client = await gpupool_app.connection.client()
+    share = leases.held()[kernel_id]
+    job = await client.job(share.job_id)
+    assert job["state"] == "running" and job["kind"] == "build" and job["project"] == gpupool_app.connection.user
+    assert job["labels"] == {"notebook": "work/nb1.ipynb", "kernel_id": kernel_id}
+    assert job["request"]["gpu_fraction"] == 0.5
+
+    env = await kernel_env(jp_serverapp, kernel_id)
+    assert env["CUDA_VISIBLE_DEVICES"] == job["assignment"]["gpus"][0]["id"]
+    assert env["GPUPOOL_GPU_FRACTION"] == "0.5" and env["GPUPOOL_JOB_ID"] == job["id"]
+    assert env["GPUPOOL_SIMULATED"] == "1" and env["GPUPOOL_KERNEL_ID"] == kernel_id
+    assert env["GPUPOOL_URL"] == gpupool_app.connection.url and env["GPUPOOL_TOKEN"]
+    assert env["JPY_SESSION_NAME"].endswith(os.path.join("work", "nb1.ipynb"))
+
+    # the quota (1 GPU) cannot hold another whole GPU: the kernel does not start, the user is told why
+    # (Jupyter's sessions endpoint answers 500 with our message; its kernels endpoint keeps our 409)
+    user = gpupool_app.connection.user
+    with pytest.raises(HTTPClientError) as info:
+        await start_session(jp_fetch, "nb2.ipynb", "gpupool-python3-1")
+    message = json.loads(info.value.response.body)["message"]
+    assert f"project '{user}'" in message and "build quota of 1 GPU" in message
+    assert "work/nb1.ipynb" in message and kernel_id[:8] in message
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "gpupool-python3-1"}))
+    assert info.value.code == 409
+    assert "build quota of 1 GPU" in json.loads(info.value.response.body)["message"]
+    assert len(jp_serverapp.kernel_manager.list_kernel_ids()) == 1
+    assert len(await client.jobs(kind="build", state="queued,running")) == 1
+
+    # the front end's view of my GPU kernels
+    mine = await get_json(jp_fetch, "gpupool", "api", "kernels")
+    assert [(k["kernel_id"], k["path"], k["job"]["id"]) for k in mine] == [(kernel_id, "work/nb1.ipynb", job["id"])]
+
+    # restart keeps the share (same job, same GPU) and renewal keeps it alive past several leases
+    await jp_fetch("api", "kernels", kernel_id, "restart", method="POST", body=b"")
+    env2 = await kernel_env(jp_serverapp, kernel_id)
+    assert env2["GPUPOOL_JOB_ID"] == job["id"] and env2["CUDA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"]
+    await asyncio.sleep(gpupool_app.lease_seconds * 1.5)
+    assert (await client.job(job["id"]))["state"] == "running"
+
+    # shutdown frees it at once
+    await jp_fetch("api", "sessions", session["id"], method="DELETE")
+    assert (await client.job(job["id"]))["state"] == "cancelled"
+    assert kernel_id not in leases.held()
+
+
+async def test_killed_kernel_loses_its_share_when_the_lease_runs_out(
+    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any
+) -> None:
+    session = await start_session(jp_fetch, "nb.ipynb", "gpupool-python3-0.25")
+    kernel_id = session["kernel"]["id"]
+    client = await gpupool_app.connection.client()
+    job_id = leases.held()[kernel_id].job_id
+    assert (await client.job(job_id))["state"] == "running"
+    # the kernel dies for good with no cleanup (no auto-restart: as after the restarter gives up)
+    km = jp_serverapp.kernel_manager.get_kernel(kernel_id)
+    km.stop_restarter()
+    km.autorestart = False
+    os.kill(km.provisioner.pid, signal.SIGKILL)
+    job = await wait_state(client, job_id, {"cancelled"}, timeout=gpupool_app.lease_seconds * 5)
+    assert job["state"] == "cancelled" and "lease" in job["reason"]
+    pool = await client.pool()
+    assert all(g["allocated"] == 0 for n in pool["nodes"] for g in n["gpus"])
+    await jp_fetch("api", "sessions", session["id"], method="DELETE")
