@@ -14,6 +14,7 @@ resuming from ``Last-Event-ID`` after a reconnect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -62,6 +63,8 @@ class EventsHandler(ApiHandler):
         if waiter.done():
             return waiter.result()
         waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
         return []
 
     async def _stream(self) -> None:

@@ -1,0 +1,147 @@
+"""The `gpupool` CLI: arguments, output, exit codes (2 usage, 1 refused, 3 unreachable)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from scheduler import cli
+
+from .fake_core import ADMIN_TOKEN, FakeCore
+from .servers import AppServer
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = AppServer(FakeCore())
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, server):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUPOOL_URL", server.url)
+    monkeypatch.setenv("GPUPOOL_TOKEN", "alice-token")
+    return server
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(("text", "value"), [("20GiB", 20 * 2**30), ("20G", 20 * 10**9), ("20gb", 20 * 10**9),
+                                             ("512MiB", 512 * 2**20), ("1024", 1024), ("1.5Gi", 3 * 2**29),
+                                             (" 2 TiB ", 2 * 2**40)])
+def test_parse_size(text, value):
+    assert cli.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "20XB", "0", "1.2.3G"])
+def test_parse_size_refuses(text):
+    with pytest.raises(Exception, match="size"):
+        cli.parse_size(text)
+
+
+def test_submit_spec_from_arguments(tmp_path):
+    args = cli.build_parser().parse_args(
+        ["submit", "--project", "vision", "--gpu-memory", "20GiB", "--gpu-model", "A100-80GB", "--priority", "3",
+         "--name", "sweep", "--workdir", str(tmp_path), "--env", "A=1", "--label", "nb=x.ipynb"])
+    spec = cli.submit_spec(args, ["python", "train.py", "--lr", "0.1"])
+    assert spec == {"project": "vision", "name": "sweep", "gpu_memory": 20 * 2**30, "gpu_model": "A100-80GB",
+                    "priority": 3, "workdir": str(tmp_path), "env": {"A": "1"}, "labels": {"nb": "x.ipynb"},
+                    "command": ["python", "train.py", "--lr", "0.1"]}
+
+
+@pytest.mark.parametrize("argv", [
+    ["submit", "--project", "p", "--gpus", "1", "--gpu-fraction", "0.5", "--", "x"],  # both
+    ["submit", "--gpus", "1", "--", "x"],  # no project
+    ["submit", "--project", "p", "--gpus", "two", "--", "x"],
+    ["submit", "--project", "p", "--gpu-memory", "lots", "--", "x"],
+    ["frobnicate"],
+    [],
+    ["logs"],
+    ["status", "--", "x"],
+    ["submit", "--project", "p", "--gpus", "1"],  # no command
+    ["submit", "--project", "p", "--gpu-fraction", "1.5", "--", "x"],
+    ["submit", "--project", "p", "--gpus", "0", "--", "x"],
+    ["tokens"],
+])
+def test_usage_errors_exit_2_with_one_line(env, capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2, (argv, err)
+    assert err.startswith("gpupool: error: ") and err.count("\n") == 1, err
+    assert out == ""
+
+
+def test_server_refusal_exits_1_with_server_message(env, capsys):
+    code, out, err = run(capsys, "submit", "--project", "nope", "--gpus", "1", "--", "true")
+    assert code == 1 and err == "gpupool: error: unknown project 'nope'\n"
+    code, out, err = run(capsys, "describe", "j-424242")
+    assert code == 1 and "no job 'j-424242'" in err
+    code, out, err = run(capsys, "projects", "set", "x", "--guarantee", "2")
+    assert code == 1 and "only the admin" in err
+    code, out, err = run(capsys, "--token", "bad", "status")
+    assert code == 1 and "invalid token" in err
+
+
+def test_unreachable_exits_3(env, capsys, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GPUPOOL_URL", f"http://127.0.0.1:{port}")
+    code, out, err = run(capsys, "status")
+    assert code == 3 and err.startswith(f"gpupool: error: cannot reach the scheduler at http://127.0.0.1:{port}")
+
+
+def test_read_commands_tables_and_json(env, capsys):
+    code, out, err = run(capsys, "submit", "--project", "vision", "--gpu-fraction", "0.25", "--name", "exp1",
+                         "--", "python", "-c", "print(1)")
+    assert code == 0 and out.startswith("j-") and "queued" in out
+    job_id = out.split()[0]
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and "SIMULATED" in out and "A100-80GB" in out and "vision" in out
+    code, out, _ = run(capsys, "status", "--json")
+    assert json.loads(out)["simulated"] is True
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "PROJECT"] and job_id in out
+    code, out, _ = run(capsys, "list", "--json", "--all")
+    assert job_id in [j["id"] for j in json.loads(out)]
+    code, out, _ = run(capsys, "describe", job_id)
+    assert code == 0 and f"id:               {job_id}" in out and "exp1" in out
+    code, out, _ = run(capsys, "describe", job_id, "--json")
+    assert json.loads(out)["id"] == job_id
+    code, out, _ = run(capsys, "projects")
+    assert code == 0 and "PROJECT" in out and "vision" in out
+    code, out, _ = run(capsys, "projects", "--json")
+    assert "vision" in [p["name"] for p in json.loads(out)]
+    code, out, _ = run(capsys, "logs", job_id)
+    assert code == 0 and out == "hello\n"
+    code, out, _ = run(capsys, "whoami")
+    assert out.startswith("alice")
+    code, out, _ = run(capsys, "cancel", job_id)
+    assert code == 0 and out.startswith(f"{job_id} cancelled")
+    code, out, _ = run(capsys, "logs", job_id, "-f")  # a finished job: follow ends at the end of its log
+    assert code == 0 and out == "hello\n"
+    code, out, err = run(capsys, "cancel", job_id)
+    assert code == 1 and "already cancelled" in err
+
+
+def test_admin_commands(env, capsys, monkeypatch):
+    monkeypatch.setenv("GPUPOOL_TOKEN", ADMIN_TOKEN)
+    code, out, err = run(capsys, "projects", "set", "nlp", "--build-quota", "1.5", "--guarantee", "2",
+                         "--limit", "4", "--weight", "1", "--json")
+    assert code == 0, err
+    assert {k: json.loads(out)[k] for k in ("build_quota", "train_guarantee", "train_limit", "weight")} == \
+        {"build_quota": 1.5, "train_guarantee": 2, "train_limit": 4, "weight": 1}
+    code, out, _ = run(capsys, "projects", "set", "nlp", "--limit", "none", "--json")
+    assert json.loads(out)["train_limit"] is None and json.loads(out)["train_guarantee"] == 2
+    code, out, err = run(capsys, "tokens", "create", "erin")
+    assert code == 0 and out.strip() and "erin" in err
+    code, out, _ = run(capsys, "projects", "delete", "nlp")
+    assert code == 0 and "deleted" in out

@@ -1,0 +1,144 @@
+"""The Python clients: connection settings, every method's route, and error mapping."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from scheduler import errors
+from scheduler.client import AsyncGpupoolClient, GpupoolClient, ServerError, error_from_reply, resolve_connection
+
+from .fake_core import ADMIN_TOKEN, FakeCore
+from .servers import AppServer
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = AppServer(FakeCore())
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for key in ("GPUPOOL_URL", "GPUPOOL_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return tmp_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connection_from_arguments_env_then_config(clean_env, monkeypatch):
+    assert resolve_connection() == ("http://127.0.0.1:8765", None)
+    config = clean_env / "xdg" / "gpupool" / "client.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"url": "http://cfg:1/", "token": "cfg-token"}))
+    assert resolve_connection() == ("http://cfg:1", "cfg-token")
+    monkeypatch.setenv("GPUPOOL_URL", "http://env:2")
+    assert resolve_connection() == ("http://env:2", "cfg-token")
+    monkeypatch.setenv("GPUPOOL_TOKEN", "env-token")
+    assert resolve_connection("http://arg:3", "arg-token") == ("http://arg:3", "arg-token")
+    assert resolve_connection() == ("http://env:2", "env-token")
+
+
+def test_config_under_home_when_xdg_unset(clean_env, monkeypatch):
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    config = clean_env / "home" / ".config" / "gpupool" / "client.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"url": "http://home:4", "token": "t"}))
+    assert resolve_connection() == ("http://home:4", "t")
+
+
+def test_broken_config_file_is_a_clear_error(clean_env):
+    config = clean_env / "xdg" / "gpupool" / "client.json"
+    config.parent.mkdir(parents=True)
+    config.write_text("{not json")
+    with pytest.raises(errors.InvalidRequest, match="client config"):
+        resolve_connection()
+
+
+def test_sync_client_methods_against_api(server):
+    admin = GpupoolClient(server.url, ADMIN_TOKEN)
+    alice = GpupoolClient(server.url, "alice-token")
+    assert alice.whoami() == {"user": "alice", "admin": False}
+    assert alice.status()["simulated"] is True
+    assert alice.pool()["nodes"][0]["gpus"][0]["model"] == "A100-80GB"
+    assert admin.set_project("nlp", train_guarantee=2, train_limit=None)["train_guarantee"] == 2
+    assert {p["name"] for p in alice.projects()} >= {"vision", "nlp"}
+    job = alice.submit({"project": "vision", "command": ["echo", "hi"]})
+    assert job["user"] == "alice" and job["state"] == "queued"
+    assert alice.job(job["id"])["id"] == job["id"]
+    assert job["id"] in [j["id"] for j in alice.jobs(project="vision", state=["queued", "running"], limit=5)]
+    assert alice.logs(job["id"]) == {"data": "hello\n", "offset": 6, "eof": True}
+    assert alice.logs(job["id"], offset=2, limit=2)["data"] == "ll"
+    events = alice.events(since=0)
+    assert any(e["job_id"] == job["id"] for e in events["events"]) and events["last"] >= 1
+    assert alice.history() == {"samples": []}
+    assert "gpupool_fake_submitted_total" in alice.metrics()
+    assert alice.cancel(job["id"])["state"] == "cancelled"
+    assert admin.create_token("dave")["user"] == "dave"
+    assert admin.delete_project("nlp") is None
+    assert alice.openapi()["openapi"].startswith("3.")
+
+
+def test_sync_client_maps_4xx_to_error_classes(server):
+    alice = GpupoolClient(server.url, "alice-token")
+    bob = GpupoolClient(server.url, "bob-token")
+    job = alice.submit({"project": "vision", "command": ["true"]})
+    with pytest.raises(errors.NotFound, match="no job 'j-999999'"):
+        alice.job("j-999999")
+    with pytest.raises(errors.Forbidden, match="belongs to alice"):
+        bob.cancel(job["id"])
+    with pytest.raises(errors.Conflict, match="is not running"):
+        alice.pause(job["id"])
+    with pytest.raises(errors.QuotaExceeded, match="over its build quota"):
+        alice.submit({"project": "vision", "kind": "build", "gpu_fraction": 0.95})
+    with pytest.raises(errors.InvalidRequest, match="unknown project 'nope'"):
+        alice.submit({"project": "nope", "command": ["true"]})
+    with pytest.raises(errors.InvalidRequest, match="gpu_fraction"):
+        alice.submit({"project": "vision", "command": ["true"], "gpu_fraction": 1.5})
+    with pytest.raises(errors.Unauthorized, match="invalid token"):
+        GpupoolClient(server.url, "nope").status()
+    with pytest.raises(errors.Unauthorized, match="missing token"):
+        GpupoolClient(server.url, None).status()
+
+
+def test_sync_client_unreachable_names_the_url(clean_env):
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(errors.Unavailable, match=f"cannot reach the scheduler at {url}"):
+        GpupoolClient(url, "t", timeout=5).status()
+
+
+async def test_async_client_same_methods_and_errors(server):
+    alice = AsyncGpupoolClient(server.url, "alice-token")
+    assert (await alice.whoami())["user"] == "alice"
+    job = await alice.submit({"project": "vision", "command": ["true"]})
+    assert (await alice.job(job["id"]))["id"] == job["id"]
+    with pytest.raises(errors.NotFound):
+        await alice.job("j-999999")
+    with pytest.raises(errors.Forbidden):
+        await AsyncGpupoolClient(server.url, "bob-token").cancel(job["id"])
+    assert "gpupool_fake" in await alice.metrics()
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(errors.Unavailable, match=url):
+        await AsyncGpupoolClient(url, "t", timeout=5).status()
+
+
+def test_error_from_reply_shapes():
+    assert isinstance(error_from_reply(404, b'{"error": "gone", "status": 404}', "u"), errors.NotFound)
+    e = error_from_reply(418, b'{"error": "teapot", "status": 418}', "u")
+    assert type(e) is errors.GpupoolError and e.status == 418 and e.message == "teapot"
+    assert isinstance(error_from_reply(500, b"<html>oops</html>", "u"), ServerError)
+    assert isinstance(error_from_reply(503, b"", "u"), errors.Unavailable)
+    # A server naming a class that does not fit the status does not fool the client.
+    assert type(error_from_reply(400, b'{"error": "x", "status": 400, "type": "Forbidden"}', "u")) is \
+        errors.InvalidRequest
+    assert "answered HTTP 400" in error_from_reply(400, b"", "http://s").message
