@@ -8,7 +8,13 @@ import socket
 import pytest
 
 from scheduler import errors
-from scheduler.client import AsyncGpupoolClient, GpupoolClient, ServerError, error_from_reply, resolve_connection
+from scheduler.client import (
+    AsyncGpupoolClient,
+    GpupoolClient,
+    ServerError,
+    error_from_reply,
+    resolve_connection,
+)
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer
