@@ -262,7 +262,12 @@ class SchedulerCore:
             Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
             for p in self._store.projects()
         )
-        workloads = tuple(workload_of(r) for r in live if not (r.state == "paused" and r.user_paused))
+        # Left out: user-paused jobs (sticky) and jobs already being stopped. The latter are
+        # leaving; showing them as running would make the policy preempt a second victim for
+        # the same waiting job during the grace period. Their GPUs stay guarded by
+        # _check_fits until their processes are gone.
+        workloads = tuple(workload_of(r) for r in live
+                          if not (r.state == "paused" and r.user_paused) and r.stop_intent is None)
         return Snapshot(self._nodes, projects, workloads, time.time(), self._policy_config())
 
     def _cycle(self) -> None:

@@ -295,3 +295,35 @@ async def test_build_only_split(make_core):
     core.set_project(ADMIN, "p", {"build_quota": 2})
     with pytest.raises(InvalidRequest, match="more than any node of the build pool"):
         await core.submit(ALICE, {"project": "p", "kind": "build", "gpus": 2})
+
+
+SLOW_TO_STOP = r"""
+import signal, sys, time
+def term(*_):
+    time.sleep(1.0); sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open("ready", "w").close()
+time.sleep(120)
+"""
+
+
+async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_path):
+    core = await make_core(pause_grace_s=5.0)
+    core.set_project(ADMIN, "research", {"train_guarantee": 0})
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    victims = []
+    for i in range(2):
+        wd = tmp_path / f"v{i}"
+        wd.mkdir()
+        v, _ = await core.submit(BOB, {"project": "research", "gpus": 1, "workdir": str(wd),
+                                       "command": [PY, "-c", SLOW_TO_STOP]})
+        victims.append(v["id"])
+    await wait_for(lambda: all((tmp_path / f"v{i}" / "ready").exists() for i in range(2)))
+    owner, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1,
+                                         "command": [PY, "-c", "import time; time.sleep(2)"]})
+    assert owner["state"] == "queued"  # the victim's GPU is not handed out before it is released
+    for _ in range(5):  # several cycles while the victim takes its time to stop
+        core._tick()
+        await asyncio.sleep(0.1)
+    await wait_for(lambda: _state(core, owner["id"]) == "running", what="owner running")
+    assert sorted(_state(core, v) for v in victims) == ["paused", "running"]
