@@ -79,9 +79,16 @@ def format_jobs(jobs: list[dict[str, Any]]) -> str:
 
 
 def promote_notebook(client: Any, notebook: str, request: PromoteRequest) -> dict[str, Any]:
-    """Promote with the blocking client (the kernel's own files: no server root applies)."""
-    root = os.path.dirname(os.path.abspath(notebook)) or "/"
-    request.path = os.path.basename(notebook)
+    """Promote with the blocking client, paths relative to the server root as the front end sees them.
+
+    Outside a server root (a kernel of another front end) the notebook's own
+    folder serves as the root: the kernel reads only files its user can.
+    """
+    full = os.path.realpath(notebook)
+    root = os.path.realpath(os.environ.get("GPUPOOL_SERVER_ROOT") or os.path.dirname(full))
+    if not full.startswith(root.rstrip(os.sep) + os.sep):
+        root = os.path.dirname(full)
+    request.path = os.path.relpath(full, root)
     project = request.project or os.environ.get("GPUPOOL_PROJECT") or os.environ.get("GPUPOOL_PROJECT_DEFAULT", "")
     spec, runs, staging, _ = build_spec(request, root, project)
     try:

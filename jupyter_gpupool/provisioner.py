@@ -137,10 +137,15 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         return conn
 
+    def _server_root(self) -> str | None:
+        """The Jupyter server's root dir (the kernel manager's parent knows it)."""
+        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        return str(root) if root else None
+
     def _notebook_path(self, env: dict[str, str]) -> str:
         """The kernel's notebook relative to the server root (absolute if outside)."""
         path = env.get("JPY_SESSION_NAME", "")
-        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        root = self._server_root()
         if path and root and os.path.isabs(path):
             try:
                 rel = os.path.relpath(path, root)
@@ -210,6 +215,9 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             kwargs["env"].update(build_job_env(job, simulated))
             kwargs["env"].update(conn.kernel_env())
             kwargs["env"]["GPUPOOL_KERNEL_ID"] = str(self.kernel_id)
+            root = self._server_root()
+            if root:
+                kwargs["env"]["GPUPOOL_SERVER_ROOT"] = root
         except BaseException:
             await self._give_back(conn)
             raise

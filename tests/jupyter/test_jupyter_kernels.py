@@ -9,8 +9,9 @@ import signal
 import time
 from typing import Any
 
+import nbformat
 import pytest
-from kernel_helpers import kernel_env
+from kernel_helpers import kernel_env, run_in_kernel
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpupool import leases
@@ -24,7 +25,7 @@ async def get_json(jp_fetch: Any, *parts: str, **kwargs: Any) -> Any:
 
 
 async def start_session(jp_fetch: Any, path: str, kernel: str) -> dict[str, Any]:
-    body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": kernel}}
+    body = {"path": path, "type": "notebook", "name": os.path.basename(path), "kernel": {"name": kernel}}
     return await get_json(jp_fetch, "api", "sessions", method="POST", body=json.dumps(body))
 
 
@@ -49,7 +50,12 @@ async def test_kernelspecs_in_launcher_and_plain_python_untouched(jp_fetch: Any,
 
 
 async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any, jp_root_dir: Any) -> None:
-    """Env inside the kernel, quota exhausted message, restart keeps the share, shutdown frees it."""
+    """Env inside the kernel, magics, quota exhausted message, restart keeps the share, shutdown frees it."""
+    (jp_root_dir / "work").mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1")]
+    nb.metadata["kernelspec"] = {"name": "gpupool-python3-0.5", "display_name": "Python 3 (½ GPU)"}
+    nbformat.write(nb, str(jp_root_dir / "work" / "nb1.ipynb"))
     session = await start_session(jp_fetch, "work/nb1.ipynb", "gpupool-python3-0.5")
     kernel_id = session["kernel"]["id"]
     client = await gpupool_app.connection.client()
@@ -66,9 +72,21 @@ async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_
     assert env["GPUPOOL_URL"] == gpupool_app.connection.url and env["GPUPOOL_TOKEN"]
     assert env["JPY_SESSION_NAME"].endswith(os.path.join("work", "nb1.ipynb"))
 
+    # the magic, with the scoped token the provisioner handed the kernel
+    user = gpupool_app.connection.user
+    out = await run_in_kernel(jp_serverapp, kernel_id, "%load_ext jupyter_gpupool\n%gpupool status\n%gpupool list")
+    assert f"project {user}: build 0.5/1 GPU" in out and "(simulated GPUs)" in out
+    assert job["id"] in out and "running" in out
+    out = await run_in_kernel(jp_serverapp, kernel_id, "%gpupool promote --gpus 0.5 -p x 2")
+    promoted_id = out.split("as job ", 1)[1].split()[0]
+    promoted = await client.job(promoted_id)
+    assert promoted["kind"] == "train" and promoted["labels"]["notebook"] == "work/nb1.ipynb"
+    assert promoted["user"] == user and promoted["request"]["gpu_fraction"] == 0.5
+    assert (jp_root_dir / "work" / "nb1.runs" / promoted_id / "input.ipynb").is_file()
+    await client.cancel(promoted_id)
+
     # the quota (1 GPU) cannot hold another whole GPU: the kernel does not start, the user is told why
     # (Jupyter's sessions endpoint answers 500 with our message; its kernels endpoint keeps our 409)
-    user = gpupool_app.connection.user
     with pytest.raises(HTTPClientError) as info:
         await start_session(jp_fetch, "nb2.ipynb", "gpupool-python3-1")
     message = json.loads(info.value.response.body)["message"]
