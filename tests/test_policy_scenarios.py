@@ -252,7 +252,7 @@ def test_starvation_rule_only_reserves_up_to_the_configured_count() -> None:
     s = snap(nodes, [project("A", 12)], running + ws, now=1000, starvation_s=300.0, max_reservations=2)
     d = schedule(s)
     waits = _by_id(d.waits)
-    assert sum("reserved" in waits[f"big{i}"].reason for i in range(3)) == 2
+    assert sum("is reserved for it" in waits[f"big{i}"].reason for i in range(3)) == 2
 
 
 def test_impossible_request_is_rejected() -> None:

@@ -103,6 +103,57 @@ class Ledger:
             gpu_score = max((free[g.id] for g in gpus), default=0)
         return (gpu_score, self.cpu[name], self.mem[name])
 
+    def headroom(self, name: str, request: Request) -> tuple[int, int, int, int]:
+        """(whole free GPUs, largest free share, free CPU, free memory) on node ``name`` for ``request``'s models."""
+        free = self.gpu[name]
+        gpus = self._gpus(name, request)
+        whole = sum(1 for g in gpus if free[g.id] >= g.capacity_milli > 0)
+        share = max((free[g.id] for g in gpus), default=0)
+        return (whole, share, self.cpu[name], self.mem[name])
+
+    def node_free(self, name: str) -> tuple[int, int, dict[str, int]]:
+        """A copy of what is free on node ``name`` (to compare with later)."""
+        return (self.cpu[name], self.mem[name], dict(self.gpu[name]))
+
+    def grew(self, name: str, before: tuple[int, int, dict[str, int]]) -> bool:
+        """Whether anything on node ``name`` is freer now than in ``before``."""
+        cpu, mem, gpus = before
+        if self.cpu[name] > cpu or self.mem[name] > mem:
+            return True
+        return any(free > gpus.get(gid, 0) for gid, free in self.gpu[name].items())
+
+    def assign_on(self, name: str, request: Request) -> Assignment | None:
+        """Seat ``request`` on node ``name`` (after reclaim made room there), or None if it does not fit.
+
+        Whole GPUs: the topology group with the fewest free GPUs that still
+        holds the request (keeps bigger groups whole), lowest index first; a
+        fraction: the fitting GPU with the least free share (best fit).
+        """
+        if not self.fits(name, request):
+            return None
+        free = self.gpu[name]
+        gpus = sorted(self._gpus(name, request), key=lambda g: (g.index, g.id))
+        if request.gpus:
+            whole = [g for g in gpus if free[g.id] >= g.capacity_milli > 0]
+            groups: dict[str, list[Gpu]] = {}
+            for g in whole:
+                groups.setdefault(g.topology_group, []).append(g)
+            fitting = [members for members in groups.values() if len(members) >= request.gpus]
+            if fitting:
+                chosen = min(fitting, key=lambda m: (len(m), m[0].index))[: request.gpus]
+            else:
+                chosen = whole[: request.gpus]
+            return Assignment(name, tuple((g.id, g.capacity_milli) for g in chosen))
+        if request.gpu_milli or request.gpu_memory_mib:
+            options = []
+            for g in gpus:
+                need = request.gpu_milli or memory_milli(request.gpu_memory_mib, g)
+                if 0 < need <= free[g.id] and need <= g.capacity_milli:
+                    options.append((free[g.id], g.index, g.id, need))
+            _, _, gid, need = min(options)
+            return Assignment(name, ((gid, need),))
+        return Assignment(name, ())
+
     def free_gpus_text(self, name: str) -> str:
         free = self.gpu[name]
         whole = sum(1 for g in self.nodes[name].gpus if free[g.id] >= g.capacity_milli > 0)
@@ -113,16 +164,33 @@ class Capacity:
     """The per-pool placement states and the ledger, changed together."""
 
     def __init__(
-        self, nodes: Sequence[Node], running: Sequence[Workload], pools: Iterable[str], policy: str
+        self,
+        nodes: Sequence[Node],
+        running: Sequence[Workload],
+        pools: Iterable[str],
+        policy: str,
+        active: Iterable[str] | None = None,
     ) -> None:
-        self.states = {p: FreeState.from_nodes(nodes, running, p, policy) for p in pools}
-        self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in self.states}
-        self.node_pools: dict[str, list[str]] = {}
-        for p, names in self.pool_nodes.items():
-            for name in names:
-                self.node_pools.setdefault(name, []).append(p)
+        """``active``: the pools that get a placement state (default: all); a pool with
+        nothing pending needs none, and every state costs time on each commit."""
+        pools = tuple(pools)
+        self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in pools}
+        self.states = {p: FreeState.from_nodes(nodes, running, p, policy) for p in (pools if active is None else active)}
         self.ledger = Ledger(nodes, running)
-        self.generation = 0  # bumped whenever capacity grows within the cycle
+        self.node_pools: dict[str, list[str]] = {}
+        self._index_states()
+        self.generation = 0  # bumped whenever free capacity grows within the cycle (see Ledger.grew)
+
+    def _index_states(self) -> None:
+        self.node_pools = {}
+        for p in self.states:
+            for name in self.pool_nodes[p]:
+                self.node_pools.setdefault(name, []).append(p)
+
+    def drop(self, pool: str) -> None:
+        """Forget ``pool``'s placement state (no more placements there this cycle)."""
+        self.states.pop(pool, None)
+        self._index_states()
 
     def find(self, pool: str, request: Request) -> Assignment | None:
         return self.states[pool].find(request)
@@ -136,10 +204,10 @@ class Capacity:
         self.ledger.take(assignment, request)
 
     def release(self, assignment: Assignment, request: Request) -> None:
+        """Give capacity back. The caller bumps ``generation`` if the cycle ends up with more room."""
         for p in self.node_pools.get(assignment.node, ()):
             self.states[p].release(assignment, request)
         self.ledger.give(assignment, request)
-        self.generation += 1
 
     def block(self, name: str) -> None:
         """Take everything still free on node ``name`` so nothing else lands there this cycle."""

@@ -8,28 +8,38 @@ The rules are written down for users in docs/policy.md; in short:
   pool holds) it waits.
 * **Training** work runs on the train pool in two passes. Pass 1 takes the
   jobs that keep their project within its guarantee; such a job that does not
-  fit may *reclaim*: pause jobs of projects above their guarantee. Pass 2 takes
-  the rest, which may only use idle capacity and start as preemptible. In each
-  pass jobs go by priority, then by the project furthest below its fair share
+  fit may *reclaim*: pause jobs of projects above their guarantee
+  (:mod:`scheduler.policy.reclaim`). Pass 2 takes the rest, which may only use
+  idle capacity and start as preemptible. In each pass jobs go by priority,
+  then by the project furthest below its fair share
   (:mod:`scheduler.policy.fairshare`), then by submission time.
 * A job may pause lower-priority jobs of its own project.
 * A job that has waited longer than ``starvation_s`` and still does not fit
   reserves the node closest to fitting it; nothing else starts there.
-* A paused job is not resumed within ``resume_backoff_s`` of its pause unless
-  it runs within its project's guarantee (where nothing can pause it again).
+* A paused job is not resumed on idle capacity within ``resume_backoff_s`` of
+  its pause; within its project's guarantee (where nothing can pause it again)
+  it may resume at once.
 
 Everything is deterministic: inputs are sorted by id before use, ties are
 broken by names and ids, and no clock or random source is read.
+
+Speed: a cycle touches each pending job once or twice. Equal request shapes
+share per-cycle memos (a shape that did not fit still does not fit while
+capacity only shrinks; the same for reclaim), reasons are built once per
+shape and project state, and only projects whose jobs changed are re-counted
+against their guarantee at the end.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.policy import reasons as txt
 from scheduler.policy.capacity import Capacity
 from scheduler.policy.fairshare import ShareInput, fair_shares
+from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import (
     BUILD_POOL,
     MILLI,
@@ -47,6 +57,7 @@ from scheduler.policy.model import (
     Workload,
 )
 from scheduler.policy.queue import FairQueue, job_order
+from scheduler.policy.reclaim import ReclaimMixin
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
@@ -69,32 +80,39 @@ def request_problem(req: Request) -> str | None:
 @dataclass
 class _Started:
     workload: Workload
+    request: Request  # the interned request
     assignment: Assignment
     note: str  # what is specific to this start (e.g. "on GPUs freed by pausing j1")
 
 
-class _Cycle:
+class _Cycle(ReclaimMixin):
     """The mutable working state of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot) -> None:
         self.cfg = snap.config
         self.now = snap.now
+        self.nodes = snap.nodes
         self.projects: dict[str, Project] = {p.name: p for p in snap.projects}
         workloads = sorted(snap.workloads, key=lambda w: w.id)
-        self.running = [w for w in workloads if w.running]
-        self.pending = [w for w in workloads if not w.running]
-        self.cap = Capacity(snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement)
+        self.running = [w for w in workloads if w.assignment is not None]
+        self.pending = [w for w in workloads if w.assignment is None]
+        active = {BUILD_POOL if w.kind is Kind.BUILD else TRAIN_POOL for w in self.pending}
+        self.cap = Capacity(
+            snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
+            active=[p for p in (BUILD_POOL, TRAIN_POOL) if p in active],
+        )
         self.train_nodes = set(self.cap.pool_nodes[TRAIN_POOL])
-        self.nodes = snap.nodes
 
         self.usage: dict[str, int] = dict.fromkeys(self.projects, 0)  # training milli-GPU in use
         self.build_used: dict[str, int] = dict.fromkeys(self.projects, 0)
         self.build_holders: dict[str, list[tuple[str, int]]] = {p: [] for p in self.projects}
         self.train_running: dict[str, list[Workload]] = {p: [] for p in self.projects}
+        self.milli: dict[str, int] = {}  # running or started workload id -> milli-GPU it holds
         for w in self.running:
+            assert w.assignment is not None
+            milli = self.milli[w.id] = w.assignment.total_milli
             if w.project not in self.projects:
                 continue
-            milli = w.assignment.total_milli if w.assignment else 0
             if w.kind is Kind.BUILD:
                 self.build_used[w.project] += milli
                 self.build_holders[w.project].append((w.id, milli))
@@ -105,28 +123,50 @@ class _Cycle:
         # largest GPU memory per model and pool, to turn memory requests into an estimated share
         self.model_memory: dict[str, dict[str, int]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
         for node in snap.nodes:
-            for pool in (BUILD_POOL, TRAIN_POOL):
-                if pool in node.pools:
-                    table = self.model_memory[pool]
-                    for g in node.gpus:
-                        table[g.model] = max(table.get(g.model, 0), g.memory_mib)
+            sizes: dict[str, int] = {}
+            for g in node.gpus:
+                if g.memory_mib > sizes.get(g.model, 0):
+                    sizes[g.model] = g.memory_mib
+            for pool in node.pools:
+                table = self.model_memory.get(pool)
+                if table is not None:
+                    for model, size in sizes.items():
+                        if size > table.get(model, 0):
+                            table[model] = size
 
         self.started: list[_Started] = []
         self.preempted: dict[str, str] = {}  # workload id -> reason, in decision order
         self.rejects: list[Reject] = []
         self.waits: list[Wait] = []
-        self.place_failed: dict[tuple[str, Request], int] = {}  # shape -> capacity generation it failed at
-        self.reclaim_failed: dict[tuple, tuple[int, str]] = {}
+        self.touched: set[str] = set()  # projects whose running set changed this cycle
+        # Requests are interned (one hash per job); the per-cycle memos are keyed by id() of the
+        # interned request, so equal shapes share memos and no lookup rehashes a dataclass.
+        self.canon: dict[Request, Request] = {}
+        self.req_of: dict[str, Request] = {}
+        self.place_failed: FailureMemo[bool] = FailureMemo()  # context: the pool
+        self.empty_fit: dict[tuple[str, int], bool] = {}
+        self.estimates: dict[tuple[str, int], int] = {}
+        self.reasons: dict[tuple, str] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
         self.shares: dict[str, float] = {}
         self.queue: FairQueue | None = None
-        # running training jobs beyond their project's guarantee now: the only ones reclaim may pause
-        self.over_at_start = self.over_guarantee()
+        # per project: running training jobs beyond the guarantee now (the only ones another
+        # project's reclaim may pause)
+        self.flags_at_start = {name: self.over_guarantee(name) for name in self.projects}
+        self.over_at_start: set[str] = set().union(*self.flags_at_start.values())
+        ReclaimMixin.__init__(self)
 
     # ------------------------------------------------------------ helpers
 
     def estimate(self, pool: str, req: Request) -> int:
         """Milli-GPU a request will hold (for memory requests: on the largest allowed GPU)."""
+        key = (pool, id(req))
+        known = self.estimates.get(key)
+        if known is None:
+            known = self.estimates[key] = self._estimate(pool, req)
+        return known
+
+    def _estimate(self, pool: str, req: Request) -> int:
         if req.gpus:
             return req.gpus * MILLI
         if req.gpu_milli:
@@ -142,41 +182,50 @@ class _Cycle:
         """Placement with a per-cycle memo of shapes that did not fit.
 
         Free capacity only shrinks while the cycle places work, so a shape that
-        failed still fails, until a release (reclaim) bumps the generation.
+        failed still fails, and so does any shape asking at least as much
+        (:mod:`scheduler.policy.memo`), until the generation says room grew back.
         """
-        key = (pool, req)
-        if self.place_failed.get(key) == self.cap.generation:
+        generation = self.cap.generation
+        if self.place_failed.get(pool, req, generation):
             return None
         found = self.cap.find(pool, req)
         if found is None:
-            self.place_failed[key] = self.cap.generation
+            self.place_failed.add(pool, req, generation, True)
         return found
+
+    def fits_empty(self, pool: str, req: Request) -> bool:
+        key = (pool, id(req))
+        known = self.empty_fit.get(key)
+        if known is None:
+            known = self.empty_fit[key] = self.cap.fits_empty(pool, req)
+        return known
 
     def ratio(self, project: str) -> float:
         share = self.shares.get(project, 0.0)
         return self.usage[project] / share if share > 0 else math.inf
 
-    def wait(self, w: Workload, reason: str) -> None:
-        self.waits.append(Wait(w.id, reason))
-
-    def start(self, w: Workload, a: Assignment, note: str = "") -> None:
-        self.cap.commit(a, w.request)
-        self.started.append(_Started(w, a, note))
+    def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None:
+        self.cap.commit(a, req)
+        self.started.append(_Started(w, req, a, note))
+        milli = self.milli[w.id] = a.total_milli
         if w.kind is Kind.BUILD:
-            self.build_used[w.project] += a.total_milli
-            self.build_holders[w.project].append((w.id, a.total_milli))
+            self.build_used[w.project] += milli
+            self.build_holders[w.project].append((w.id, milli))
         else:
-            self.usage[w.project] += a.total_milli
+            self.usage[w.project] += milli
+            self.touched.add(w.project)
 
     # ------------------------------------------------------------ the cycle
 
     def run(self) -> Decisions:
         builds: list[Workload] = []
         trains: list[Workload] = []
+        canon = self.canon
         for w in self.pending:
+            req = self.req_of[w.id] = canon.setdefault(w.request, w.request)
             if w.project not in self.projects:
                 self.rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
-            elif (problem := request_problem(w.request)) is not None:
+            elif (problem := request_problem(req)) is not None:
                 self.rejects.append(Reject(w.id, problem))
             elif w.kind is Kind.BUILD:
                 builds.append(w)
@@ -184,18 +233,18 @@ class _Cycle:
                 trains.append(w)
         builds.sort(key=job_order)
         for w in builds:
-            self.schedule_build(w)
-        trains = [w for w in trains if self.admissible_train(w)]
+            self.schedule_build(w, self.req_of[w.id])
+        self.cap.drop(BUILD_POOL)  # build work is placed; train commits need not update its state
+        trains = [w for w in trains if self.admissible_train(w, self.req_of[w.id])]
         self.compute_shares(trains)
         self.train_pass(trains, first=True)
         return self.decisions()
 
     # ------------------------------------------------------------ build work
 
-    def schedule_build(self, w: Workload) -> None:
+    def schedule_build(self, w: Workload, req: Request) -> None:
         p = self.projects[w.project]
-        req = w.request
-        if not self.cap.fits_empty(BUILD_POOL, req):
+        if not self.fits_empty(BUILD_POOL, req):
             self.rejects.append(Reject(w.id, f"no node of the build pool can ever hold {txt.describe(req)}"))
             return
         used = self.build_used[p.name]
@@ -205,22 +254,22 @@ class _Cycle:
             return
         a = self.place(BUILD_POOL, req)
         if a is None:
-            self.wait(
-                w,
+            self.waits.append(Wait(
+                w.id,
                 f"project {p.name} has {txt.gpus(p.build_quota_milli - used)} of its "
                 f"{txt.gpus(p.build_quota_milli)} build quota left, but the build pool has no room for "
                 f"{txt.describe(req)} now (more build quota is handed out than the pool holds); "
                 "it starts when build work elsewhere ends",
-            )
+            ))
             return
         if used + a.total_milli > p.build_quota_milli:
-            self.wait(
-                w,
+            self.waits.append(Wait(
+                w.id,
                 f"the only GPU with room takes {txt.gpus(a.total_milli)} for this request, more than the "
                 f"{txt.gpus(p.build_quota_milli - used)} left of project {p.name}'s build quota",
-            )
+            ))
             return
-        self.start(w, a)
+        self.start(w, req, a)
 
     def over_build_quota(self, p: Project, need: int) -> str:
         used = self.build_used[p.name]
@@ -232,39 +281,35 @@ class _Cycle:
 
     # ------------------------------------------------------------ training work
 
-    def admissible_train(self, w: Workload) -> bool:
+    def admissible_train(self, w: Workload, req: Request) -> bool:
         """Reject training requests that can never run; keep the rest."""
         p = self.projects[w.project]
-        if not self.cap.fits_empty(TRAIN_POOL, w.request):
-            self.rejects.append(
-                Reject(w.id, f"no node of the train pool can ever hold {txt.describe(w.request)}")
-            )
+        if not self.fits_empty(TRAIN_POOL, req):
+            self.rejects.append(Reject(w.id, f"no node of the train pool can ever hold {txt.describe(req)}"))
             return False
-        need = self.estimate(TRAIN_POOL, w.request)
+        need = self.estimate(TRAIN_POOL, req)
         if p.train_limit_milli is not None and need > p.train_limit_milli:
-            self.rejects.append(
-                Reject(
-                    w.id,
-                    f"asks for {txt.gpus(need)}, more than project {p.name}'s training limit of "
-                    f"{txt.gpus(p.train_limit_milli)}",
-                )
-            )
+            self.rejects.append(Reject(
+                w.id,
+                f"asks for {txt.gpus(need)}, more than project {p.name}'s training limit of "
+                f"{txt.gpus(p.train_limit_milli)}",
+            ))
             return False
         return True
 
     def compute_shares(self, trains: list[Workload]) -> None:
         demand = dict(self.usage)
         for w in trains:
-            demand[w.project] += self.estimate(TRAIN_POOL, w.request)
+            demand[w.project] += self.estimate(TRAIN_POOL, self.req_of[w.id])
         capacity = 0
         for node in self.nodes:
             if node.name in self.train_nodes:
                 capacity += sum(g.capacity_milli for g in node.gpus)
         # GPU share on train nodes held by anything but training (build work, unknown projects)
         for w in self.running:
-            if w.assignment and w.assignment.node in self.train_nodes:
+            if w.assignment is not None and w.assignment.node in self.train_nodes:
                 if w.kind is Kind.BUILD or w.project not in self.projects:
-                    capacity -= w.assignment.total_milli
+                    capacity -= self.milli[w.id]
         for s in self.started:
             if s.assignment.node in self.train_nodes:
                 capacity -= s.assignment.total_milli
@@ -279,189 +324,78 @@ class _Cycle:
         queue = FairQueue(jobs, self.ratio)
         self.queue = queue
         deferred: list[Workload] = []
+        projects, usage, req_of = self.projects, self.usage, self.req_of
         while (w := queue.pop()) is not None:
-            p = self.projects[w.project]
-            need = self.estimate(TRAIN_POOL, w.request)
-            within = self.usage[p.name] + need <= p.train_guarantee_milli
+            p = projects[w.project]
+            req = req_of[w.id]
+            need = self.estimate(TRAIN_POOL, req)
+            within = usage[p.name] + need <= p.train_guarantee_milli
             if first and not within:
                 deferred.append(w)
             else:
-                self.schedule_train(w, p, need, within)
+                self.schedule_train(w, req, p, need, within)
             queue.touch(p.name)
         if first:
+            # pass 2 starts push projects above their guarantee, which changes who may be paused
+            self.reclaim_failed = FailureMemo()
             self.train_pass(deferred, first=False)
 
-    def schedule_train(self, w: Workload, p: Project, need: int, within: bool) -> None:
+    def schedule_train(self, w: Workload, req: Request, p: Project, need: int, within: bool) -> None:
         cfg = self.cfg
         limit = p.train_limit_milli
-        if limit is not None and self.usage[p.name] + need > limit:
-            self.wait(
-                w,
-                f"project {p.name} is at its training limit: it uses {txt.gpus(self.usage[p.name])} of "
-                f"{txt.gpus(limit)} and this job needs {txt.gpus(need)}",
-            )
+        used = self.usage[p.name]
+        if limit is not None and used + need > limit:
+            self.waits.append(Wait(w.id, self.reason(
+                ("limit", p.name, used, need),
+                lambda: f"project {p.name} is at its training limit: it uses {txt.gpus(used)} of "
+                        f"{txt.gpus(limit)} and this job needs {txt.gpus(need)}",
+            )))
             return
         if not within and w.paused_at is not None and self.now - w.paused_at < cfg.resume_backoff_s:
-            self.wait(
-                w,
+            self.waits.append(Wait(
+                w.id,
                 f"paused {txt.seconds(self.now - w.paused_at)} ago; it resumes on idle GPUs only after "
                 f"{txt.seconds(cfg.resume_backoff_s)} (anti-flapping), or sooner within project "
                 f"{p.name}'s guarantee",
-            )
+            ))
             return
-        a = self.place(TRAIN_POOL, w.request)
+        a = self.place(TRAIN_POOL, req)
         if a is not None:
-            if limit is not None and self.usage[p.name] + a.total_milli > limit:
-                self.wait(w, f"where it fits it would take {txt.gpus(a.total_milli)}, past project "
-                             f"{p.name}'s training limit of {txt.gpus(limit)}")
+            if limit is not None and used + a.total_milli > limit:
+                self.waits.append(Wait(w.id, f"where it fits it would take {txt.gpus(a.total_milli)}, past "
+                                             f"project {p.name}'s training limit of {txt.gpus(limit)}"))
                 return
-            self.start(w, a)
+            self.start(w, req, a)
             return
-        why = self.reclaim(w, p, within)
+        why = self.reclaim(w, req, p, within)
         if why is None:
             return
-        reserved = self.reserve(w)
-        if reserved is not None:
-            self.wait(w, reserved)
-            return
-        self.wait(w, why)
+        reserved = self.reserve(w, req)
+        self.waits.append(Wait(w.id, reserved if reserved is not None else why))
 
-    # ------------------------------------------------------------ reclaim
+    def reason(self, key: tuple, build: object) -> str:
+        """A reason string, built once per distinct ``key`` in the cycle."""
+        text = self.reasons.get(key)
+        if text is None:
+            text = self.reasons[key] = build()  # type: ignore[operator]
+        return text
 
-    def victim_key(self, v: Workload) -> tuple[float, int, float, str]:
-        """Order of victims: most above fair share first, then lowest priority, then least run time."""
-        over = self.usage[v.project] - self.shares.get(v.project, 0.0)
-        started = v.started_at if v.started_at is not None else -math.inf
-        return (-over, v.priority, -started, v.id)
+    def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:
+        """Why a training job that does not fit waits (memoised per shape and project state)."""
+        key = ("room", id(req), p.name, self.usage[p.name], within, protected, tried, len(self.reserved))
+        return self.reason(key, lambda: self._no_room(req, p, within, protected, tried))
 
-    def reclaim(self, w: Workload, p: Project, within: bool) -> str | None:
-        """Try to make room for ``w`` by pausing other jobs; start it and return None, or say why not."""
-        req = w.request
-        key = (p.name, req, w.priority, within)
-        memo = self.reclaim_failed.get(key)
-        if memo is not None and memo[0] == self.cap.generation:
-            return memo[1]
-        why = self._reclaim(w, p, within)
-        if why is not None:
-            self.reclaim_failed[key] = (self.cap.generation, why)
-        return why
-
-    def _reclaim(self, w: Workload, p: Project, within: bool) -> str | None:
-        cfg = self.cfg
-        req = w.request
-        ledger = self.cap.ledger
-        min_start = self.now - cfg.min_runtime_s
-        protected = 0
-        by_node: dict[str, list[Workload]] = {}
-        for name, jobs in self.train_running.items():
-            if name == p.name:
-                eligible = [v for v in jobs if v.priority < w.priority]
-            elif within and self.usage[name] > self.projects[name].train_guarantee_milli:
-                eligible = [v for v in jobs if v.id in self.over_at_start]
-            else:
-                continue
-            for v in eligible:
-                if v.id in self.preempted or v.assignment is None or v.assignment.node not in self.train_nodes:
-                    continue
-                if v.started_at is not None and v.started_at > min_start:
-                    protected += 1
-                    continue
-                by_node.setdefault(v.assignment.node, []).append(v)
-        if not by_node:
-            return self.no_room(w, p, within, protected, tried=False)
-
-        for victims in by_node.values():
-            victims.sort(key=self.victim_key)
-        order = sorted(by_node, key=lambda n: (self.victim_key(by_node[n][0]), ledger.order[n]))
-        best: tuple[int, list[tuple], int, list[Workload]] | None = None
-        for node in order:
-            if best is not None and best[0] == 1 and best[1][0] <= self.victim_key(by_node[node][0]):
-                break
-            if not ledger.could_ever_fit(node, req):
-                continue
-            chosen = self.victims_on_node(w, p, node, by_node[node])
-            if chosen is None:
-                continue
-            cand = (len(chosen), [self.victim_key(v) for v in chosen], ledger.order[node], chosen)
-            if best is None or cand[:3] < best[:3]:
-                best = cand
-        if best is None:
-            return self.no_room(w, p, within, protected, tried=True)
-        return self.apply_reclaim(w, p, best[3])
-
-    def victims_on_node(self, w: Workload, p: Project, node: str, victims: list[Workload]) -> list[Workload] | None:
-        """Fewest victims on ``node`` (in victim order) whose pause lets ``w`` fit there, or None."""
-        ledger = self.cap.ledger
-        req = w.request
-        left: dict[str, int] = {}
-        chosen: list[Workload] = []
-        fits = False
-        for v in victims:
-            m = v.assignment.total_milli if v.assignment else 0
-            if v.project != p.name:
-                after = left.get(v.project, self.usage[v.project]) - m
-                if after < self.projects[v.project].train_guarantee_milli:
-                    continue  # never push a project below its guarantee
-                left[v.project] = after
-            chosen.append(v)
-            ledger.give(v.assignment, v.request)
-            if ledger.fits(node, req):
-                fits = True
-                break
-        if fits:
-            # drop victims that turn out unnecessary, least preferred first
-            for v in reversed(chosen[:-1]):
-                ledger.take(v.assignment, v.request)
-                if ledger.fits(node, req):
-                    chosen.remove(v)
-                else:
-                    ledger.give(v.assignment, v.request)
-        for v in chosen:
-            ledger.take(v.assignment, v.request)
-        return chosen if fits else None
-
-    def apply_reclaim(self, w: Workload, p: Project, victims: list[Workload]) -> str | None:
-        before = {v.project: self.usage[v.project] for v in victims}
-        for v in victims:
-            self.cap.release(v.assignment, v.request)
-            self.usage[v.project] -= v.assignment.total_milli
-        a = self.cap.find(TRAIN_POOL, w.request)
-        limit = p.train_limit_milli
-        if a is None or (limit is not None and self.usage[p.name] + a.total_milli > limit):
-            for v in victims:  # placement disagrees with the ledger: undo, nobody is paused
-                self.cap.commit(v.assignment, v.request)
-                self.usage[v.project] += v.assignment.total_milli
-            return self.no_room(w, p, True, 0, tried=True)
-        for v in victims:
-            if v.project == p.name:
-                reason = (
-                    f"paused for higher-priority job {w.id} (priority {w.priority} > {v.priority}) "
-                    f"of the same project {p.name}"
-                )
-            else:
-                q = self.projects[v.project]
-                reason = (
-                    f"paused to give GPUs back to project {p.name} (below its "
-                    f"{txt.gpus(p.train_guarantee_milli)} guarantee) for job {w.id}: project {q.name} "
-                    f"used {txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} "
-                    f"guarantee (fair share {txt.gpus(self.shares.get(q.name, 0.0))})"
-                )
-            self.preempted[v.id] = reason
-            if self.queue is not None:
-                self.queue.touch(v.project)
-        self.start(w, a, note="on GPUs freed by pausing " + ", ".join(v.id for v in victims))
-        return None
-
-    def no_room(self, w: Workload, p: Project, within: bool, protected: int, tried: bool) -> str:
-        base = f"no room for {txt.describe(w.request)} on the train pool"
+    def _no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:
+        base = f"no room for {txt.describe(req)} on the train pool"
         if self.reserved:
             base += " (reserved for starving jobs: " + ", ".join(
                 f"{node} for {job}" for node, job in sorted(self.reserved.items())
             ) + ")"
+        used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
         if not within:
             return (
-                f"{base}; project {p.name} uses {txt.gpus(self.usage[p.name])} of its "
-                f"{txt.gpus(p.train_guarantee_milli)} guarantee, so this job waits for idle GPUs"
+                f"{base}; project {p.name} runs {used} of training against a guarantee of {guarantee}, "
+                "so this job waits for idle GPUs"
             )
         if protected:
             return (
@@ -474,10 +408,9 @@ class _Cycle:
 
     # ------------------------------------------------------------ starvation
 
-    def reserve(self, w: Workload) -> str | None:
+    def reserve(self, w: Workload, req: Request) -> str | None:
         """Head-of-line reservation for a job starving longer than ``starvation_s``."""
         cfg = self.cfg
-        req = w.request
         if len(self.reserved) >= cfg.max_reservations or not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
             return None
         since = w.paused_at if w.paused_at is not None else w.submitted_at
@@ -500,37 +433,44 @@ class _Cycle:
     # ------------------------------------------------------------ output
 
     def decisions(self) -> Decisions:
-        flagged = self.over_guarantee()
+        flags = dict(self.flags_at_start)
+        started_by: dict[str, list[tuple[int, _Started]]] = {}
+        for i, s in enumerate(self.started):
+            if s.workload.kind is Kind.TRAIN:
+                started_by.setdefault(s.workload.project, []).append((i, s))
+        for name in self.touched:
+            flags[name] = self.over_guarantee(name, started_by.get(name, []))
+        flagged: set[str] = set().union(*flags.values()) if flags else set()
         starts = []
         for s in self.started:
             w = s.workload
+            p = self.projects[w.project]
             if w.kind is Kind.BUILD:
-                p = self.projects[w.project]
                 reason = (
                     f"granted on {s.assignment.node} within project {p.name}'s build quota "
                     f"({txt.gpus(self.build_used[p.name])} of {txt.gpus(p.build_quota_milli)} held)"
                 )
                 starts.append(Start(w.id, s.assignment, False, reason))
                 continue
-            p = self.projects[w.project]
             pre = w.id in flagged
+            used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
             if pre:
                 reason = (
-                    f"starts on {s.assignment.node} as preemptible: project {p.name} runs "
-                    f"{txt.gpus(self.usage[p.name])} of training, over its {txt.gpus(p.train_guarantee_milli)} "
-                    f"guarantee, on idle GPUs (fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
+                    f"starts on {s.assignment.node} as preemptible: project {p.name} runs {used} of training, "
+                    f"over its guarantee of {guarantee}, on idle GPUs "
+                    f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
                 )
             else:
                 reason = (
-                    f"starts on {s.assignment.node} within project {p.name}'s guarantee of "
-                    f"{txt.gpus(p.train_guarantee_milli)} (the project runs {txt.gpus(self.usage[p.name])} "
-                    "of training after this cycle)"
+                    f"starts on {s.assignment.node} within project {p.name}'s guarantee of {guarantee} "
+                    f"(the project runs {used} of training after this cycle)"
                 )
             if s.note:
                 reason += " " + s.note
             starts.append(Start(w.id, s.assignment, pre, reason))
         running_flagged = sorted(
-            w.id for jobs in self.train_running.values() for w in jobs if w.id in flagged and w.id not in self.preempted
+            w.id for jobs in self.train_running.values() for w in jobs
+            if w.id in flagged and w.id not in self.preempted
         )
         return Decisions(
             starts=tuple(starts),
@@ -540,31 +480,29 @@ class _Cycle:
             preemptible=tuple(running_flagged),
         )
 
-    def over_guarantee(self) -> set[str]:
-        """Training jobs beyond their project's guarantee after this cycle.
+    def over_guarantee(self, name: str, new_starts: Sequence[tuple[int, _Started]] = ()) -> set[str]:
+        """Project ``name``'s training jobs beyond its guarantee (running, not paused, plus started).
 
-        Within a project, jobs are counted against the guarantee by priority
-        (highest first), then by start time (oldest first); the ones that push
-        the sum past the guarantee are preemptible. Reclaim picks its victims
-        from the other end of the same order, so the flag tells the truth.
+        Jobs are counted against the guarantee by priority (highest first),
+        then by start time (oldest first; this cycle's starts last, in start
+        order); the ones that push the sum past the guarantee are preemptible.
+        Reclaim picks victims from the other end of the same order, so the
+        flag tells the truth about what may be paused.
         """
-        jobs: dict[str, list[tuple[int, float, int, str, int]]] = {}
-        for name, running in self.train_running.items():
-            for w in running:
-                if w.id not in self.preempted and w.assignment is not None:
-                    started = w.started_at if w.started_at is not None else -math.inf
-                    jobs.setdefault(name, []).append((-w.priority, started, 0, w.id, w.assignment.total_milli))
-        for i, s in enumerate(self.started):
+        items: list[tuple[int, float, int, str, int]] = []
+        for w in self.train_running[name]:
+            if w.id not in self.preempted:
+                started = w.started_at if w.started_at is not None else -math.inf
+                items.append((-w.priority, started, 0, w.id, self.milli[w.id]))
+        for i, s in new_starts:
             w = s.workload
-            if w.kind is Kind.TRAIN:
-                jobs.setdefault(w.project, []).append((-w.priority, self.now, i + 1, w.id, s.assignment.total_milli))
-        flagged: set[str] = set()
-        for name, items in jobs.items():
-            items.sort()
-            total = 0
-            guarantee = self.projects[name].train_guarantee_milli
-            for *_, wid, milli in items:
-                total += milli
-                if total > guarantee:
-                    flagged.add(wid)
-        return flagged
+            items.append((-w.priority, self.now, i + 1, w.id, self.milli[w.id]))
+        items.sort()
+        total = 0
+        guarantee = self.projects[name].train_guarantee_milli
+        over = set()
+        for *_, wid, milli in items:
+            total += milli
+            if total > guarantee:
+                over.add(wid)
+        return over

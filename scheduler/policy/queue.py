@@ -36,33 +36,51 @@ class FairQueue:
         self._version = dict.fromkeys(per_project, 0)
         self._ratio = ratio
         self._heap: list[tuple[int, float, float, str, str, int]] = []
+        # The last touched project's entry is held back: most of the time it is still the smallest
+        # (its usage did not change), and heappushpop then hands it back without touching the heap.
+        self._carry: tuple[int, float, float, str, str, int] | None = None
         for name in sorted(per_project):
             self._push(name)
 
-    def _push(self, name: str) -> None:
+    def _entry(self, name: str) -> tuple[int, float, float, str, str, int] | None:
         pos = self._pos[name]
         queue = self._jobs[name]
-        if pos < len(queue):
-            head = queue[pos]
-            entry = (-head.priority, self._ratio(name), head.submitted_at, head.id, name, self._version[name])
+        if pos >= len(queue):
+            return None
+        head = queue[pos]
+        return (-head.priority, self._ratio(name), head.submitted_at, head.id, name, self._version[name])
+
+    def _push(self, name: str) -> None:
+        entry = self._entry(name)
+        if entry is not None:
             heapq.heappush(self._heap, entry)
 
     def pop(self) -> Workload | None:
         """The next job, or None when all are taken. Call :meth:`touch` on its project afterwards."""
         heap = self._heap
-        while heap:
-            *_, name, version = heapq.heappop(heap)
-            if version != self._version[name]:
+        version = self._version
+        while True:
+            carry = self._carry
+            if carry is not None:
+                self._carry = None
+                entry = heapq.heappushpop(heap, carry) if heap else carry
+            elif heap:
+                entry = heapq.heappop(heap)
+            else:
+                return None
+            name = entry[4]
+            if entry[5] != version[name]:
                 continue
-            self._version[name] += 1
-            job = self._jobs[name][self._pos[name]]
-            self._pos[name] += 1
-            return job
-        return None
+            version[name] += 1
+            pos = self._pos[name]
+            self._pos[name] = pos + 1
+            return self._jobs[name][pos]
 
     def touch(self, name: str) -> None:
         """The project's usage changed (or its head was taken): re-rank it."""
         if name not in self._version:
             return
         self._version[name] += 1
-        self._push(name)
+        if self._carry is not None:
+            heapq.heappush(self._heap, self._carry)
+        self._carry = self._entry(name)

@@ -1,0 +1,277 @@
+"""How long one policy cycle takes at cluster scale.
+
+Run: ``python -m bench.scale`` (``--quick`` for fewer repeats, ``--append`` to
+add the table to docs/benchmarks.md). Prints one table:
+
+* **openb 90%**: the Alibaba openb cluster (1,213 nodes, 6,212 GPUs) filled to
+  about 90% of its GPU share with pods of ``openb_pod_list_default.csv``, and
+  10,000 pending pods drawn from the same list;
+* **synthetic full**: 1,000 nodes x 8 GPUs with 8,000 running one-GPU jobs and
+  10,000 pending jobs of openb shapes, in 20 projects whose guarantees cover
+  the cluster, so some pending work is within its guarantee and triggers
+  reclaim;
+* **placements/s**: an empty synthetic cluster and 10,000 pending jobs that
+  nearly all fit: starts per second of cycle time;
+* **growth**: the synthetic full cluster at 1k, 10k and 100k pending.
+
+Each row is the p50 and p99 of the cycle time over repeated cycles on the same
+snapshot (the engine is deterministic, so every repeat decides the same).
+The openb files live in ``../shared/traces/openb`` beside the project root;
+without them the script says so and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.policy import (
+    MILLI,
+    Assignment,
+    Decisions,
+    Gpu,
+    Kind,
+    Node,
+    PolicyConfig,
+    Project,
+    Request,
+    Snapshot,
+    Workload,
+    schedule,
+)
+from scheduler.policy.placement import FreeState
+
+ROOT = Path(__file__).resolve().parent.parent
+OPENB = ROOT.parent / "shared" / "traces" / "openb"
+NODE_LIST = OPENB / "openb_node_list_gpu_node.csv"
+POD_LIST = OPENB / "openb_pod_list_default.csv"
+MODEL_MEMORY_MIB = {"T4": 15_360, "P100": 16_384, "V100M16": 16_384, "V100M32": 32_768, "A10": 24_576,
+                    "G2": 24_576, "G3": 32_768}
+N_PROJECTS = 20
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    nodes: int
+    gpus: int
+    running: int
+    pending: int
+    p50_ms: float
+    p99_ms: float
+    starts: int
+    preempts: int
+
+    @property
+    def starts_per_s(self) -> float:
+        return self.starts / (self.p50_ms / 1000) if self.p50_ms else 0.0
+
+
+# ------------------------------------------------------------------ inputs
+
+
+def openb_nodes() -> list[Node]:
+    nodes = []
+    with NODE_LIST.open() as f:
+        for row in csv.DictReader(f):
+            n, model = int(row["gpu"]), row["model"]
+            gpus = tuple(
+                Gpu(f"{row['sn']}-g{i}", i, model, MODEL_MEMORY_MIB.get(model, 16_384), "pcie0") for i in range(n)
+            )
+            nodes.append(Node(row["sn"], int(row["cpu_milli"]), int(row["memory_mib"]), gpus))
+    return nodes
+
+
+def openb_requests(keep_models: bool) -> list[Request]:
+    """GPU pods of the default list as requests (CPU-only pods left out: the bench is about GPUs)."""
+    out = []
+    with POD_LIST.open() as f:
+        for row in csv.DictReader(f):
+            num, milli = int(row["num_gpu"]), int(row["gpu_milli"])
+            if num == 0:
+                continue
+            models = frozenset(m for m in row["gpu_spec"].split("|") if m) if keep_models else frozenset()
+            cpu, mem = int(row["cpu_milli"]), int(row["memory_mib"])
+            if num == 1 and milli < MILLI:
+                out.append(Request(gpu_milli=milli, gpu_models=models, cpu_milli=cpu, memory_mib=mem))
+            else:
+                out.append(Request(gpus=num, gpu_models=models, cpu_milli=cpu, memory_mib=mem))
+    return out
+
+
+def projects(total_milli: int, guaranteed: float = 1.0) -> tuple[Project, ...]:
+    each = int(total_milli * guaranteed / N_PROJECTS) // MILLI * MILLI
+    return tuple(
+        Project(f"p{i:02d}", build_quota_milli=0, train_guarantee_milli=each, weight=1.0 + i % 3)
+        for i in range(N_PROJECTS)
+    )
+
+
+def pending_jobs(shapes: list[Request], n: int, rng: random.Random, start: int = 0) -> list[Workload]:
+    return [
+        Workload(
+            f"q{start + i:06d}", f"p{rng.randrange(N_PROJECTS):02d}", Kind.TRAIN, rng.choice(shapes),
+            priority=rng.choice((0, 0, 0, 1)), submitted_at=float(rng.randrange(0, 3600)),
+        )
+        for i in range(n)
+    ]
+
+
+def fill(nodes: list[Node], shapes: list[Request], target: float, rng: random.Random) -> list[Workload]:
+    """Running jobs placing random openb shapes until ``target`` of the GPU share is allocated."""
+    state = FreeState.from_nodes(nodes, [], None, "firstfit")
+    total = sum(g.capacity_milli for n in nodes for g in n.gpus)
+    used, running, misses = 0, [], 0
+    while used < target * total and misses < 2000:
+        req = rng.choice(shapes)
+        a = state.find(req)
+        if a is None:
+            misses += 1
+            continue
+        state.commit(a, req)
+        used += a.total_milli
+        running.append(
+            Workload(f"r{len(running):06d}", f"p{rng.randrange(N_PROJECTS):02d}", Kind.TRAIN, req,
+                     assignment=a, started_at=float(rng.randrange(0, 3000)), submitted_at=0.0)
+        )
+    return running
+
+
+def synthetic_nodes(n_nodes: int = 1000) -> list[Node]:
+    return [
+        Node(f"s{i:04d}", 128_000, 1_048_576,
+             tuple(Gpu(f"s{i:04d}-g{j}", j, "A100-80GB", 81_920, f"nvl{j // 4}") for j in range(8)))
+        for i in range(n_nodes)
+    ]
+
+
+def synthetic_running(nodes: list[Node], rng: random.Random) -> list[Workload]:
+    """One one-GPU job on every GPU, spread over the projects."""
+    req = Request(gpus=1, cpu_milli=8_000, memory_mib=65_536)
+    out = []
+    for node in nodes:
+        for g in node.gpus:
+            out.append(
+                Workload(f"r{len(out):06d}", f"p{rng.randrange(N_PROJECTS):02d}", Kind.TRAIN, req,
+                         assignment=Assignment(node.name, ((g.id, MILLI),)),
+                         started_at=float(rng.randrange(0, 3000)))
+            )
+    return out
+
+
+# ------------------------------------------------------------------ timing
+
+
+def time_cycles(snap: Snapshot, repeats: int) -> tuple[list[float], Decisions]:
+    schedule(snap)  # warm caches (imports, numpy)
+    times, d = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        d = schedule(snap)
+        times.append((time.perf_counter() - t0) * 1000)
+    assert d is not None
+    return times, d
+
+
+def measure(name: str, nodes: list[Node], projs: tuple[Project, ...], running: list[Workload],
+            pending: list[Workload], repeats: int) -> Row:
+    snap = Snapshot(tuple(nodes), projs, tuple(running + pending), now=4000.0,
+                    config=PolicyConfig(min_runtime_s=60.0))
+    times, d = time_cycles(snap, repeats)
+    times.sort()
+    p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
+    row = Row(name, len(nodes), sum(len(n.gpus) for n in nodes), len(running), len(pending),
+              statistics.median(times), p99, len(d.starts), len(d.preempts))
+    print(f"  {row.name}: p50 {row.p50_ms:.1f} ms, p99 {row.p99_ms:.1f} ms, {row.starts} starts", file=sys.stderr)
+    return row
+
+
+def run(repeats: int) -> list[Row]:
+    rng = random.Random(42)
+    rows = []
+    onodes = openb_nodes()
+    oshapes = openb_requests(keep_models=True)
+    orunning = fill(onodes, oshapes, 0.90, rng)
+    ototal = sum(len(n.gpus) for n in onodes) * MILLI
+    rows.append(measure("openb 90% full, 10k pending", onodes, projects(ototal), orunning,
+                        pending_jobs(oshapes, 10_000, rng), repeats))
+
+    snodes = synthetic_nodes()
+    sshapes = openb_requests(keep_models=False)
+    srunning = synthetic_running(snodes, rng)
+    sprojects = projects(len(snodes) * 8 * MILLI)
+    spending = pending_jobs(sshapes, 100_000, rng)
+    rows.append(measure("synthetic full, 10k pending", snodes, sprojects, srunning, spending[:10_000], repeats))
+
+    rows.append(measure("placements: empty, 10k pending", snodes, sprojects, [],
+                        pending_jobs(sshapes, 10_000, rng, start=200_000), max(3, repeats // 4)))
+    for n in (1_000, 10_000, 100_000):
+        reps = repeats if n <= 10_000 else max(3, repeats // 10)
+        rows.append(measure(f"growth: synthetic full, {n // 1000}k pending", snodes, sprojects, srunning,
+                            spending[:n], reps))
+    return rows
+
+
+# ------------------------------------------------------------------ report
+
+
+def machine() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
+    except OSError:
+        model = ""
+    import os
+
+    return f"{model or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| case | nodes | GPUs | running | pending | p50 ms | p99 ms | starts | preempts | starts/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.nodes} | {r.gpus} | {r.running} | {r.pending} | {r.p50_ms:.1f} | {r.p99_ms:.1f} "
+            f"| {r.starts} | {r.preempts} | {r.starts_per_s:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    if not NODE_LIST.exists() or not POD_LIST.exists():
+        print(f"cannot find the openb trace at {OPENB} (see ../shared/README.md)", file=sys.stderr)
+        return 1
+    repeats = args.repeats or (5 if args.quick else 30)
+    rows = run(repeats)
+    out = table(rows)
+    print(out)
+    if args.append:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        doc = ROOT / "docs" / "benchmarks.md"
+        text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+        section = "## Policy cycle scale"
+        block = f"\n### `python -m bench.scale` — {stamp}\n\nMachine: {machine()}. {repeats} cycles per row.\n\n{out}\n"
+        if section not in text:
+            text = text.rstrip("\n") + f"\n\n{section}\n"
+        doc.write_text(text + block)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

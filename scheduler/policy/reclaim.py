@@ -1,0 +1,275 @@
+"""Reclaim: pausing running training jobs so that a pending one can start.
+
+Two kinds of claimant may pause jobs:
+
+* a job that keeps its project **within its guarantee** may pause the
+  over-guarantee jobs of other projects, never taking a project below its own
+  guarantee;
+* any job may pause **lower-priority jobs of its own project**.
+
+Jobs younger than ``min_runtime_s`` are never paused, and build work never is.
+Victims go in this order: the project most above its fair share first, then
+the lowest priority, then the least run time, then id. As few as needed: the
+first single victim whose pause lets the claimant fit wins; only when no
+single one does are nodes searched for the fewest victims on one node (a gang
+job needs all its GPUs on one node), preferring earlier victims in the order.
+
+The claimant starts in the same cycle on the room its victims leave (the
+service applies pauses before starts), seated on that node by
+:meth:`~scheduler.policy.capacity.Ledger.assign_on`.
+
+This is a mixin of the engine's cycle object: it reads the cycle's usage,
+shares and capacity, and records pauses and starts through it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from scheduler.policy import reasons as txt
+from scheduler.policy.memo import FailureMemo
+from scheduler.policy.model import Project, Request, Workload
+
+if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
+    from scheduler.policy.capacity import Capacity
+    from scheduler.policy.model import Assignment, PolicyConfig
+    from scheduler.policy.queue import FairQueue
+
+
+class ReclaimMixin:
+    """Victim selection and the pauses it decides."""
+
+    if TYPE_CHECKING:
+        cap: Capacity
+        cfg: PolicyConfig
+        now: float
+        projects: dict[str, Project]
+        usage: dict[str, int]
+        shares: dict[str, float]
+        milli: dict[str, int]
+        train_running: dict[str, list[Workload]]
+        train_nodes: set[str]
+        over_at_start: set[str]
+        preempted: dict[str, str]
+        touched: set[str]
+        queue: FairQueue | None
+
+        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
+        def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str: ...
+
+    def __init__(self) -> None:
+        # context (within guarantee, own project, priority) -> (jobs protected, victims tried)
+        self.reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
+        self._victims: dict[str, tuple[list[Workload], list[Workload], int]] | None = None
+
+    def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]:
+        """Per project: (its over-guarantee jobs, all its jobs, how many are protected by min runtime).
+
+        Both lists hold only jobs past the minimum run time, in pause order:
+        lowest priority, least run time, id. The first list is what other
+        projects' claimants may pause; the second what the project's own
+        higher-priority jobs may. Built once per cycle, on the first reclaim.
+        """
+        if self._victims is None:
+            min_start = self.now - self.cfg.min_runtime_s
+            lists = {}
+            for name, jobs in self.train_running.items():
+                cand = [v for v in jobs if v.assignment is not None and v.assignment.node in self.train_nodes]
+                young = [v for v in cand if v.started_at is not None and v.started_at > min_start]
+                cand = [v for v in cand if not (v.started_at is not None and v.started_at > min_start)]
+                cand.sort(key=lambda v: (v.priority, -(v.started_at if v.started_at is not None else -math.inf), v.id))
+                over = [v for v in cand if v.id in self.over_at_start]
+                lists[name] = (over, cand, len(young))
+            self._victims = lists
+        return self._victims
+
+    def reclaim(self, w: Workload, req: Request, p: Project, within: bool) -> str | None:
+        """Try to make room for ``w`` by pausing other jobs; start it and return None, or say why not.
+
+        A failure is remembered per (shape, claimant kind), with dominance
+        (:mod:`scheduler.policy.memo`): while the cycle goes on, capacity and
+        the set of possible victims only shrink (a reclaim that leaves more
+        room than before bumps the generation). A
+        claimant with no lower-priority jobs of its own to pause sees the same
+        victims whatever its project, so those share one memo.
+        """
+        lists = self.victim_lists()
+        mine = lists.get(p.name, ([], [], 0))[1]
+        own = bool(mine) and mine[0].priority < w.priority
+        if not within and not own:
+            return self.no_room(req, p, within, 0, tried=False)
+        context = (within, p.name if own else None, w.priority if own else None)
+        generation = self.cap.generation
+        memo = self.reclaim_failed.get(context, req, generation)
+        if memo is not None:
+            return self.no_room(req, p, within, *memo)
+        outcome = self._reclaim(w, req, p, within)
+        if outcome is None:
+            return None
+        self.reclaim_failed.add(context, req, generation, outcome)
+        return self.no_room(req, p, within, *outcome)
+
+    def _reclaim(self, w: Workload, req: Request, p: Project, within: bool) -> tuple[int, bool] | None:
+        """Pause and start, returning None; or (jobs protected by min runtime, whether any victim was tried)."""
+        ledger = self.cap.ledger
+        lists = self.victim_lists()
+        names = []
+        protected = 0
+        for name, (over, mine, young) in lists.items():
+            if name == p.name:
+                if mine and mine[0].priority < w.priority:
+                    names.append(name)
+                protected += young
+            elif within and self.usage[name] > self.projects[name].train_guarantee_milli:
+                if over:
+                    names.append(name)
+                protected += young
+        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n], n))
+        node_ok: dict[str, bool] = {}
+        room_on: dict[str, tuple[int, int, int, int]] = {}
+        per_node: dict[str, list[tuple[int, Workload]]] = {}
+        rank = 0
+        preempted, milli = self.preempted, self.milli
+        for name in names:
+            own = name == p.name
+            room = self.usage[name] - self.projects[name].train_guarantee_milli  # may go without breaking the floor
+            over, mine, _ = lists[name]
+            for v in mine if own else over:
+                if own and v.priority >= w.priority:
+                    break
+                if v.id in preempted or (not own and milli[v.id] > room):
+                    continue
+                a = v.assignment
+                assert a is not None
+                node = a.node
+                ok = node_ok.get(node)
+                if ok is None:
+                    ok = node_ok[node] = ledger.could_ever_fit(node, req)
+                    room_on[node] = ledger.headroom(node, req)
+                if not ok:
+                    continue
+                per_node.setdefault(node, []).append((rank, v))
+                rank += 1
+                if not _could_help(room_on[node], a.gpus, v.request, req):
+                    continue  # an upper bound says this pause alone cannot make room
+                ledger.give(a, v.request)
+                fits = ledger.fits(node, req)
+                ledger.take(a, v.request)
+                if fits:
+                    return self.apply_reclaim(w, req, p, node, [v])
+        best: tuple[int, list[int], int, str, list[Workload]] | None = None
+        for node, ranked in per_node.items():
+            if len(ranked) < 2 or not _could_help(
+                room_on[node], [g for _, v in ranked for g in v.assignment.gpus],  # type: ignore[union-attr]
+                Request(cpu_milli=sum(v.request.cpu_milli for _, v in ranked),
+                        memory_mib=sum(v.request.memory_mib for _, v in ranked)),
+                req,
+            ):
+                continue
+            chosen = self.victims_on_node(req, p, node, [v for _, v in ranked])
+            if chosen is None:
+                continue
+            ranks = {v.id: r for r, v in ranked}
+            cand = (len(chosen), sorted(ranks[v.id] for v in chosen), ledger.order[node], node, chosen)
+            if best is None or cand[:3] < best[:3]:
+                best = cand
+        if best is None:
+            return (protected, bool(per_node))
+        return self.apply_reclaim(w, req, p, best[3], best[4])
+
+    def victims_on_node(self, req: Request, p: Project, node: str, victims: list[Workload]) -> list[Workload] | None:
+        """Fewest victims on ``node`` (taken in victim order) whose pause lets ``req`` fit there, or None."""
+        ledger = self.cap.ledger
+        left: dict[str, int] = {}
+        chosen: list[Workload] = []
+        fits = False
+        for v in victims:
+            assert v.assignment is not None
+            if v.project != p.name:
+                after = left.get(v.project, self.usage[v.project]) - self.milli[v.id]
+                if after < self.projects[v.project].train_guarantee_milli:
+                    continue  # never push a project below its guarantee
+                left[v.project] = after
+            chosen.append(v)
+            ledger.give(v.assignment, v.request)
+            if ledger.fits(node, req):
+                fits = True
+                break
+        if fits:
+            # drop victims that turn out unnecessary, least preferred first
+            for v in reversed(chosen[:-1]):
+                assert v.assignment is not None
+                ledger.take(v.assignment, v.request)
+                if ledger.fits(node, req):
+                    chosen.remove(v)
+                else:
+                    ledger.give(v.assignment, v.request)
+        for v in chosen:
+            assert v.assignment is not None
+            ledger.take(v.assignment, v.request)
+        return chosen if fits else None
+
+    def apply_reclaim(
+        self, w: Workload, req: Request, p: Project, node: str, victims: list[Workload]
+    ) -> tuple[int, bool] | None:
+        """Pause ``victims`` and start ``w`` on ``node`` in their place (None), or undo and say it failed."""
+        ledger = self.cap.ledger
+        before_free = ledger.node_free(node)
+        before = {v.project: self.usage[v.project] for v in victims}
+        for v in victims:
+            assert v.assignment is not None
+            self.cap.release(v.assignment, v.request)
+            self.usage[v.project] -= self.milli[v.id]
+        a = ledger.assign_on(node, req)
+        limit = p.train_limit_milli
+        if a is None or (limit is not None and self.usage[p.name] + a.total_milli > limit):
+            for v in victims:  # cannot use the room after all: undo, nobody is paused
+                assert v.assignment is not None
+                self.cap.commit(v.assignment, v.request)
+                self.usage[v.project] += self.milli[v.id]
+            return (0, True)
+        for v in victims:
+            if v.project == p.name:
+                reason = (
+                    f"paused for higher-priority job {w.id} (priority {w.priority} > {v.priority}) "
+                    f"of the same project {p.name}"
+                )
+            else:
+                q = self.projects[v.project]
+                reason = (
+                    f"paused to give GPUs back to project {p.name} (below its "
+                    f"{txt.gpus(p.train_guarantee_milli)} guarantee) for job {w.id}: project {q.name} "
+                    f"used {txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} "
+                    f"guarantee (fair share {txt.gpus(self.shares.get(q.name, 0.0))})"
+                )
+            self.preempted[v.id] = reason
+            self.touched.add(v.project)
+            if self.queue is not None:
+                self.queue.touch(v.project)
+        if self._victims is not None:
+            for name in {v.project for v in victims}:
+                for lst in self._victims[name][:2]:
+                    lst[:] = [x for x in lst if x.id not in self.preempted]
+        self.start(w, req, a, note="on GPUs freed by pausing " + ", ".join(v.id for v in victims))
+        if ledger.grew(node, before_free):
+            self.cap.generation += 1  # leftover room: shapes that failed before may fit now
+        return None
+
+
+def _could_help(room: tuple[int, int, int, int], gpus, freed: Request, req: Request) -> bool:
+    """Upper bound: could releasing ``gpus`` (and ``freed``'s CPU and memory) make ``req`` fit?
+
+    ``room`` is the node's (whole free GPUs, largest free share, free CPU,
+    free memory). Counting every released GPU as becoming whole and every
+    share as landing on the freest GPU can only overestimate, so a False here
+    is safe to skip.
+    """
+    whole, share, cpu, mem = room
+    if cpu + freed.cpu_milli < req.cpu_milli or mem + freed.memory_mib < req.memory_mib:
+        return False
+    if req.gpus:
+        return whole + len({gid for gid, _ in gpus}) >= req.gpus
+    if req.gpu_milli:
+        return share + max((m for _, m in gpus), default=0) >= req.gpu_milli
+    return True
