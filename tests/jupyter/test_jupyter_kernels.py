@@ -134,3 +134,19 @@ async def test_killed_kernel_loses_its_share_when_the_lease_runs_out(
     pool = await client.pool()
     assert all(g["allocated"] == 0 for n in pool["nodes"] for g in n["gpus"])
     await jp_fetch("api", "sessions", session["id"], method="DELETE")
+
+
+async def test_idle_gpu_kernel_is_shut_down_and_its_share_freed(
+    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any
+) -> None:
+    session = await start_session(jp_fetch, "idle.ipynb", "gpupool-python3-0.25")
+    kernel_id = session["kernel"]["id"]
+    client = await gpupool_app.connection.client()
+    job_id = leases.held()[kernel_id].job_id
+    gpupool_app.idle_timeout, gpupool_app.idle_grace = 0.2, 0.0
+    assert await gpupool_app.cull_idle_once() == []  # first sight: starts the kernel's grace clock
+    assert kernel_id in jp_serverapp.kernel_manager
+    await asyncio.sleep(0.5)
+    assert await gpupool_app.cull_idle_once() == [kernel_id]
+    assert kernel_id not in jp_serverapp.kernel_manager
+    assert (await client.job(job_id))["state"] == "cancelled"

@@ -1,0 +1,85 @@
+"""Pure pieces of the extension: kernelspecs, promote requests, paths, labels."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+
+from jupyter_gpupool.kernelspecs import base_kernel, register_kernel_dir, write_kernelspecs
+from jupyter_gpupool.paths import resolve_notebook
+from jupyter_gpupool.promote import PromoteRequest, papermill_args, run_paths
+from jupyter_gpupool.provisioner import fraction_label, share_request
+from jupyter_gpupool.runner import main as runner_main
+from scheduler.errors import Forbidden, InvalidRequest, NotFound
+
+
+def test_kernelspecs_follow_the_configured_fractions(tmp_path: Any) -> None:
+    ksm = KernelSpecManager()
+    names = write_kernelspecs(tmp_path, [0.25, 0.75, 2], ksm)
+    assert names == ["gpupool-python3-0.25", "gpupool-python3-0.75", "gpupool-python3-2"]
+    spec = json.loads((tmp_path / "gpupool-python3-2" / "kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (2 GPUs)"
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {"gpu_fraction": 2.0}
+    assert spec["argv"] == ksm.get_kernel_spec("python3").argv
+    # a fraction removed from the config leaves the launcher
+    assert write_kernelspecs(tmp_path, [0.5], ksm) == ["gpupool-python3-0.5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpupool-python3-0.5"]
+    register_kernel_dir(ksm, tmp_path)
+    register_kernel_dir(ksm, tmp_path)
+    assert ksm.kernel_dirs.count(str(tmp_path)) == 1
+    assert ksm.get_kernel_spec("gpupool-python3-0.5").display_name == "Python 3 (½ GPU)"
+    with pytest.raises(ValueError, match="whole number"):
+        write_kernelspecs(tmp_path, [1.5], ksm)
+
+
+def test_share_words_and_requests() -> None:
+    assert [fraction_label(f) for f in (0.25, 0.5, 0.75, 1, 3, 0.3)] == ["¼ GPU", "½ GPU", "¾ GPU", "1 GPU",
+                                                                          "3 GPUs", "0.3 GPU"]
+    assert share_request(0.25) == {"gpu_fraction": 0.25} and share_request(1) == {"gpus": 1}
+    with pytest.raises(ValueError):
+        share_request(0)
+    assert base_kernel("gpupool-python3-0.25") == "python3" and base_kernel("ir") == "ir"
+    assert base_kernel("gpupool-x", {"gpupool": {"base": "python3"}}) == "python3"
+
+
+def test_promote_request_normalises_amounts() -> None:
+    assert PromoteRequest.from_body({"path": "a.ipynb"}).gpus == 1
+    half = PromoteRequest.from_body({"path": "a.ipynb", "gpus": 0.5})
+    assert (half.gpus, half.gpu_fraction) == (None, 0.5)
+    whole = PromoteRequest.from_body({"path": "a.ipynb", "gpu_fraction": 1})
+    assert (whole.gpus, whole.gpu_fraction) == (1, None)
+    for bad in ({"path": "a.ipynb", "gpus": 1.5}, {"path": "a.ipynb", "gpu_fraction": 2},
+                {"path": "a.ipynb", "gpus": True}, {"path": "a.ipynb", "extra": 1}, []):
+        with pytest.raises(InvalidRequest):
+            PromoteRequest.from_body(bad)
+    args = papermill_args({"lr": 0.5, "tag": "42"}, "python3", "/w")
+    assert args[:2] == ["input.ipynb", "output.ipynb"]
+    assert json.loads(args[args.index("-y") + 1]) == {"lr": 0.5, "tag": "42"}
+    assert run_paths({"id": "j-1", "labels": {}}) == {}
+    assert run_paths({"id": "j-1", "labels": {"promoted": "1", "runs_dir": "a/b.runs"}}) == {
+        "run_dir": "a/b.runs/j-1", "output_notebook": "a/b.runs/j-1/output.ipynb"}
+
+
+def test_resolve_notebook_stays_in_root(tmp_path: Any) -> None:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "n.ipynb").write_text("{}")
+    assert resolve_notebook(str(root), "d/n.ipynb") == str((root / "d" / "n.ipynb").resolve())
+    assert resolve_notebook(str(root), str(root / "d" / "n.ipynb")).endswith("n.ipynb")
+    with pytest.raises(Forbidden):
+        resolve_notebook(str(root), "../x.ipynb")
+    with pytest.raises(Forbidden):
+        resolve_notebook(str(root), "/etc/passwd")
+    with pytest.raises(NotFound):
+        resolve_notebook(str(root), "d/missing.ipynb")
+    with pytest.raises(InvalidRequest):
+        resolve_notebook(str(root), "")
+
+
+def test_runner_refuses_to_run_outside_a_job(monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.delenv("GPUPOOL_JOB_ID", raising=False)
+    assert runner_main(["--staging", "x.ipynb", "--", "input.ipynb", "output.ipynb"]) == 2
+    assert "GPUPOOL_JOB_ID" in capsys.readouterr().err
