@@ -136,6 +136,8 @@ class SchedulerCore:
         self._started = False
         self._closing = False
         self.last_event_seq: int = self._store.last_event_seq()
+        self._live: dict[str, JobRecord] = {}
+        self._reload_live()
 
     # ================================================================ lifecycle
     async def start(self) -> None:
@@ -167,7 +169,7 @@ class SchedulerCore:
                 pass
         self._tasks = []
         if self._started and self.config.on_shutdown == "stop":
-            for rec in self._store.jobs(("running",), kind="train"):
+            for rec in self._live_jobs(("running",), kind="train"):
                 if rec.stop_intent is None:
                     self._begin_stop(rec, "shutdown", "service shutdown; resumes on the next start")
             if self._stop_tasks:
@@ -191,10 +193,37 @@ class SchedulerCore:
                 fn()
             except Exception:  # one bad iteration must not end the service
                 log.exception("scheduler loop %s failed", getattr(fn, "__name__", fn))
+                self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
 
     def _check_open(self) -> None:
         if self._closing:
             raise Unavailable("the scheduler is shutting down")
+
+    # ================================================================ live-job cache
+    # The live jobs (queued, running, paused) are mirrored in memory so a cycle
+    # does not re-read and re-decode every pending job from SQLite. Every write
+    # goes to the store first (durable), then to the mirror; final jobs leave it.
+    def _reload_live(self) -> None:
+        self._live = {r.id: r for r in self._store.jobs(LIVE_STATES)}
+
+    def _update(self, job_id: str, **changes: Any) -> None:
+        self._store.update_job(job_id, **changes)
+        rec = self._live.get(job_id)
+        if rec is None:
+            return
+        for k, v in changes.items():
+            setattr(rec, k, v)
+        if not rec.live:
+            del self._live[job_id]
+
+    def _job(self, job_id: str) -> JobRecord | None:
+        rec = self._live.get(job_id)
+        return rec if rec is not None else self._store.job(job_id)
+
+    def _live_jobs(self, states: tuple[str, ...] = LIVE_STATES, kind: str | None = None,
+                   project: str | None = None) -> list[JobRecord]:
+        return [r for r in sorted(self._live.values(), key=lambda r: r.num)
+                if r.state in states and (kind is None or r.kind == kind) and (project is None or r.project == project)]
 
     # ================================================================ pool model
     def _build_nodes(self) -> tuple[Node, ...]:
@@ -275,7 +304,7 @@ class SchedulerCore:
         if not self._started or self._closing:
             return
         t0 = time.perf_counter()
-        live = self._store.jobs(LIVE_STATES)
+        live = self._live_jobs()
         by_id = {r.id: r for r in live}
         decisions = self._schedule(self._snapshot(live))
         for p in decisions.preempts:
@@ -312,7 +341,7 @@ class SchedulerCore:
             over = set(decisions.preemptible)
             for rec in running:
                 if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
-                    self._store.update_job(rec.id, preemptible=rec.id in over)
+                    self._update(rec.id, preemptible=rec.id in over)
         self._metrics.cycle.observe(time.perf_counter() - t0)
         self._update_gauges()
 
@@ -327,7 +356,7 @@ class SchedulerCore:
 
     def _set_reason(self, rec: JobRecord, reason: str) -> None:
         if rec.reason != reason:
-            self._store.update_job(rec.id, reason=reason)
+            self._update(rec.id, reason=reason)
             rec.reason = reason
 
     def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
@@ -354,10 +383,10 @@ class SchedulerCore:
         )
         if rec.kind == "build":
             fields.update(env=gpu_env, reason=s.reason, lease_expires_at=now + self.config.lease_s)
-            self._store.update_job(rec.id, **fields)
+            self._update(rec.id, **fields)
             self._emit_job(rec.id)
             return
-        self._store.update_job(rec.id, reason=f"starting attempt {attempt}", **fields)
+        self._update(rec.id, reason=f"starting attempt {attempt}", **fields)
         env = dict(os.environ)
         env.update(rec.job_env)
         env.update(gpu_env)
@@ -367,18 +396,18 @@ class SchedulerCore:
             self._finish(rec, "failed", f"could not start: {e}")
             return
         self._procs[rec.id] = handle
-        self._store.update_job(rec.id, pid=handle.pid, pid_start=handle.start_time,
+        self._update(rec.id, pid=handle.pid, pid_start=handle.start_time,
                                reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason)
         self._emit_job(rec.id)
 
     # ================================================================ stopping and finishing
     def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
         """Record the intent, then SIGTERM the job's group (SIGKILL after the grace) in the background."""
-        self._store.update_job(rec.id, stop_intent=intent, reason=reason)
+        self._update(rec.id, stop_intent=intent, reason=reason)
         self._emit_job(rec.id)
         handle = self._procs.get(rec.id)
         if handle is None:
-            fresh = self._store.job(rec.id)
+            fresh = self._job(rec.id)
             if fresh is not None:
                 self._finish_attempt(fresh, None)
             return
@@ -397,7 +426,7 @@ class SchedulerCore:
         for jid, h in ended:
             self._procs.pop(jid, None)
             self.executor.reap_group(h)
-            rec = self._store.job(jid)
+            rec = self._job(jid)
             if rec is None or rec.state != "running" or rec.attempts != h.attempt:
                 continue
             self._finish_attempt(rec, self.executor.exit_code(jid, h.attempt))
@@ -410,7 +439,7 @@ class SchedulerCore:
         self._watchdog.forget(rec.id)
         if intent in PAUSE_INTENTS:
             reason = rec.reason or PAUSE_INTENTS[intent]
-            self._store.update_job(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+            self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                                    pid_start=None, stop_intent=None, exit_code=code, reason=reason,
                                    user_paused=(intent == "pause"), preemptible=False)
             if intent != "preempt":
@@ -421,7 +450,7 @@ class SchedulerCore:
         elif intent == "watchdog":
             self._finish(rec, "failed", rec.reason, exit_code=code)
         elif lost:
-            self._store.update_job(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+            self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                                    pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
                                    reason="process lost during restart; requeued")
             self._emit_job(rec.id)
@@ -437,7 +466,7 @@ class SchedulerCore:
             ev.set()
 
     def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
-        self._store.update_job(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+        self._update(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
                                assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
                                lease_expires_at=None)
         self._metrics.finished.labels(state).inc()
@@ -447,7 +476,7 @@ class SchedulerCore:
             ev.set()
 
     async def _await_settled(self, job_id: str) -> None:
-        rec = self._store.job(job_id)
+        rec = self._job(job_id)
         if rec is None or rec.state != "running" or rec.stop_intent is None:
             return
         ev = self._settled.setdefault(job_id, asyncio.Event())
@@ -459,7 +488,7 @@ class SchedulerCore:
     # ================================================================ recovery
     def _recover(self) -> None:
         """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
-        for rec in self._store.jobs(("running",)):
+        for rec in self._live_jobs(("running",)):
             if any(g["id"] not in self._gpus for g in (rec.assignment or {}).get("gpus", [])):
                 missing = "its GPU is no longer in the pool"
             else:
@@ -478,7 +507,7 @@ class SchedulerCore:
                 u = self.executor.recover_unrecorded(rec.id, attempt)
                 outcome, handle, code = u.outcome, u.handle, u.exit_code
                 if outcome == "not-started":
-                    self._store.update_job(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                    self._update(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
                                            assignment=None, started_at=None, stop_intent=None,
                                            reason="start interrupted by a service restart; requeued")
                     self._emit_job(rec.id)
@@ -488,7 +517,7 @@ class SchedulerCore:
             if outcome == "running" and handle is not None:
                 self._procs[rec.id] = handle
                 if not rec.pid:
-                    self._store.update_job(rec.id, pid=handle.pid, pid_start=handle.start_time)
+                    self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
                 log.info("re-adopted job %s (pid %d)", rec.id, handle.pid)
                 if rec.stop_intent is not None:
                     self._spawn_stop(rec.id, handle)
@@ -497,7 +526,7 @@ class SchedulerCore:
                 continue
             if code is None:
                 code = self.executor.exit_code(rec.id, attempt)
-            fresh = self._store.job(rec.id)
+            fresh = self._job(rec.id)
             assert fresh is not None
             if code is None and fresh.stop_intent is None:
                 self._finish_attempt(fresh, None, lost=True)
@@ -507,7 +536,7 @@ class SchedulerCore:
     # ================================================================ periodic work
     def _tick(self) -> None:
         now = time.time()
-        for rec in self._store.jobs(("queued", "running"), kind="build"):
+        for rec in self._live_jobs(("queued", "running"), kind="build"):
             if rec.lease_expires_at is not None and rec.lease_expires_at < now:
                 self._finish(rec, "cancelled", "lease expired (not renewed)")
         if not self.simulated and now - self._sample_t >= min(self.config.tick_s, self.config.history_interval_s):
@@ -529,7 +558,7 @@ class SchedulerCore:
     def _run_watchdog(self, now: float) -> None:
         if self._watchdog.mode == "off" or not self._sample:
             return
-        running = {r.id: r for r in self._store.jobs(("running",))}
+        running = {r.id: r for r in self._live_jobs(("running",))}
         sessions = {h.pid: jid for jid, h in self._procs.items()}
         used: dict[tuple[str, str], int] = {}
         for gid, s in self._sample.items():
@@ -551,7 +580,7 @@ class SchedulerCore:
 
     def _record_history(self, now: float) -> None:
         self._last_history = now
-        running = self._store.jobs(("running",))
+        running = self._live_jobs(("running",))
         projects: dict[str, int] = {p.name: 0 for p in self._store.projects()}
         gpus: dict[str, dict[str, Any]] = {gid: {"milli": 0} for gid in self._gpus}
         for rec in running:
@@ -573,7 +602,7 @@ class SchedulerCore:
         running = {"build": 0, "train": 0}
         per_gpu: dict[str, int] = {gid: 0 for gid in self._gpus}
         per_project: dict[tuple[str, str], int] = {}
-        for rec in self._store.jobs(LIVE_STATES):
+        for rec in self._live_jobs():
             if rec.state in counts:
                 counts[rec.state] += 1
             else:
@@ -602,7 +631,7 @@ class SchedulerCore:
         return seq
 
     def _emit_job(self, job_id: str) -> None:
-        rec = self._store.job(job_id)
+        rec = self._job(job_id)
         if rec is not None:
             self._emit("job", job_id=rec.id, state=rec.state, reason=rec.reason, user=rec.user, project=rec.project,
                        kind=rec.kind)
@@ -633,7 +662,7 @@ class SchedulerCore:
     def _job_or_404(self, job_id: Any) -> JobRecord:
         if not isinstance(job_id, str):
             raise NotFound(f"no job {job_id!r}")
-        rec = self._store.job(job_id)
+        rec = self._job(job_id)
         if rec is None:
             raise NotFound(f"no job {job_id!r}")
         return rec
@@ -718,7 +747,7 @@ class SchedulerCore:
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         usage: dict[str, dict[str, int]] = {}
         pending: dict[str, int] = {}
-        for rec in self._store.jobs(LIVE_STATES):
+        for rec in self._live_jobs():
             if rec.state == "running":
                 milli = sum(int(g["milli"]) for g in (rec.assignment or {}).get("gpus", []))
                 u = usage.setdefault(rec.project, {})
@@ -740,7 +769,7 @@ class SchedulerCore:
         if not self.simulated and time.time() - self._sample_t > 2:
             self._refresh_sample()
         allocations: dict[str, list[dict[str, Any]]] = {gid: [] for gid in self._gpus}
-        for rec in self._store.jobs(("running",)):
+        for rec in self._live_jobs(("running",)):
             for g in (rec.assignment or {}).get("gpus", []):
                 allocations.setdefault(g["id"], []).append({
                     "job_id": rec.id, "project": rec.project, "user": rec.user, "kind": rec.kind,
@@ -770,7 +799,7 @@ class SchedulerCore:
 
     def status(self) -> dict[str, Any]:
         counts = {"pending": 0, "running": 0, "paused": 0}
-        for rec in self._store.jobs(LIVE_STATES):
+        for rec in self._live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
         return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(), "queue": counts}
 
@@ -820,7 +849,7 @@ class SchedulerCore:
 
     def _check_build_quota(self, project: ProjectRecord, request: dict[str, Any]) -> None:
         need = self._estimate_milli(request)
-        holders = [r for r in self._store.jobs(("queued", "running"), project=project.name, kind="build")]
+        holders = [r for r in self._live_jobs(("queued", "running"), kind="build", project=project.name)]
         held = 0
         for r in holders:
             if r.state == "running":
@@ -868,10 +897,11 @@ class SchedulerCore:
                 lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
             )
             self._store.insert_job(rec)
+        self._live[job_id] = rec
         self._metrics.submitted.labels(js.kind).inc()
         self._emit_job(job_id)
         self._cycle()
-        fresh = self._store.job(job_id)
+        fresh = self._job(job_id)
         assert fresh is not None
         return self._wire(actor, fresh), True
 
@@ -885,11 +915,11 @@ class SchedulerCore:
             raise Conflict(f"job {rec.id} is a build share; cancel it to release the GPU")
         reason = f"paused by {actor.user}"
         if rec.state in ("queued", "paused"):
-            self._store.update_job(rec.id, state="paused", user_paused=True, reason=reason,
+            self._update(rec.id, state="paused", user_paused=True, reason=reason,
                                    paused_at=rec.paused_at or time.time())
             self._emit_job(rec.id)
         elif rec.stop_intent in ("preempt", "shutdown"):
-            self._store.update_job(rec.id, stop_intent="pause", reason=reason)
+            self._update(rec.id, stop_intent="pause", reason=reason)
         elif rec.stop_intent is None:
             self._metrics.pauses.labels("user").inc()
             self._begin_stop(rec, "pause", reason)
@@ -903,11 +933,11 @@ class SchedulerCore:
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; only paused jobs can be resumed")
         if rec.state == "paused":
-            self._store.update_job(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
+            self._update(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
             self._emit_job(rec.id)
             self._cycle()
         elif rec.state == "running" and rec.stop_intent == "pause":
-            self._store.update_job(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
+            self._update(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
         return self.get_job(actor, rec.id)
 
     async def cancel(self, actor: Actor, job_id: str) -> dict[str, Any]:
@@ -923,7 +953,7 @@ class SchedulerCore:
         elif rec.stop_intent is None:
             self._begin_stop(rec, "cancel", reason)
         else:
-            self._store.update_job(rec.id, stop_intent="cancel", reason=reason)
+            self._update(rec.id, stop_intent="cancel", reason=reason)
         await self._await_settled(rec.id)
         return self.get_job(actor, rec.id)
 
@@ -935,7 +965,7 @@ class SchedulerCore:
             raise Conflict(f"job {rec.id} is a train job; only build jobs hold leases")
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; its lease cannot be renewed")
-        self._store.update_job(rec.id, lease_expires_at=time.time() + self.config.lease_s)
+        self._update(rec.id, lease_expires_at=time.time() + self.config.lease_s)
         return self.get_job(actor, rec.id)
 
     # ================================================================ tokens
