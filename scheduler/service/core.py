@@ -86,6 +86,7 @@ log = logging.getLogger("scheduler.service")
 ALL_STATES = LIVE_STATES + FINAL_STATES
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
 MAX_LOG_CHUNK = 1024 * 1024
+COALESCE_ABOVE_S = 0.02  # cycles cheaper than this always run at once
 
 PolicyFn = Callable[[Snapshot], Decisions]
 
@@ -138,6 +139,9 @@ class SchedulerCore:
         self.last_event_seq: int = self._store.last_event_seq()
         self._live: dict[str, JobRecord] = {}
         self._reload_live()
+        self._last_cycle = 0.0
+        self._last_cycle_s = 0.0
+        self._cycle_scheduled = False
 
     # ================================================================ lifecycle
     async def start(self) -> None:
@@ -304,6 +308,7 @@ class SchedulerCore:
         if not self._started or self._closing:
             return
         t0 = time.perf_counter()
+        self._last_cycle = time.monotonic()
         live = self._live_jobs()
         by_id = {r.id: r for r in live}
         decisions = self._schedule(self._snapshot(live))
@@ -342,8 +347,32 @@ class SchedulerCore:
             for rec in running:
                 if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
                     self._update(rec.id, preemptible=rec.id in over)
-        self._metrics.cycle.observe(time.perf_counter() - t0)
+        self._last_cycle_s = time.perf_counter() - t0
+        self._metrics.cycle.observe(self._last_cycle_s)
         self._update_gauges()
+
+    def _request_cycle(self, urgent: bool = False) -> None:
+        """Run a cycle now, or at most ``cycle_min_interval_s`` after the last one.
+
+        Coalescing only kicks in when cycles are expensive (a long queue: the last
+        one took over ``COALESCE_ABOVE_S``), so small pools answer a submit with
+        the job already started, and big ones do not run the policy per submit.
+        """
+        wait = self.config.cycle_min_interval_s - (time.monotonic() - self._last_cycle)
+        if urgent or wait <= 0 or self._last_cycle_s < COALESCE_ABOVE_S:
+            self._cycle()
+        elif not self._cycle_scheduled:
+            self._cycle_scheduled = True
+
+            def deferred() -> None:
+                self._cycle_scheduled = False
+                try:
+                    self._cycle()
+                except Exception:
+                    log.exception("deferred scheduling cycle failed")
+                    self._reload_live()
+
+            asyncio.get_running_loop().call_later(wait, deferred)
 
     def _check_fits(self, s: Start, used: dict[str, int]) -> str | None:
         """Our own guard against double-booking, whatever the policy says."""
@@ -431,7 +460,7 @@ class SchedulerCore:
                 continue
             self._finish_attempt(rec, self.executor.exit_code(jid, h.attempt))
         if ended and not self._closing:
-            self._cycle()
+            self._request_cycle()
 
     def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False) -> None:
         """An attempt's process is gone: decide the job's next state from the stop intent and the exit code."""
@@ -900,7 +929,9 @@ class SchedulerCore:
         self._live[job_id] = rec
         self._metrics.submitted.labels(js.kind).inc()
         self._emit_job(job_id)
-        self._cycle()
+        # A kernel waits on its build share: decide now. A burst of train submits
+        # shares cycles instead of running the policy once per job.
+        self._request_cycle(urgent=js.kind == "build")
         fresh = self._job(job_id)
         assert fresh is not None
         return self._wire(actor, fresh), True

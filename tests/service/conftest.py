@@ -23,7 +23,7 @@ def fast_config(state_dir: Path, **overrides: Any) -> ServiceConfig:
     base: dict[str, Any] = dict(
         state_dir=state_dir, simulate="2xA100-80GB", tick_s=0.2, poll_s=0.02, pause_grace_s=2.0,
         reply_wait_s=3.0, history_interval_s=0.2, min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin-secret",
-        node_name="testhost",
+        node_name="testhost", cycle_min_interval_s=0.0,
     )
     base.update(overrides)
     return ServiceConfig(**base)
