@@ -327,3 +327,32 @@ async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_p
         await asyncio.sleep(0.1)
     await wait_for(lambda: _state(core, owner["id"]) == "running", what="owner running")
     assert sorted(_state(core, v) for v in victims) == ["paused", "running"]
+
+
+async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
+    import time as _time
+
+    from scheduler.service import fallback_policy
+    from scheduler.service.core import SchedulerCore
+    from tests.service.conftest import fast_config
+
+    calls = []
+
+    def slow_policy(snapshot):
+        calls.append(len(snapshot.workloads))
+        _time.sleep(0.03)  # an expensive cycle, as with a very long queue
+        return fallback_policy.schedule(snapshot)
+
+    core = SchedulerCore(fast_config(tmp_path / "s", cycle_min_interval_s=0.5, tick_s=60), policy=slow_policy)
+    await core.start()
+    try:
+        core.set_project(ADMIN, "p", {"train_guarantee": 2})
+        before = len(calls)
+        jobs = [(await core.submit(ALICE, {"project": "p", "command": [PY, "-c", "pass"]}))[0] for _ in range(10)]
+        assert len(calls) - before < 10  # the burst shared cycles
+        await wait_for(lambda: all(_state(core, j["id"]) == "succeeded" for j in jobs), what="burst done")
+        await core.submit(ALICE, {"project": "p", "command": [PY, "-c", "pass"]})  # a cycle just ran...
+        b, _ = await core.submit(ALICE, {"project": "p", "kind": "build"})
+        assert b["state"] == "running"  # ...but a build share is decided at once all the same
+    finally:
+        await core.stop()
