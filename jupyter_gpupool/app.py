@@ -17,14 +17,14 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, List, Unicode, default, validate
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
 from jupyter_gpupool import connection as connection_mod
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
-from jupyter_gpupool.provisioner import share_request
+from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
 
 
 class GPUPool(ExtensionApp):
@@ -51,6 +51,11 @@ class GPUPool(ExtensionApp):
         help="GPU shares offered as kernels in the Launcher: fractions below 1, whole GPUs from 1.",
     )
     base_kernel = Unicode("python3", config=True, help="Kernelspec the GPU kernels are made from.")
+    gpu_free_default = Bool(
+        True,
+        config=True,
+        help="Kernels that ask for no GPU (plain Python...) run with CUDA_VISIBLE_DEVICES='' so they see none.",
+    )
     lease_seconds = Float(
         120.0,
         config=True,
@@ -96,6 +101,7 @@ class GPUPool(ExtensionApp):
         return list(proposal["value"])
 
     connection: PoolConnection | None = None
+    _previous_provisioner: str | None = None
     _tasks: list[asyncio.Task[Any]]
 
     def pool_settings(self) -> PoolSettings:
@@ -129,6 +135,10 @@ class GPUPool(ExtensionApp):
         kernels_dir = os.path.join(self.state_dir, "kernels")
         names = write_kernelspecs(kernels_dir, list(self.kernel_fractions), ksm, base=self.base_kernel)
         register_kernel_dir(ksm, kernels_dir)
+        if self.gpu_free_default:
+            from jupyter_client.provisioning import KernelProvisionerFactory
+
+            self._previous_provisioner = make_plain_kernels_gpu_free(KernelProvisionerFactory.instance())
         self.log.info("gpupool: GPU kernels %s from %s", ", ".join(names), kernels_dir)
 
     def initialize_handlers(self) -> None:
@@ -212,6 +222,11 @@ class GPUPool(ExtensionApp):
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
+        if self._previous_provisioner is not None:
+            from jupyter_client.provisioning import KernelProvisionerFactory
+
+            KernelProvisionerFactory.instance().default_provisioner_name = self._previous_provisioner
+            self._previous_provisioner = None
         if self.connection is not None:
             await self.connection.close()
             if connection_mod.current() is self.connection:

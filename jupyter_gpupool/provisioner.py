@@ -257,3 +257,49 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         if job_id:
             self.job = {"id": job_id, "state": "running"}
             leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job_id))
+
+
+GPU_FREE_PROVISIONER = "gpupool-gpu-free-provisioner"
+
+
+class GpuFreeProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """The server's default for kernels that asked for no GPU: they see none.
+
+    Without it a plain Python kernel on a GPU machine would see every GPU and
+    could use memory the scheduler handed to someone else. A kernelspec that
+    sets ``CUDA_VISIBLE_DEVICES`` itself keeps its value. The kernel still gets
+    the scheduler's URL and the user's token, so ``%gpupool`` and the monitors
+    work in it too.
+    """
+
+    def _finalize_env(self, env: dict[str, str]) -> None:
+        super()._finalize_env(env)
+        if "CUDA_VISIBLE_DEVICES" not in (self.kernel_spec.env or {}):
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        conn = current()
+        if conn is not None and conn.token:
+            env.update(conn.kernel_env())
+        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        if root:
+            env["GPUPOOL_SERVER_ROOT"] = str(root)
+
+
+def make_plain_kernels_gpu_free(factory: Any) -> str:
+    """Make :class:`GpuFreeProvisioner` the default provisioner of this server's kernel factory.
+
+    The entry point is declared in pyproject; an install made before it was
+    added lacks it, so it is registered here too when missing. Returns the
+    previous default (to restore at shutdown).
+    """
+    from importlib.metadata import EntryPoint
+
+    previous = str(factory.default_provisioner_name)
+
+    if GPU_FREE_PROVISIONER not in factory.provisioners and not factory._check_availability(GPU_FREE_PROVISIONER):
+        factory.provisioners[GPU_FREE_PROVISIONER] = EntryPoint(
+            name=GPU_FREE_PROVISIONER,
+            value="jupyter_gpupool.provisioner:GpuFreeProvisioner",
+            group="jupyter_client.kernel_provisioners",
+        )
+    factory.default_provisioner_name = GPU_FREE_PROVISIONER
+    return previous
