@@ -14,6 +14,7 @@ violations. ``--json`` prints one JSON object instead.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -125,6 +126,7 @@ def run(argv: list[str] | None = None) -> int:
     projects = projects_for(guarantees)
     summaries: list[Summary] = []
     team_jct: dict[str, dict[str, float]] = {}
+    team_violation: dict[str, dict[str, dict[str, float]]] = {}
     failures: dict[str, str] = {}
     for name in args.policies:
         nodes = shared_cluster(gpus // gpn, gpn)
@@ -149,11 +151,13 @@ def run(argv: list[str] | None = None) -> int:
             continue
         summaries.append(summarize(name, result, window.start))
         team_jct[name] = per_team_jct_h(result)
+        team_violation[name] = {"issue": result.violation_s, "gang_aware": result.violation_gang_s}
 
     context = _context(args, window, load, gpus, guarantees, load_s)
     if args.json:
         print(json.dumps({**context, "results": [s.as_dict() for s in summaries],
-                          "avg_jct_h_per_team": team_jct, "failures": failures}, indent=1))
+                          "avg_jct_h_per_team": team_jct, "violation_s_per_team": team_violation,
+                          "failures": failures}, indent=1))
     else:
         _print_report(context, summaries, failures)
     return 1 if failures else 0
@@ -188,8 +192,18 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
         "team_offered_load_gpus": team_load,
         "daily_demand_gpu_days": dict(daily_demand(list(window.jobs), window.start, window.end)),
         "trace_load_s": load_s,
+        "policy_source_sha256": _policy_source_hash(),
         "python": platform.python_version(),
     }
+
+
+def _policy_source_hash() -> str:
+    """Hash of scheduler/policy/*.py: which engine the numbers belong to, committed or not."""
+    digest = hashlib.sha256()
+    folder = Path(__file__).resolve().parents[1] / "scheduler" / "policy"
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _print_report(ctx: dict[str, object], rows: list[Summary], failures: dict[str, str]) -> None:
@@ -217,6 +231,7 @@ def _print_report(ctx: dict[str, object], rows: list[Summary], failures: dict[st
         s, e = by_name["static"], by_name["engine"]
         print(f"engine vs static: average JCT {s.avg_jct_h / e.avg_jct_h:.2f}x lower; "
               f"guarantee violations {e.violation_s:.0f} s (gang-aware {e.violation_gang_s:.0f} s)")
+    print(f"policy sources sha256 {ctx['policy_source_sha256']}")
     for name, err in failures.items():
         print(f"FAILED {name}: {err}")
 
