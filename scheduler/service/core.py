@@ -32,6 +32,7 @@ from scheduler.policy.model import (
     Project,
     Snapshot,
     Start,
+    Workload,
 )
 from scheduler.service import fallback_policy
 from scheduler.service.config import ServiceConfig
@@ -86,6 +87,9 @@ log = logging.getLogger("scheduler.service")
 ALL_STATES = LIVE_STATES + FINAL_STATES
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
 MAX_LOG_CHUNK = 1024 * 1024
+_WORKLOAD_FIELDS = frozenset({"state", "assignment", "started_at", "attempts", "paused_at", "priority", "request",
+                              "project", "kind", "submitted_at"})
+"""Job fields the policy's Workload is built from; other changes (reason, pid...) keep the cached one."""
 COALESCE_ABOVE_S = 0.02  # cycles cheaper than this always run at once
 
 PolicyFn = Callable[[Snapshot], Decisions]
@@ -209,9 +213,19 @@ class SchedulerCore:
     # goes to the store first (durable), then to the mirror; final jobs leave it.
     def _reload_live(self) -> None:
         self._live = {r.id: r for r in self._store.jobs(LIVE_STATES)}
+        self._workloads: dict[str, Workload] = {}
+
+    def _workload(self, rec: JobRecord) -> Workload:
+        """The policy view of a live job, rebuilt only after the job changed."""
+        w = self._workloads.get(rec.id)
+        if w is None:
+            w = self._workloads[rec.id] = workload_of(rec)
+        return w
 
     def _update(self, job_id: str, **changes: Any) -> None:
         self._store.update_job(job_id, **changes)
+        if not _WORKLOAD_FIELDS.isdisjoint(changes):
+            self._workloads.pop(job_id, None)
         rec = self._live.get(job_id)
         if rec is None:
             return
@@ -299,7 +313,7 @@ class SchedulerCore:
         # leaving; showing them as running would make the policy preempt a second victim for
         # the same waiting job during the grace period. Their GPUs stay guarded by
         # _check_fits until their processes are gone.
-        workloads = tuple(workload_of(r) for r in live
+        workloads = tuple(self._workload(r) for r in live
                           if not (r.state == "paused" and r.user_paused) and r.stop_intent is None)
         return Snapshot(self._nodes, projects, workloads, time.time(), self._policy_config())
 

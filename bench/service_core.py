@@ -1,0 +1,141 @@
+"""Benchmark of the scheduler service core (no GPU needed: simulated GPUs, real processes).
+
+Prints one table: scheduling-cycle time against queue length (the real policy
+engine plus the core's snapshot/apply work), submit latency, start-up
+(recovery) time with a long queue, and the pause round trip of a real process.
+
+    .venv/bin/python bench/service_core.py [--sizes 100,1000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from scheduler.service.config import ServiceConfig
+from scheduler.service.core import Actor, SchedulerCore
+from scheduler.store import JobRecord
+
+ADMIN = Actor("admin", True)
+
+
+def _config(state: Path) -> ServiceConfig:
+    return ServiceConfig(state_dir=state, simulate="8xA100-80GB", tick_s=3600, history_interval_s=3600,
+                         admin_token="bench", min_runtime_s=0, resume_backoff_s=0, pause_grace_s=5)
+
+
+async def _full_pool(core: SchedulerCore) -> None:
+    """Occupy every GPU with build shares (no processes) so queued train jobs stay queued."""
+    core.set_project(ADMIN, "kernels", {"build_quota": 8})
+    core.set_project(ADMIN, "train", {"train_guarantee": 4})
+    for _ in range(8):
+        await core.submit(ADMIN, {"project": "kernels", "kind": "build", "gpus": 1})
+
+
+def _bulk_queue(core: SchedulerCore, n: int) -> None:
+    store = core._store
+    now = time.time()
+    with store.transaction():
+        for _ in range(n):
+            num = store.next_job_number()
+            store.insert_job(JobRecord(
+                id=f"j-{num:06d}", num=num, name="bench", project="train", user="u", kind="train", state="queued",
+                request={"gpus": 1 + num % 2, "gpu_fraction": None, "gpu_memory": None, "gpu_model": None,
+                         "cpu": None, "memory": None},
+                priority=num % 3, submitted_at=now + num * 1e-6, command=["true"], workdir="/tmp"))
+    core._reload_live()
+
+
+async def cycle_times(n: int) -> tuple[float, float, float]:
+    with tempfile.TemporaryDirectory() as d:
+        core = SchedulerCore(_config(Path(d)))
+        await core.start()
+        await _full_pool(core)
+        _bulk_queue(core, n)
+        core._cycle()  # first cycle writes every wait reason once
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            core._cycle()
+            times.append(time.perf_counter() - t)
+        await core.stop()
+        t = time.perf_counter()
+        again = SchedulerCore(_config(Path(d)))
+        await again.start()
+        startup = time.perf_counter() - t
+        await again.stop()
+    return statistics.median(times), max(times), startup
+
+
+async def submit_latency(pending: int, samples: int = 50) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as d:
+        core = SchedulerCore(_config(Path(d)))
+        await core.start()
+        await _full_pool(core)
+        _bulk_queue(core, pending)
+        core._cycle()
+        lat = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            await core.submit(Actor("alice"), {"project": "train", "gpus": 1, "command": ["true"]})
+            lat.append(time.perf_counter() - t)
+        await core.stop()
+    lat.sort()
+    return statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
+
+
+async def pause_round_trip(samples: int = 5) -> tuple[float, float]:
+    """submit -> process running; pause -> state paused (SIGTERM honoured at once)."""
+    code = "import signal,sys,time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); open('up','w'); time.sleep(60)"
+    starts, pauses = [], []
+    with tempfile.TemporaryDirectory() as d:
+        cfg = _config(Path(d) / "s")
+        cfg.poll_s = 0.01
+        core = SchedulerCore(cfg)
+        await core.start()
+        core.set_project(ADMIN, "train", {"train_guarantee": 8})
+        for i in range(samples):
+            wd = Path(d) / f"w{i}"
+            wd.mkdir()
+            t = time.perf_counter()
+            job, _ = await core.submit(ADMIN, {"project": "train", "gpus": 1, "workdir": str(wd),
+                                               "command": [sys.executable, "-c", code]})
+            while not (wd / "up").exists():
+                await asyncio.sleep(0.002)
+            starts.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            out = await core.pause(ADMIN, job["id"])
+            assert out["state"] == "paused", out
+            pauses.append(time.perf_counter() - t)
+            await core.cancel(ADMIN, job["id"])
+        await core.stop()
+    return statistics.median(starts), statistics.median(pauses)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100,1000,10000")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    print(f"# service core benchmark — {platform.node()}, {platform.processor() or platform.machine()}, "
+          f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print("8 simulated A100 GPUs, all held by build shares; the queue is train jobs that must wait.\n")
+    print("| queued jobs | cycle median (ms) | cycle max (ms) | start-up incl. recovery (ms) | submit p50 (ms) | submit p95 (ms) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        med, worst, startup = await cycle_times(n)
+        p50, p95 = await submit_latency(n, samples=20 if n >= 10000 else 50)
+        print(f"| {n} | {med * 1e3:.1f} | {worst * 1e3:.1f} | {startup * 1e3:.0f} | {p50 * 1e3:.1f} | {p95 * 1e3:.1f} |")
+    start, pause = await pause_round_trip()
+    print(f"\nreal process: submit -> command running {start * 1e3:.0f} ms (median, includes Python start-up of "
+          f"wrapper and command); pause -> paused {pause * 1e3:.0f} ms (median)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
