@@ -33,6 +33,9 @@ class Ledger:
         self.cpu = {n.name: n.cpu_milli for n in nodes}
         self.mem = {n.name: n.memory_mib for n in nodes}
         self.gpu = {n.name: {g.id: g.capacity_milli for g in n.gpus} for n in nodes}
+        self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
+        self._ever: dict[tuple[str, int], tuple[Request, bool]] = {}
+        self._room: dict[tuple[str, int], tuple[Request, int, tuple[int, int, int, int]]] = {}
         for w in running:
             if w.assignment is not None:
                 self.take(w.assignment, w.request)
@@ -48,6 +51,7 @@ class Ledger:
         free = self.gpu.get(name)
         if free is None:
             return
+        self.version[name] = self.version.get(name, 0) + 1
         self.cpu[name] += sign * request.cpu_milli
         self.mem[name] += sign * request.memory_mib
         for gid, milli in assignment.gpus:
@@ -75,7 +79,16 @@ class Ledger:
         return True
 
     def could_ever_fit(self, name: str, request: Request) -> bool:
-        """Whether ``request`` fits on node ``name`` were it empty."""
+        """Whether ``request`` fits on node ``name`` were it empty (memoised: nodes do not change)."""
+        key = (name, id(request))
+        hit = self._ever.get(key)
+        if hit is not None and hit[0] is request:
+            return hit[1]
+        ok = self._could_ever_fit(name, request)
+        self._ever[key] = (request, ok)
+        return ok
+
+    def _could_ever_fit(self, name: str, request: Request) -> bool:
         node = self.nodes[name]
         if node.cpu_milli < request.cpu_milli or node.memory_mib < request.memory_mib:
             return False
@@ -104,7 +117,20 @@ class Ledger:
         return (gpu_score, self.cpu[name], self.mem[name])
 
     def headroom(self, name: str, request: Request) -> tuple[int, int, int, int]:
-        """(whole free GPUs, largest free share, free CPU, free memory) on node ``name`` for ``request``'s models."""
+        """(whole free GPUs, largest free share, free CPU, free memory) on node ``name`` for ``request``'s models.
+
+        Memoised per node until something on the node changes.
+        """
+        key = (name, id(request))
+        hit = self._room.get(key)
+        version = self.version.get(name, 0)
+        if hit is not None and hit[0] is request and hit[1] == version:
+            return hit[2]
+        room = self._headroom(name, request)
+        self._room[key] = (request, version, room)
+        return room
+
+    def _headroom(self, name: str, request: Request) -> tuple[int, int, int, int]:
         free = self.gpu[name]
         gpus = self._gpus(name, request)
         whole = sum(1 for g in gpus if free[g.id] >= g.capacity_milli > 0)

@@ -147,6 +147,7 @@ class _Cycle(ReclaimMixin):
         self.empty_fit: dict[tuple[str, int], bool] = {}
         self.estimates: dict[tuple[str, int], int] = {}
         self.reasons: dict[tuple, str] = {}
+        self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
         self.shares: dict[str, float] = {}
         self.queue: FairQueue | None = None
@@ -220,12 +221,16 @@ class _Cycle(ReclaimMixin):
     def run(self) -> Decisions:
         builds: list[Workload] = []
         trains: list[Workload] = []
-        canon = self.canon
+        canon, req_of, problems = self.canon, self.req_of, {}
         for w in self.pending:
-            req = self.req_of[w.id] = canon.setdefault(w.request, w.request)
+            req = canon.get(w.request)
+            if req is None:
+                req = canon[w.request] = w.request
+                problems[id(req)] = request_problem(req)
+            req_of[w.id] = req
             if w.project not in self.projects:
                 self.rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
-            elif (problem := request_problem(req)) is not None:
+            elif (problem := problems[id(req)]) is not None:
                 self.rejects.append(Reject(w.id, problem))
             elif w.kind is Kind.BUILD:
                 builds.append(w)
@@ -324,17 +329,43 @@ class _Cycle(ReclaimMixin):
         queue = FairQueue(jobs, self.ratio)
         self.queue = queue
         deferred: list[Workload] = []
-        projects, usage, req_of = self.projects, self.usage, self.req_of
+        projects, usage, req_of, estimate = self.projects, self.usage, self.req_of, self.estimate
+        verdicts, waits, cap = self.verdicts, self.waits, self.cap
+        starving_from = self.now - self.cfg.starvation_s
+        max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
         while (w := queue.pop()) is not None:
-            p = projects[w.project]
+            name = w.project
+            p = projects[name]
             req = req_of[w.id]
-            need = self.estimate(TRAIN_POOL, req)
-            within = usage[p.name] + need <= p.train_guarantee_milli
+            need = estimate(TRAIN_POOL, req)
+            used = usage[name]
+            within = used + need <= p.train_guarantee_milli
             if first and not within:
                 deferred.append(w)
+                queue.touch(name)
+                continue
+            # A job like one that just waited (same shape, project, priority, nothing changed since)
+            # waits for the same reason; only a starving job must still try for a reservation.
+            key = (id(req), name, within, w.priority)
+            seen = verdicts.get(key)
+            paused = w.paused_at
+            if (
+                seen is not None and seen[0] == cap.generation and seen[1] == used
+                and seen[2] == len(self.reserved)
+                and (len(self.reserved) >= max_reservations
+                     or (paused if paused is not None else w.submitted_at) > starving_from)
+                and (within or paused is None or self.now - paused >= backoff)
+            ):
+                waits.append(Wait(w.id, seen[3]))
             else:
+                before, reservations = len(waits), len(self.reserved)
                 self.schedule_train(w, req, p, need, within)
-            queue.touch(p.name)
+                if (
+                    len(waits) > before and len(self.reserved) == reservations
+                    and (within or paused is None or self.now - paused >= backoff)
+                ):
+                    verdicts[key] = (cap.generation, usage[name], len(self.reserved), waits[-1].reason)
+            queue.touch(name)
         if first:
             # pass 2 starts push projects above their guarantee, which changes who may be paused
             self.reclaim_failed = FailureMemo()

@@ -247,10 +247,11 @@ class ReclaimMixin:
             self.touched.add(v.project)
             if self.queue is not None:
                 self.queue.touch(v.project)
-        if self._victims is not None:
+        if self._victims is not None:  # victims are mostly taken from the front: drop paused ones there
             for name in {v.project for v in victims}:
                 for lst in self._victims[name][:2]:
-                    lst[:] = [x for x in lst if x.id not in self.preempted]
+                    while lst and lst[0].id in self.preempted:
+                        del lst[0]
         self.start(w, req, a, note="on GPUs freed by pausing " + ", ".join(v.id for v in victims))
         if ledger.grew(node, before_free):
             self.cap.generation += 1  # leftover room: shapes that failed before may fit now
