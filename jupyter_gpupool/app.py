@@ -212,6 +212,22 @@ class GPUPool(ExtensionApp):
             except Exception as err:
                 self.log.warning("gpupool: idle culling failed: %s", err)
 
+    async def release_all_shares(self) -> None:
+        """Give back every kernel share: the server stops, its kernels go with it.
+
+        The server stops extensions *before* kernels; done here, while the
+        scheduler (embedded or not) is still reachable.
+        """
+        if self.connection is None or not self.connection.ready:
+            return
+        client = await self.connection.client()
+        for share in list(leases.held().values()):
+            leases.release(share.kernel_id)
+            try:
+                await client.cancel(share.job_id)
+            except Exception as err:
+                self.log.warning("gpupool: share %s not released at shutdown: %s", share.job_id, err)
+
     async def stop_extension(self) -> None:
         """Stop the tasks and the embedded scheduler (its jobs pause and resume next start)."""
         for task in self._tasks:
@@ -228,6 +244,7 @@ class GPUPool(ExtensionApp):
             KernelProvisionerFactory.instance().default_provisioner_name = self._previous_provisioner
             self._previous_provisioner = None
         if self.connection is not None:
+            await self.release_all_shares()
             await self.connection.close()
             if connection_mod.current() is self.connection:
                 connection_mod.set_current(None)

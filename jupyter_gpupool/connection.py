@@ -92,8 +92,14 @@ class PoolConnection:
         self._admin_client: Any = None
         self._lock = asyncio.Lock()
         self._ready = False
+        self.closed = False
         self.on_ready: Callable[[], None] | None = None
         """Called once connected, in the loop: the extension starts its periodic tasks there."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether a client is connected (no connection is made by asking)."""
+        return self._ready
 
     @property
     def is_embedded(self) -> bool:
@@ -102,6 +108,8 @@ class PoolConnection:
 
     async def client(self) -> Any:
         """The user's async scheduler client, starting the embedded scheduler if needed."""
+        if self.closed:
+            raise Unavailable("the gpupool extension has stopped; no scheduler connection")
         if not self._ready:
             async with self._lock:
                 if not self._ready:
@@ -184,7 +192,12 @@ class PoolConnection:
         return env
 
     async def close(self) -> None:
-        """Stop the embedded scheduler (if ours) and drop the clients."""
+        """Stop the embedded scheduler (if ours) and drop the clients; later calls get Unavailable.
+
+        Closed for good: kernels cleaned up after the extension stops must not
+        start a new embedded scheduler just to give their share back.
+        """
+        self.closed = True
         for client in (self._client, self._admin_client):
             closer = getattr(client, "close", None)
             if closer is not None:

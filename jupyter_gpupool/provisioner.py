@@ -230,8 +230,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         if not job_id:
             return
         conn = conn or current() or connection_from_env()
-        if conn is None:
-            return
+        if conn is None or conn.closed:
+            return  # the extension stopped and already gave every share back
         try:
             client = await conn.client()
             await self._cancel_quietly(client, job_id)

@@ -15,6 +15,8 @@ from kernel_helpers import kernel_env, run_in_kernel
 from tornado.httpclient import HTTPClientError
 
 from jupyter_gpupool import leases
+from scheduler.client import AsyncGpupoolClient
+from scheduler.service.embedded import EmbeddedScheduler
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -160,3 +162,25 @@ async def test_plain_kernel_gpu_free_and_idle_gpu_kernel_shut_down(
     assert kernel_id not in jp_serverapp.kernel_manager
     assert (await client.job(job_id))["state"] == "cancelled"
     assert plain in jp_serverapp.kernel_manager  # no GPU share: never culled by us
+
+
+async def test_server_stop_gives_shares_back_before_the_scheduler_stops(
+    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any
+) -> None:
+    session = await start_session(jp_fetch, "stop.ipynb", "gpupool-python3-0.25")
+    kernel_id = session["kernel"]["id"]
+    job_id = leases.held()[kernel_id].job_id
+    state_dir = gpupool_app.connection.embedded.state_dir
+    # the server stops extensions first, kernels after
+    await jp_serverapp.cleanup_extensions()
+    await jp_serverapp.cleanup_kernels()
+    assert gpupool_app.connection.embedded is None and gpupool_app.connection.closed
+    assert leases.held() == {}
+    # reopen the embedded scheduler's state: the share was given back, not left to a lease
+    sched = EmbeddedScheduler(state_dir)
+    await sched.start()
+    try:
+        job = await AsyncGpupoolClient(sched.url, sched.admin_token).job(job_id)
+    finally:
+        await sched.stop()
+    assert job["state"] == "cancelled" and "lease" not in job["reason"]
