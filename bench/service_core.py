@@ -25,9 +25,13 @@ from scheduler.store import JobRecord
 ADMIN = Actor("admin", True)
 
 
+SYNC = "FULL"
+
+
 def _config(state: Path) -> ServiceConfig:
     return ServiceConfig(state_dir=state, simulate="8xA100-80GB", tick_s=3600, history_interval_s=3600,
-                         admin_token="bench", min_runtime_s=0, resume_backoff_s=0, pause_grace_s=5)
+                         admin_token="bench", min_runtime_s=0, resume_backoff_s=0, pause_grace_s=5,
+                         sqlite_synchronous=SYNC)
 
 
 async def _full_pool(core: SchedulerCore) -> None:
@@ -74,6 +78,7 @@ async def cycle_times(n: int) -> tuple[float, float, float]:
 
 
 async def submit_latency(pending: int, samples: int = 50) -> tuple[float, float]:
+    """Median submit call, and wall time per submit including the cycles a burst causes."""
     with tempfile.TemporaryDirectory() as d:
         core = SchedulerCore(_config(Path(d)))
         await core.start()
@@ -81,13 +86,18 @@ async def submit_latency(pending: int, samples: int = 50) -> tuple[float, float]
         _bulk_queue(core, pending)
         core._cycle()
         lat = []
+        t0 = time.perf_counter()
         for _ in range(samples):
             t = time.perf_counter()
             await core.submit(Actor("alice"), {"project": "train", "gpus": 1, "command": ["true"]})
             lat.append(time.perf_counter() - t)
+            await asyncio.sleep(0.001)  # let the loop run deferred cycles, as between HTTP requests
+        while core._cycle_scheduled:
+            await asyncio.sleep(0.001)
+        amortized = (time.perf_counter() - t0 - 0.001 * samples) / samples
         await core.stop()
     lat.sort()
-    return statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
+    return statistics.median(lat), amortized
 
 
 async def pause_round_trip(samples: int = 5) -> tuple[float, float]:
@@ -121,17 +131,21 @@ async def pause_round_trip(samples: int = 5) -> tuple[float, float]:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--sync", default="FULL", choices=["FULL", "NORMAL"], help="SQLite synchronous setting")
     args = ap.parse_args()
+    global SYNC
+    SYNC = args.sync
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"# service core benchmark — {platform.node()}, {platform.processor() or platform.machine()}, "
           f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print("8 simulated A100 GPUs, all held by build shares; the queue is train jobs that must wait.\n")
-    print("| queued jobs | cycle median (ms) | cycle max (ms) | start-up incl. recovery (ms) | submit p50 (ms) | submit p95 (ms) |")
+    print(f"8 simulated A100 GPUs, all held by build shares; the queue is train jobs that must wait; "
+          f"SQLite synchronous={SYNC}.\n")
+    print("| queued jobs | cycle median (ms) | cycle max (ms) | start-up incl. recovery (ms) | submit call p50 (ms) | per submit in a burst, cycles included (ms) |")
     print("|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
         med, worst, startup = await cycle_times(n)
-        p50, p95 = await submit_latency(n, samples=20 if n >= 10000 else 50)
-        print(f"| {n} | {med * 1e3:.1f} | {worst * 1e3:.1f} | {startup * 1e3:.0f} | {p50 * 1e3:.1f} | {p95 * 1e3:.1f} |")
+        p50, amortized = await submit_latency(n, samples=20 if n >= 10000 else 50)
+        print(f"| {n} | {med * 1e3:.1f} | {worst * 1e3:.1f} | {startup * 1e3:.0f} | {p50 * 1e3:.1f} | {amortized * 1e3:.1f} |")
     start, pause = await pause_round_trip()
     print(f"\nreal process: submit -> command running {start * 1e3:.0f} ms (median, includes Python start-up of "
           f"wrapper and command); pause -> paused {pause * 1e3:.0f} ms (median)")

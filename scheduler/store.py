@@ -148,14 +148,17 @@ class ProjectRecord:
 class Store:
     """SQLite-backed state. Open once per service; close at stop."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, synchronous: str = "FULL") -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed transition survives even power loss; writes are few and small.
-        self._db.execute("PRAGMA synchronous=FULL")
+        # FULL (default): a committed transition survives even power loss. NORMAL survives a
+        # killed process (what crash recovery needs) but may lose the last commits on power loss.
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._depth = 0
         with self.transaction():

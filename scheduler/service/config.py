@@ -75,6 +75,7 @@ class ServiceConfig:
     starvation_s: float = 300.0
     placement: str = "default"
     max_list: int = 1000  # most jobs a list call returns
+    sqlite_synchronous: str = "FULL"  # "NORMAL": faster commits, still safe against kill -9 (not power loss)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -86,6 +87,8 @@ class ServiceConfig:
             raise InvalidRequest(f"watchdog must be one of {', '.join(_WATCHDOG_MODES)}, not {self.watchdog!r}")
         if self.build_gpus is not None and (not isinstance(self.build_gpus, int) or self.build_gpus < 0):
             raise InvalidRequest(f"build_gpus must be a non-negative integer, not {self.build_gpus!r}")
+        if self.sqlite_synchronous not in ("FULL", "NORMAL"):
+            raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

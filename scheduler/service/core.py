@@ -114,7 +114,7 @@ class SchedulerCore:
         self.config = config or ServiceConfig()
         self.state_dir = self.config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._store = Store(self.config.database)
+        self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
         self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation, self.config.node_name)
         self.simulated: bool = bool(self._inventory.simulated)
         self.executor = LocalExecutor(self.config.jobs_dir)
@@ -372,7 +372,9 @@ class SchedulerCore:
         one took over ``COALESCE_ABOVE_S``), so small pools answer a submit with
         the job already started, and big ones do not run the policy per submit.
         """
-        wait = self.config.cycle_min_interval_s - (time.monotonic() - self._last_cycle)
+        # Spend at most about a third of the loop's time in cycles when they are slow.
+        interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
+        wait = interval - (time.monotonic() - self._last_cycle)
         if urgent or wait <= 0 or self._last_cycle_s < COALESCE_ABOVE_S:
             self._cycle()
         elif not self._cycle_scheduled:
@@ -940,9 +942,9 @@ class SchedulerCore:
                 lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
             )
             self._store.insert_job(rec)
-        self._live[job_id] = rec
+            self._live[job_id] = rec
+            self._emit_job(job_id)  # same transaction: one disk sync per submit
         self._metrics.submitted.labels(js.kind).inc()
-        self._emit_job(job_id)
         # A kernel waits on its build share: decide now. A burst of train submits
         # shares cycles instead of running the policy once per job.
         self._request_cycle(urgent=js.kind == "build")
