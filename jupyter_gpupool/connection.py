@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.errors import Unavailable
+from scheduler.errors import GpupoolError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +143,7 @@ class PoolConnection:
         if self.is_embedded:
             await self._start_embedded()
             self._admin_client = AsyncGpupoolClient(url=self.url, token=self.embedded.admin_token)
-            reply = await self._admin_client.create_token(self.user)
-            self.token = reply["token"]
+            self.token = await self._user_token(AsyncGpupoolClient)
             self._client = AsyncGpupoolClient(url=self.url, token=self.token)
             self.admin = True
         else:
@@ -156,6 +155,35 @@ class PoolConnection:
             self.admin = bool(who.get("admin"))
             if not self.settings.project:
                 self.project = self.user
+
+    @property
+    def user_token_path(self) -> str:
+        """Where the embedded scheduler's token for this user is kept (mode 0600)."""
+        return os.path.join(self.settings.state_dir, "jupyter_user_token")
+
+    async def _user_token(self, client_class: Any) -> str:
+        """This user's token on the embedded scheduler: the saved one if it still works, else a new one.
+
+        Reusing it keeps one token per user instead of one per server start.
+        """
+        path = self.user_token_path
+        try:
+            with open(path) as f:
+                saved = f.read().strip()
+        except OSError:
+            saved = ""
+        if saved:
+            try:
+                who = await client_class(url=self.url, token=saved).whoami()
+                if who.get("user") == self.user:
+                    return saved
+            except GpupoolError:
+                pass
+        token = (await self._admin_client.create_token(self.user))["token"]
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        return str(token)
 
     def _embedded_pool(self) -> tuple[str | None, int]:
         """(simulate argument, GPU count) for the embedded scheduler."""

@@ -87,6 +87,21 @@ async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_
     assert (jp_root_dir / "work" / "nb1.runs" / promoted_id / "input.ipynb").is_file()
     await client.cancel(promoted_id)
 
+    # the monitors work inside the kernel, live on its own asyncio loop
+    code = (
+        "import asyncio\n"
+        "from jupyter_gpupool.widgets import PoolMonitor, QueueMonitor\n"
+        "pm, qm = PoolMonitor(interval=0.5), QueueMonitor(interval=0.5)\n"
+        "for _ in range(100):\n"
+        "    await asyncio.sleep(0.1)\n"
+        "    if pm.gpu_bars and qm.buttons:\n"
+        "        break\n"
+        "print(len(pm.gpu_bars), sum(b.value for b in pm.gpu_bars.values()), sorted(qm.buttons), repr(pm.error.value))\n"
+        "pm.close(); qm.close()\n"
+    )
+    out = await run_in_kernel(jp_serverapp, kernel_id, code)
+    assert out.strip() == f"4 0.5 ['{job['id']}'] ''"
+
     # the quota (1 GPU) cannot hold another whole GPU: the kernel does not start, the user is told why
     # (Jupyter's sessions endpoint answers 500 with our message; its kernels endpoint keeps our 409)
     with pytest.raises(HTTPClientError) as info:

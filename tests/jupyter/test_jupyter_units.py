@@ -83,3 +83,20 @@ def test_runner_refuses_to_run_outside_a_job(monkeypatch: Any, capsys: Any) -> N
     monkeypatch.delenv("GPUPOOL_JOB_ID", raising=False)
     assert runner_main(["--staging", "x.ipynb", "--", "input.ipynb", "output.ipynb"]) == 2
     assert "GPUPOOL_JOB_ID" in capsys.readouterr().err
+
+
+async def test_embedded_connection_keeps_one_user_token(tmp_path: Any) -> None:
+    from jupyter_gpupool.connection import PoolConnection, PoolSettings
+
+    settings = PoolSettings(state_dir=str(tmp_path / "state"), simulate="1xA100-80GB")
+    tokens = []
+    for _ in range(2):
+        conn = PoolConnection(settings)
+        client = await conn.client()
+        assert (await client.whoami())["user"] == conn.user and conn.admin
+        tokens.append(conn.token)
+        await conn.close()
+    assert tokens[0] == tokens[1]
+    assert (tmp_path / "state" / "jupyter_user_token").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(Exception, match="stopped"):
+        await conn.client()
