@@ -1020,6 +1020,9 @@ class SchedulerCore:
         if not actor.admin:
             raise Forbidden("only an admin may create tokens")
         user = validate_user(user)
+        if user == self.config.admin_user:
+            # Ownership is by user name: a plain token named like the admin would own the admin's jobs.
+            raise InvalidRequest(f"{user!r} is the admin's name; choose another user name")
         return {"user": user, "token": self.tokens.create(user)}
 
     def authenticate(self, token: str | None) -> Actor | None:

@@ -236,6 +236,8 @@ async def test_tokens(make_core, tmp_path):
     assert core.authenticate("wrong") is None and core.authenticate("") is None and core.authenticate(None) is None
     with pytest.raises(InvalidRequest):
         core.create_token(ADMIN, "bad name/with slash")
+    with pytest.raises(InvalidRequest, match="admin"):
+        core.create_token(ADMIN, "admin")
     # Only the hash is stored.
     db = (tmp_path / "s2" / "state.db").read_bytes()
     assert made["token"].encode() not in db
