@@ -58,9 +58,11 @@ class Ledger:
             if gid in free:
                 free[gid] += sign * milli
 
-    def _gpus(self, name: str, request: Request) -> list[Gpu]:
+    def _gpus(self, name: str, request: Request) -> Sequence[Gpu]:
         models = request.gpu_models
-        return [g for g in self.nodes[name].gpus if not models or g.model in models]
+        if not models:
+            return self.nodes[name].gpus
+        return [g for g in self.nodes[name].gpus if g.model in models]
 
     def fits(self, name: str, request: Request) -> bool:
         """Whether ``request`` fits on node ``name`` as it is now (whole GPUs on one node)."""

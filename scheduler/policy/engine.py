@@ -102,6 +102,7 @@ class _Cycle(ReclaimMixin):
             active=[p for p in (BUILD_POOL, TRAIN_POOL) if p in active],
         )
         self.train_nodes = set(self.cap.pool_nodes[TRAIN_POOL])
+        self.train_capacity = 0  # GPU share on train nodes not held by anything but training
 
         self.usage: dict[str, int] = dict.fromkeys(self.projects, 0)  # training milli-GPU in use
         self.build_used: dict[str, int] = dict.fromkeys(self.projects, 0)
@@ -111,8 +112,11 @@ class _Cycle(ReclaimMixin):
         for w in self.running:
             assert w.assignment is not None
             milli = self.milli[w.id] = w.assignment.total_milli
-            if w.project not in self.projects:
-                continue
+            if w.project not in self.projects or w.kind is Kind.BUILD:
+                if w.assignment.node in self.train_nodes:
+                    self.train_capacity -= milli
+                if w.project not in self.projects:
+                    continue
             if w.kind is Kind.BUILD:
                 self.build_used[w.project] += milli
                 self.build_holders[w.project].append((w.id, milli))
@@ -123,6 +127,8 @@ class _Cycle(ReclaimMixin):
         # largest GPU memory per model and pool, to turn memory requests into an estimated share
         self.model_memory: dict[str, dict[str, int]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
         for node in snap.nodes:
+            if node.name in self.train_nodes:
+                self.train_capacity += sum(g.capacity_milli for g in node.gpus)
             sizes: dict[str, int] = {}
             for g in node.gpus:
                 if g.memory_mib > sizes.get(g.model, 0):
@@ -306,16 +312,8 @@ class _Cycle(ReclaimMixin):
         demand = dict(self.usage)
         for w in trains:
             demand[w.project] += self.estimate(TRAIN_POOL, self.req_of[w.id])
-        capacity = 0
-        for node in self.nodes:
-            if node.name in self.train_nodes:
-                capacity += sum(g.capacity_milli for g in node.gpus)
-        # GPU share on train nodes held by anything but training (build work, unknown projects)
-        for w in self.running:
-            if w.assignment is not None and w.assignment.node in self.train_nodes:
-                if w.kind is Kind.BUILD or w.project not in self.projects:
-                    capacity -= self.milli[w.id]
-        for s in self.started:
+        capacity = self.train_capacity
+        for s in self.started:  # build work started this cycle on train nodes
             if s.assignment.node in self.train_nodes:
                 capacity -= s.assignment.total_milli
         inputs = {

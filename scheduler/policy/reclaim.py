@@ -62,6 +62,7 @@ class ReclaimMixin:
         # context (within guarantee, own project, priority) -> (jobs protected, victims tried)
         self.reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
         self._victims: dict[str, tuple[list[Workload], list[Workload], int]] | None = None
+        self.smallest_over: dict[str, int] = {}
 
     def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]:
         """Per project: (its over-guarantee jobs, all its jobs, how many are protected by min runtime).
@@ -81,6 +82,8 @@ class ReclaimMixin:
                 cand.sort(key=lambda v: (v.priority, -(v.started_at if v.started_at is not None else -math.inf), v.id))
                 over = [v for v in cand if v.id in self.over_at_start]
                 lists[name] = (over, cand, len(young))
+                # a lower bound for the rest of the cycle: pausing only removes jobs from the list
+                self.smallest_over[name] = min((self.milli[v.id] for v in over), default=0)
             self._victims = lists
         return self._victims
 
@@ -122,7 +125,9 @@ class ReclaimMixin:
                     names.append(name)
                 protected += young
             elif within and self.usage[name] > self.projects[name].train_guarantee_milli:
-                if over:
+                # the smallest over-guarantee job must fit in what the project may lose
+                room = self.usage[name] - self.projects[name].train_guarantee_milli
+                if over and self.smallest_over[name] <= room:
                     names.append(name)
                 protected += young
         names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n], n))
