@@ -23,6 +23,7 @@ from tornado.iostream import StreamClosedError
 from scheduler.api.base import ApiHandler, maybe_await
 
 MAX_WAIT_S = 60.0
+MAX_SEQ = 2**62  # sequence numbers are SQLite integers (int64)
 KEEPALIVE_S = 15.0
 
 
@@ -41,7 +42,7 @@ class EventsHandler(ApiHandler):
             await self._long_poll()
 
     async def _long_poll(self) -> None:
-        since = self.query_int("since", 0, minimum=0)
+        since = self.query_int("since", 0, minimum=0, maximum=MAX_SEQ)
         timeout = self.query_float("timeout", 0.0, minimum=0.0, maximum=MAX_WAIT_S)
         events = list(await maybe_await(self.core.events_since(since)))
         if not events and timeout:
@@ -69,10 +70,10 @@ class EventsHandler(ApiHandler):
 
     async def _stream(self) -> None:
         last_id = self.request.headers.get("Last-Event-ID")
-        if last_id is not None and last_id.strip().isdigit():
+        if last_id is not None and last_id.strip().isdigit() and int(last_id) <= MAX_SEQ:
             seq = int(last_id)
         else:
-            seq = self.query_int("since", None, minimum=0)
+            seq = self.query_int("since", None, minimum=0, maximum=MAX_SEQ)
             if seq is None:
                 seq = int(self.core.last_event_seq)
         shutdown: asyncio.Event | None = self.settings.get("shutdown_event")

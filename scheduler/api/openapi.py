@@ -106,14 +106,14 @@ def _paths() -> dict[str, Any]:
         } for action in ("pause", "resume", "cancel", "renew")},
         "/api/v1/jobs/{job_id}/logs": {"parameters": [JOB_ID], "get": _op(
             "Read job log", _json(_ref("Logs"), "A chunk of the job's output"), errors=(400, 401, 403, 404),
-            params=[_query("offset", {"type": "integer", "minimum": 0}, "Byte offset to read from"),
+            params=[_query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62}, "Byte offset to read from"),
                     _query("limit", {"type": "integer", "minimum": 1, "maximum": 16 * 2**20}, "Most bytes")])},
         "/api/v1/events": {"get": _op(
             "Events", {**_json(_ref("Events"), "Events newer than since (long-poll)"),
                        "content": {"application/json": {"schema": _ref("Events")},
                                    "text/event-stream": {"schema": {"type": "string"}}}},
             errors=(400, 401),
-            params=[_query("since", {"type": "integer", "minimum": 0}, "Last seq seen"),
+            params=[_query("since", {"type": "integer", "minimum": 0, "maximum": 2**62}, "Last seq seen"),
                     _query("timeout", {"type": "number", "minimum": 0, "maximum": 60},
                            "Seconds to wait for an event (long-poll)")])},
         "/api/v1/history": {"get": _op(

@@ -151,13 +151,15 @@ class ServeProcess:
     """`gpupool serve` as a child process on a free port, with a settings file and a known admin token."""
 
     def __init__(self, state_dir: Path, home: Path, simulate: str = "4xA100-80GB",
-                 settings: dict[str, Any] | None = None, admin_token: str = "admin-secret") -> None:
+                 settings: dict[str, Any] | None = None, admin_token: str = "admin-secret",
+                 extra_env: dict[str, str] | None = None) -> None:
         self.state_dir = state_dir
         self.home = home
         self.admin_token = admin_token
         self.config = state_dir.parent / f"{state_dir.name}-settings.json"
         self.config.write_text(json.dumps(settings or {}))
         self.simulate = simulate
+        self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
         self.banner: list[str] = []
@@ -165,6 +167,7 @@ class ServeProcess:
     def start(self, port: int = 0) -> ServeProcess:
         env = cli_env("", None, self.home)
         env["GPUPOOL_ADMIN_TOKEN"] = self.admin_token
+        env.update(self.extra_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", str(port),
              "--simulate", self.simulate, "--config", str(self.config), "--log-level", "WARNING"],
