@@ -49,3 +49,64 @@ async def test_leave_mode_readopts_running_jobs(tmp_path):
     finally:
         await again.stop()
     assert len((wd / "starts.txt").read_text().splitlines()) == 1
+
+
+async def test_start_interrupted_before_spawn_is_requeued_not_lost(tmp_path):
+    """The store says "starting attempt 1" but the service died before the process existed."""
+    from scheduler.store import JobRecord, Store
+
+    core = SchedulerCore(fast_config(tmp_path / "s"))
+    await core.start()
+    core.set_project(ADMIN, "p", {"train_guarantee": 1})
+    gpu = core.pool()["nodes"][0]["gpus"][0]
+    await core.stop()
+    marker = tmp_path / "ran.txt"
+    store = Store(tmp_path / "s" / "state.db")
+    store.insert_job(JobRecord(
+        id="j-000900", num=900, name="x", project="p", user="alice", kind="train", state="running",
+        request={"gpus": 1}, attempts=1, submitted_at=1.0, reason="starting attempt 1",
+        assignment={"node": "testhost", "gpus": [{"id": gpu["id"], "index": 0, "model": gpu["model"],
+                                                  "milli": 1000, "memory_limit": gpu["memory"]}]},
+        workdir=str(tmp_path), command=[PY, "-c", f"import os; open({str(marker)!r}, 'a').write(os.environ['GPUPOOL_ATTEMPT'] + os.environ['GPUPOOL_RESUME'] + chr(10))"],
+    ))
+    ticket = tmp_path / "s" / "jobs" / "j-000900" / "run" / "attempt-1.launch"
+    ticket.parent.mkdir(parents=True)
+    ticket.write_text("x")  # written, but the wrapper never claimed it
+    store.close()
+    again = SchedulerCore(fast_config(tmp_path / "s"))
+    await again.start()
+    try:
+        events = [e for e in again.events_since(0) if e.get("job_id") == "j-000900"]
+        assert any("start interrupted" in e["reason"] for e in events)
+        await wait_for(lambda: again.get_job(ALICE, "j-000900")["state"] == "succeeded")
+    finally:
+        await again.stop()
+    assert marker.read_text() == "10\n"  # ran once, as a first attempt
+
+
+async def test_wait_events_wakes_on_new_event(make_core):
+    import asyncio
+
+    core = await make_core()
+    seq = core.last_event_seq
+    waiter = asyncio.create_task(core.wait_events(seq, 10))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    core.set_project(ADMIN, "p", {})
+    events = await asyncio.wait_for(waiter, 5)
+    assert events and events[0]["type"] == "project" and events[0]["seq"] == seq + 1
+
+
+def test_process_owner_found_by_environment(tmp_path):
+    import os
+    import subprocess
+
+    from scheduler.service.watchdog import job_of_process
+
+    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"], env={**os.environ, "GPUPOOL_JOB_ID": "j-000042"})
+    try:
+        assert job_of_process(proc.pid, {}) == "j-000042"  # a kernel: found through its environment
+        assert job_of_process(os.getpid(), {os.getsid(0): "j-1"}) == "j-1"  # a job: found through its session
+    finally:
+        proc.kill()
+        proc.wait()
