@@ -69,7 +69,13 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+    """A finite JSON number that fits a float (JSON integers may be arbitrarily large)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> dict[str, str]:
@@ -131,7 +137,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
             raise InvalidRequest(f"gpus must be at least 1, not {gpus}")
         most = limits.max_gpus.get(pool, 0)
         if gpus > most:
-            raise InvalidRequest(f"gpus={gpus} is more than any node of the {pool} pool has ({most})")
+            raise InvalidRequest(f"gpus={str(gpus)[:20]} is more than any node of the {pool} pool has ({most})")
         n_gpus = gpus
     if fraction is not None:
         if not _is_num(fraction):
