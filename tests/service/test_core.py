@@ -358,3 +358,15 @@ async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
         assert b["state"] == "running"  # ...but a build share is decided at once all the same
     finally:
         await core.stop()
+
+
+async def test_memory_request_and_model_choice(make_core):
+    core = await make_core(simulate="1xA100-80GB,1xT4")
+    core.set_project(ADMIN, "p", {"build_quota": 2})
+    want = 8 * 1024**3
+    job, _ = await core.submit(ALICE, {"project": "p", "kind": "build", "gpu_memory": want, "gpu_model": "t4"})
+    assert job["state"] == "running"
+    (gpu,) = job["assignment"]["gpus"]
+    assert gpu["model"] == "T4" and gpu["memory_limit"] == want and gpu["milli"] == 500  # 8 of 16 GiB
+    assert job["env"]["GPUPOOL_GPU_MEMORY_LIMIT"] == str(want)
+    assert job["request"]["gpu_model"] == "T4"
