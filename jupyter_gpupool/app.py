@@ -102,6 +102,7 @@ class GPUPool(ExtensionApp):
 
     connection: PoolConnection | None = None
     _previous_provisioner: str | None = None
+    _stopping: asyncio.Future[None] | None = None
     _tasks: list[asyncio.Task[Any]]
 
     def pool_settings(self) -> PoolSettings:
@@ -128,6 +129,7 @@ class GPUPool(ExtensionApp):
         self._tasks = []
         self.connection = PoolConnection(self.pool_settings())
         self.connection.on_ready = self.start_background
+        self.connection.log = self.log
         connection_mod.set_current(self.connection)
         self.settings["gpupool_connection"] = self.connection
         self.settings["gpupool_app"] = self
@@ -229,7 +231,16 @@ class GPUPool(ExtensionApp):
                 self.log.warning("gpupool: share %s not released at shutdown: %s", share.job_id, err)
 
     async def stop_extension(self) -> None:
-        """Stop the tasks and the embedded scheduler (its jobs pause and resume next start)."""
+        """Stop the tasks, give the shares back, stop the embedded scheduler (jobs pause, resume next start).
+
+        Safe to call twice at once (a second stop signal during shutdown):
+        both calls wait for the same single stop.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -93,6 +93,7 @@ class PoolConnection:
         self._lock = asyncio.Lock()
         self._ready = False
         self.closed = False
+        self.log: logging.Logger | logging.LoggerAdapter[Any] = log
         self.on_ready: Callable[[], None] | None = None
         """Called once connected, in the loop: the extension starts its periodic tasks there."""
 
@@ -210,7 +211,7 @@ class PoolConnection:
         self.embedded = EmbeddedScheduler(state_dir, **kwargs)
         await self.embedded.start()
         self.url = self.embedded.url.rstrip("/")
-        log.info("gpupool: embedded scheduler at %s (state in %s)", self.url, state_dir)
+        self.log.info("gpupool: embedded scheduler at %s (state in %s)", self.url, state_dir)
 
     def kernel_env(self) -> dict[str, str]:
         """What a kernel needs to reach the scheduler as this user (widgets, magics)."""
