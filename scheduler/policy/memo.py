@@ -33,7 +33,9 @@ class FailureMemo(Generic[T]):
 
     def __init__(self) -> None:
         self.generation = 0
-        self._exact: dict[tuple[Hashable, int], T] = {}
+        # keyed by id() for speed; the entry holds the request itself, which keeps the id from
+        # being reused by another object and lets a lookup check it is the same request
+        self._exact: dict[tuple[Hashable, int], tuple[Request, T]] = {}
         self._frontier: dict[tuple[Hashable, frozenset[str]], list[tuple[int, int, int, T]]] = {}
 
     def _sync(self, generation: int) -> None:
@@ -46,21 +48,23 @@ class FailureMemo(Generic[T]):
         """The payload of a remembered failure that implies ``req`` fails too, or None."""
         self._sync(generation)
         hit = self._exact.get((context, id(req)))
-        if hit is not None or req.gpu_memory_mib:
-            return hit
+        if hit is not None and hit[0] is req:
+            return hit[1]
+        if req.gpu_memory_mib:
+            return None
         frontier = self._frontier.get((context, req.gpu_models))
         if frontier:
             level, cpu, mem = gpu_level(req), req.cpu_milli, req.memory_mib
             for f_level, f_cpu, f_mem, payload in frontier:
                 if level >= f_level and cpu >= f_cpu and mem >= f_mem:
-                    self._exact[(context, id(req))] = payload
+                    self._exact[(context, id(req))] = (req, payload)
                     return payload
         return None
 
     def add(self, context: Hashable, req: Request, generation: int, payload: T) -> None:
-        """Remember that ``req`` (an interned request) failed in ``context``."""
+        """Remember that ``req`` failed in ``context``."""
         self._sync(generation)
-        self._exact[(context, id(req))] = payload
+        self._exact[(context, id(req))] = (req, payload)
         if req.gpu_memory_mib:
             return
         key = (context, req.gpu_models)
