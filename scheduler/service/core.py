@@ -9,13 +9,15 @@ Authorization lives here, not in the HTTP layer, so every caller gets it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib.util
 import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from scheduler.envbuilder import gpu_environment
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded, Unavailable
@@ -95,6 +97,28 @@ COALESCE_ABOVE_S = 0.02  # cycles cheaper than this always run at once
 PolicyFn = Callable[[Snapshot], Decisions]
 
 
+def _lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold an exclusive lock on ``<state_dir>/service.lock`` for the core's lifetime.
+
+    Two services on one state dir would both start jobs on the same GPUs. The
+    kernel drops the lock when the process dies (kill -9 included), so a crash
+    never leaves a stale lock behind.
+    """
+    f = open(state_dir / "service.lock", "a+")  # kept open: the lock lives as long as this file
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise Unavailable(f"another gpupool scheduler (pid {holder}) is using the state directory {state_dir}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 class SchedulerCore:
     """Durable job state, a scheduling cycle on every event, and local execution.
 
@@ -114,6 +138,7 @@ class SchedulerCore:
         self.config = config or ServiceConfig()
         self.state_dir = self.config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = _lock_state_dir(self.state_dir)
         self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
         self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation, self.config.node_name)
         self.simulated: bool = bool(self._inventory.simulated)
@@ -193,6 +218,7 @@ class SchedulerCore:
         self._emit("pool", reason="scheduler stopped")
         self._store.close()
         self._inventory.close()
+        self._lock.close()  # releases the flock: another service may now use the state dir
 
     async def _loop(self, period: float, fn: Callable[[], None]) -> None:
         while True:

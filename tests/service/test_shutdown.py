@@ -110,3 +110,22 @@ def test_process_owner_found_by_environment(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_one_service_per_state_dir(tmp_path):
+    from scheduler.errors import Unavailable
+
+    first = SchedulerCore(fast_config(tmp_path / "s"))
+    await first.start()
+    try:
+        try:
+            SchedulerCore(fast_config(tmp_path / "s"))
+        except Unavailable as e:
+            assert "another gpupool scheduler" in e.message and str(__import__("os").getpid()) in e.message
+        else:
+            raise AssertionError("a second service started on the same state dir")
+    finally:
+        await first.stop()
+    second = SchedulerCore(fast_config(tmp_path / "s"))  # released at stop
+    await second.start()
+    await second.stop()
