@@ -165,7 +165,13 @@ class GPUPool(ExtensionApp):
 
     @property
     def renew_every(self) -> float:
-        return self.renew_interval or max(self.lease_seconds / 3.0, 0.05)
+        """Seconds between renewals: as configured, but never more than a third of the lease the
+        scheduler actually grants (a shared scheduler may have a shorter lease than ours)."""
+        every = self.renew_interval or self.lease_seconds / 3.0
+        granted = leases.shortest_lease()
+        if granted:
+            every = min(every, granted / 3.0)
+        return max(every, 0.05)
 
     async def renew_once(self) -> list[str]:
         """One round of lease renewal (also what the periodic task runs)."""

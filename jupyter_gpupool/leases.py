@@ -10,6 +10,7 @@ lost kernel can hold a GPU without the server having to notice anything.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,21 @@ class Share:
     kernel_id: str
     job_id: str
     path: str = ""
+    lease_s: float | None = None  # the lease length the scheduler granted (seen at take or renew)
+
+
+def lease_length(job: dict[str, Any]) -> float | None:
+    """Seconds of lease the scheduler gave with this Job reply (None when it has no lease)."""
+    expires = job.get("lease_expires_at")
+    if not expires:
+        return None
+    return max(float(expires) - time.time(), 0.0)
+
+
+def shortest_lease() -> float | None:
+    """The shortest lease among held shares: renewals must come well within it."""
+    known = [s.lease_s for s in _shares.values() if s.lease_s]
+    return min(known) if known else None
 
 
 _shares: dict[str, Share] = {}
@@ -87,5 +103,6 @@ async def renew_live_shares(client: Any, kernel_manager: Any) -> list[str]:
         if job.get("state") not in ("queued", "running"):
             release(share.kernel_id)
             continue
+        share.lease_s = lease_length(job) or share.lease_s
         renewed.append(share.job_id)
     return renewed

@@ -208,7 +208,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         notebook = self._notebook_path(dict(env_in))
         job = await self._take_share(conn, notebook)
         self.job = job
-        leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"], path=notebook))
+        leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"], path=notebook,
+                                 lease_s=leases.lease_length(job)))
         try:
             kwargs = await super().pre_launch(**kwargs)
             simulated = conn.embedded.core.simulated if conn.embedded is not None else None

@@ -100,3 +100,20 @@ async def test_embedded_connection_keeps_one_user_token(tmp_path: Any) -> None:
     assert (tmp_path / "state" / "jupyter_user_token").stat().st_mode & 0o777 == 0o600
     with pytest.raises(Exception, match="stopped"):
         await conn.client()
+
+
+def test_renewal_follows_the_granted_lease() -> None:
+    import time as _time
+
+    from jupyter_gpupool import leases
+
+    assert leases.lease_length({"lease_expires_at": None}) is None
+    assert 9 < leases.lease_length({"lease_expires_at": _time.time() + 10}) <= 10
+    leases.hold(leases.Share("k1", "j-1", lease_s=30.0))
+    leases.hold(leases.Share("k2", "j-2", lease_s=12.0))
+    try:
+        assert leases.shortest_lease() == 12.0
+    finally:
+        leases.release("k1")
+        leases.release("k2")
+    assert leases.shortest_lease() is None
