@@ -139,8 +139,18 @@ class SchedulerCore:
         self.state_dir = self.config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = _lock_state_dir(self.state_dir)
-        self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
-        self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation, self.config.node_name)
+        try:
+            self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
+        except BaseException:
+            self._lock.close()
+            raise
+        try:
+            self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation,
+                                                  self.config.node_name)
+        except BaseException:  # e.g. an unknown model in the simulation spec: free the state dir again
+            self._store.close()
+            self._lock.close()
+            raise
         self.simulated: bool = bool(self._inventory.simulated)
         self.executor = LocalExecutor(self.config.jobs_dir)
         self.admin_token = load_or_create_admin_token(self.state_dir, self.config.admin_token)

@@ -129,3 +129,13 @@ async def test_one_service_per_state_dir(tmp_path):
     second = SchedulerCore(fast_config(tmp_path / "s"))  # released at stop
     await second.start()
     await second.stop()
+
+
+def test_bad_simulation_spec_is_a_clear_error_and_frees_the_state_dir(tmp_path):
+    import pytest
+
+    from scheduler.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="unknown GPU model"):
+        SchedulerCore(fast_config(tmp_path / "s", simulate="2xB9000"))
+    SchedulerCore(fast_config(tmp_path / "s"))._lock.close()  # the lock was released
