@@ -42,6 +42,7 @@ import numpy as np
 
 from scheduler.errors import InvalidRequest
 from scheduler.policy.model import Assignment, Node, Request, Workload
+from scheduler.policy.placement_capacity import CapacityModel
 from scheduler.policy.placement_frag import FragModel, request_shape
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
@@ -123,13 +124,23 @@ class FreeState:
         if rank.shape != (n,):
             raise InvalidRequest("tie_rank must give one rank per node")
         self.tie_rank = rank
+        self._rank_order = np.argsort(rank, kind="stable")
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._failed: dict[Request, int] = {}
         self._release_version = 0
+        classes: dict[tuple, int] = {}
+        self.node_class = np.array([
+            classes.setdefault(tuple(zip(self.cap[i].tolist(), self.gpu_mem[i].tolist(), self.model_id[i].tolist(),
+                                         self.topo_id[i].tolist(), strict=True)), len(classes))
+            for i in range(n)
+        ], dtype=np.int64)
+        self._state_ids: dict[tuple, int] = {}
         self._refresh_all()
         self.frag: FragModel | None = None
-        if policy in ("default", "fgd"):
+        if policy == "fgd":
             self.frag = FragModel(self, fixed=workload)
+        elif policy == "default":
+            self.frag = CapacityModel(self, fixed=workload)
 
     # ------------------------------------------------------------ building
 
@@ -173,11 +184,35 @@ class FreeState:
         full = (self.free == self.cap) & self.valid
         self.whole_free = full.sum(axis=1)
         self.max_share = np.where(self.valid, self.free, 0).max(axis=1) if len(self.names) else self.max_share
+        self.state_key = np.array([self._key_of(i) for i in range(len(self.names))], dtype=np.int64)
+        self._maxima = None
 
     def _refresh_row(self, i: int) -> None:
         row, cap, valid = self.free[i], self.cap[i], self.valid[i]
         self.whole_free[i] = int(((row == cap) & valid).sum())
         self.max_share[i] = int(np.where(valid, row, 0).max())
+        self.state_key[i] = self._key_of(i)
+        self._maxima = None
+
+    def _key_of(self, i: int) -> int:
+        """Small id shared by nodes in identical states (same hardware, same free amounts).
+
+        Such nodes score alike under every policy, so the scorers evaluate one of
+        each (the first by tie rank) instead of all of them.
+        """
+        key = (int(self.node_class[i]), int(self.cpu_free[i]), int(self.mem_free[i]),
+               tuple(sorted(self.free[i].tolist())))
+        return self._state_ids.setdefault(key, len(self._state_ids))
+
+    def _global_max(self) -> tuple[int, int, int, int]:
+        """(most whole free GPUs, largest free share, most free CPU, most free memory) on any node."""
+        if self._maxima is None:
+            if not self.names:
+                self._maxima = (0, 0, -1, -1)
+            else:
+                self._maxima = (int(self.whole_free.max()), int(self.max_share.max()),
+                                int(self.cpu_free.max()), int(self.mem_free.max()))
+        return self._maxima
 
     def _apply(self, assignment: Assignment, request: Request, sign: int) -> int:
         i = self.node_index.get(assignment.node)
@@ -256,6 +291,11 @@ class FreeState:
             self.frag.observe(request)
         if self._failed.get(request) == self._release_version:
             return None
+        most_whole, most_share, most_cpu, most_mem = self._global_max()
+        if (request.gpus > most_whole or request.gpu_milli > most_share or request.cpu_milli > most_cpu
+                or request.memory_mib > most_mem):
+            self._failed[request] = self._release_version
+            return None
         mask = (self.cpu_free >= request.cpu_milli) & (self.mem_free >= request.memory_mib)
         ok = None
         if request.gpus:
@@ -273,6 +313,7 @@ class FreeState:
         if cand.size == 0:
             self._failed[request] = self._release_version
             return None
+        cand = self._distinct(cand)
         if request.gpus > 1 and self.max_groups > 1:
             cand = self._prefer_one_group(cand, request)
         if ok is None and (request.gpu_milli or request.gpus):
@@ -281,6 +322,23 @@ class FreeState:
             ok = ok[cand]
         i, slots = self._choose(cand, ok, request)
         return self._assignment(i, slots, request)
+
+    def _distinct(self, cand: np.ndarray) -> np.ndarray:
+        """One candidate per distinct node state: the first in tie order (result in node order).
+
+        Nodes in the same state score alike under every policy and ties go by tie
+        rank, so dropping the others changes no answer and saves most of the
+        scoring work on large, uniform clusters.
+        """
+        if cand.size < 2:
+            return cand
+        in_cand = np.zeros(len(self.names), dtype=bool)
+        in_cand[cand] = True
+        ordered = self._rank_order[in_cand[self._rank_order]]
+        _, first = np.unique(self.state_key[ordered], return_index=True)
+        if first.size == cand.size:
+            return cand
+        return np.sort(ordered[first])
 
     def _gpu_ok_rows(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Usable GPU slots on the candidate rows only (cheaper than all rows)."""

@@ -60,11 +60,18 @@ def request_shape(request: Request) -> Shape | None:
     return None
 
 
+def _volume(shape: Shape) -> float:
+    """Milli-GPU a request of this shape takes (memory shapes: counted as half a GPU)."""
+    kind, amount, _ = shape
+    return 1000.0 * amount if kind == "w" else float(amount) if kind == "f" else 500.0
+
+
 class FragModel:
     """Expected-fragmentation cache for one :class:`FreeState`, and the choice it drives."""
 
     REFRESH_MIN = 32  # re-weigh the learned mix after this many new requests ...
     REFRESH_FRACTION = 0.05  # ... or this share of what was seen, whichever is larger
+    WEIGHT_BY_GPU = False  # weigh a type by its GPU volume (count x milli), not its count
 
     def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
         self.state = state
@@ -114,11 +121,12 @@ class FragModel:
         self._shapes = shapes
         s_count = len(shapes)
         sidx = {s: k for k, s in enumerate(shapes)}
-        total = sum(self.counts.values()) or 1.0
         cpus = sorted({c for (_, c) in self.counts})
         self.cpu_levels = np.asarray(cpus, dtype=np.int64)
         table = np.zeros((len(cpus) + 1, s_count))
-        for (shape, cpu), cnt in sorted(self.counts.items(), key=repr):
+        weights = {k: c * (_volume(k[0]) if self.WEIGHT_BY_GPU else 1.0) for k, c in self.counts.items()}
+        total = sum(weights.values()) or 1.0
+        for (shape, cpu), cnt in sorted(weights.items(), key=repr):
             level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
             table[level:, sidx[shape]] += cnt / total
         self.cpu_table = table

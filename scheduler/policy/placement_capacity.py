@@ -1,0 +1,168 @@
+"""The ``default`` policy's measure: expected GPU share the coming work can still use.
+
+FGD (:mod:`scheduler.policy.placement_frag`) asks, for each request type, whether
+*one* more request of that type fits a node. On real traces most drops are not
+for lack of GPU share but for lack of CPU next to it (a GPU node whose cores
+went to CPU-heavy work strands its free GPUs), and one-request lookahead does
+not see that: a node with 8 free GPUs and 12 free cores "fits" an 11-core
+single-GPU job, yet 7 of those GPUs are already lost.
+
+So for each type ``m`` (GPU shape, CPU need) we count how much GPU share of a
+node ``m`` could actually consume if only ``m`` came from now on:
+
+* GPU side: a fraction ``d`` can use ``floor(f / d) * d`` of a GPU with free
+  share ``f`` (what is left below ``d`` is lost to it); whole-GPU types use
+  ``floor(W / n) * n`` of the ``W`` untouched GPUs;
+* CPU side: the node's free CPU runs only ``floor(cpu / cpu_m)`` such requests;
+* usable_m = min(GPU side, CPU side x the type's GPU size), 0 for a wrong model.
+
+A node's fragmentation is its free share minus the expected usable share,
+``F = Ftot - sum_m p_m usable_m``; a request goes where F rises least (the
+free share it takes is the same everywhere, so this keeps the most share
+usable). Ties go to the node left fullest, then by node order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduler.policy.model import Request
+from scheduler.policy.placement_frag import FragModel, _volume
+
+
+class CapacityModel(FragModel):
+    """Expected usable share per node, cached per GPU shape; drives ``default``."""
+
+    WEIGHT_BY_GPU = False
+    MODE = "poisson"
+    HORIZON = 1.0
+    W_BASE = 1.0
+
+    def rebuild(self) -> None:
+        st = self.state
+        n = len(st.names)
+        shapes = sorted({k[0] for k in self.counts}, key=repr)
+        self._shapes = shapes
+        sidx = {s: k for k, s in enumerate(shapes)}
+        keys = sorted(self.counts, key=repr)
+        weights = np.array([self.counts[k] * (_volume(k[0]) if self.WEIGHT_BY_GPU else 1.0) for k in keys])
+        self.p = weights / weights.sum() if len(keys) else weights
+        self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
+        self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
+        self.t_vol = np.array([_volume(k[0]) for k in keys], dtype=np.float64)
+        self.t_inv_cpu = np.where(self.t_cpu > 0, 1.0 / np.maximum(self.t_cpu, 1), 0.0)
+        self.t_no_cpu = np.where(self.t_cpu > 0, 0.0, np.inf)  # CPU-free types: no CPU limit
+        self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
+        self.n_whole = np.array([max(s[1], 1) if s[0] == "w" else 1 for s in shapes], dtype=np.int64)
+        node_model = st.model_id[:, 0] if n else np.zeros(0, dtype=np.int64)
+        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)
+        cap = st.cap.max(axis=1) if n else np.zeros(0, dtype=np.int64)
+        demand = np.ones((n, len(shapes)), dtype=np.int64)
+        allowed = np.ones((n, len(shapes)), dtype=bool)
+        for k, (kind, amount, models) in enumerate(shapes):
+            if kind == "w":
+                demand[:, k] = np.iinfo(np.int32).max  # never used by the fraction formula
+            elif kind == "f":
+                demand[:, k] = amount
+            else:
+                demand[:, k] = -(-amount * 1000 // np.maximum(gpu_mem, 1))
+            if models:
+                ids = [st.models[m] for m in models if m in st.models]
+                allowed[:, k] = np.isin(node_model, ids)
+        allowed &= st.valid[:, :1]
+        self.demand = np.maximum(demand, 1)
+        self.allowed = allowed
+        self.node_cap = cap
+        self.su = self._packable(st.free, st.valid, self.demand) if n else np.zeros((0, len(shapes)))
+        self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
+        self.full_pack = self._packable(cap[:, None], np.ones((n, 1), dtype=bool), self.demand) if n else self.su
+        self._init = True
+        self.usable_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, None, st.cpu_free)
+        self._init = False
+        self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
+        self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
+        self._dirty = False
+        self._seen_since = 0
+
+    @staticmethod
+    def _packable(free: np.ndarray, valid: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        """Per row and shape: share fractions of that shape could fill, GPU by GPU."""
+        f = np.where(valid, free, 0)[:, :, None]
+        d = demand[:, None, :]
+        return ((f // d) * d).sum(axis=1).astype(np.float64)
+
+    def _usable(self, rows: np.ndarray, su: np.ndarray, whole: np.ndarray, cpu: np.ndarray) -> np.ndarray:
+        """usable[row, type]: GPU share each request type could still consume on the node."""
+        wide = (whole[:, None] // self.n_whole) * self.n_whole * self.node_cap[rows][:, None]
+        gpu_side = (np.where(self.whole, wide, su) * self.allowed[rows])[:, self.t_shape]
+        # floor(cpu / cpu_m) requests fit by CPU; the epsilon keeps exact multiples exact
+        cpu_side = np.floor(cpu[:, None] * self.t_inv_cpu + 1e-9) * self.t_vol + self.t_no_cpu
+        return np.minimum(gpu_side, cpu_side)
+
+    def _frag(self, rows, su, ftot, whole, maxfree, cpu) -> np.ndarray:  # noqa: ANN001
+        """Loss of usable share against the current state (lower is better), per row."""
+        if not self._shapes:
+            return np.zeros((len(rows), 0)) if self._init else np.zeros(len(rows))
+        usable = self._usable(rows, su, whole, cpu)
+        if self._init:
+            return usable
+        return -((usable - self.usable_now[rows]) @ self._weights())
+
+    def _weights(self) -> np.ndarray:
+        if self.MODE == "count":
+            return self.p
+        if self.MODE == "log":
+            return self.p / np.maximum(self.total, self.t_vol)
+        # "poisson": value of one unit of usable share of type m = chance that the
+        # m-requests still to come before the pool is full outnumber m's free slots
+        p_gpu = self.p
+        mean_vol = float(p_gpu @ self.t_vol) or 1.0
+        arrivals = self.HORIZON * p_gpu * float(self.ftot.sum()) / mean_vol
+        slots = self.total / self.t_vol
+        z = (slots - 0.5 - arrivals) / np.sqrt(arrivals + 1e-9)
+        tail = 0.5 * (1.0 - np.tanh(0.7978845608 * (z + 0.044715 * z**3)))
+        return tail + self.W_BASE * self.p
+
+    def update_row(self, i: int) -> None:
+        if self._dirty:
+            return
+        st = self.state
+        self.su[i] = self._packable(st.free[i : i + 1], st.valid[i : i + 1], self.demand[i : i + 1])[0]
+        self.ftot[i] = float(np.where(st.valid[i], st.free[i], 0).sum())
+        rows = np.array([i])
+        new = self._usable(rows, self.su[rows], st.whole_free[rows], st.cpu_free[rows])[0]
+        self.total += new - self.usable_now[i]
+        self.usable_now[i] = new
+
+    def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
+        st = self.state
+        n = request.gpus
+        whole = st.whole_free[cand] - n
+        ftot = self.ftot[cand] - n * self.node_cap[cand]
+        su = self.su[cand] - n * self.full_pack[cand] if n else self.su[cand]
+        self._ftot_after = ftot
+        after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
+        return after - self.frag_now[cand]
+
+    def _delta_fraction(self, cand: np.ndarray, ok: np.ndarray, request: Request):  # noqa: ANN201
+        st = self.state
+        free = st.free[cand]
+        cap = st.cap[cand]
+        full = (free == cap) & st.valid[cand]
+        first_full = full & (np.cumsum(full, axis=1) == 1)
+        keep = ok & (~full | first_full)
+        kk, jj = np.nonzero(keep)
+        rows = cand[kk]
+        f_old = free[kk, jj]
+        if request.gpu_memory_mib:
+            need = -(-request.gpu_memory_mib * 1000 // st.gpu_mem[rows, jj])
+        else:
+            need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
+        f_new = f_old - need
+        d = self.demand[rows]
+        su = self.su[rows] - (f_old[:, None] // d) * d + (f_new[:, None] // d) * d
+        ftot = self.ftot[rows] - need
+        whole = st.whole_free[rows] - (f_old == cap[kk, jj])
+        self._ftot_after = ftot
+        after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - request.cpu_milli)
+        return rows, jj, after - self.frag_now[rows]
