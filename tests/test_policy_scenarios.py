@@ -291,3 +291,30 @@ def test_decisions_are_deterministic_and_order_free() -> None:
     d2 = schedule(dataclasses.replace(s, workloads=tuple(reversed(ws))))
     assert d1 == d2
     assert all(w.kind is Kind.TRAIN for w in s.workloads)
+
+
+def _stream(starvation_s: float, cycles: int = 40) -> int | None:
+    """A 4-GPU job amid a stream of 1-GPU jobs (2 new per second, each runs 3 s) on 2 x 4 GPUs.
+
+    Returns the cycle in which the big job started, or None.
+    """
+    s = snap([node("n1", 4), node("n2", 4)], [project("A", 8)], [train("big", "A", gpus=4, t=0)],
+             now=0, starvation_s=starvation_s)
+    s = submit(s, *[on(train(f"pre{i}", "A", t=0), f"n{1 + i % 2}", i // 2, started=0) for i in range(3)])
+    serial = 0
+    for k in range(cycles):
+        done = [w.id for w in s.workloads if w.running and w.id != "big" and w.started_at + 3 <= s.now]
+        s = finish(s, *done)
+        s = submit(s, *[train(f"s{serial + i}", "A", t=s.now + 0.5) for i in range(2)])
+        serial += 2
+        s, d = cycle(s, advance=1)
+        assert violations(s) == []
+        if any(st.workload_id == "big" for st in d.starts):
+            return k
+    return None
+
+
+def test_starvation_rule_lets_a_big_job_through_a_stream_of_small_ones() -> None:
+    assert _stream(starvation_s=1e9) is None  # without the rule, backfill starves it
+    started = _stream(starvation_s=5.0)
+    assert started is not None and started <= 12

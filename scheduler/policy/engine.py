@@ -14,8 +14,9 @@ The rules are written down for users in docs/policy.md; in short:
   then by the project furthest below its fair share
   (:mod:`scheduler.policy.fairshare`), then by submission time.
 * A job may pause lower-priority jobs of its own project.
-* A job that has waited longer than ``starvation_s`` and still does not fit
-  reserves the node closest to fitting it; nothing else starts there.
+* A job that has waited longer than ``starvation_s`` is served in pass 1 at its
+  place in the order; if it still does not fit it reserves the node closest to
+  fitting it, and nothing else starts there this cycle.
 * A paused job is not resumed on idle capacity within ``resume_backoff_s`` of
   its pause; within its project's guarantee (where nothing can pause it again)
   it may resume at once.
@@ -323,7 +324,7 @@ class _Cycle(ReclaimMixin):
         self.shares = fair_shares(max(capacity, 0), inputs)
 
     def train_pass(self, jobs: list[Workload], first: bool) -> None:
-        """Pass 1 (``first``): jobs within their project's guarantee. Pass 2: the rest."""
+        """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
         queue = FairQueue(jobs, self.ratio)
         self.queue = queue
         deferred: list[Workload] = []
@@ -338,10 +339,12 @@ class _Cycle(ReclaimMixin):
             need = estimate(TRAIN_POOL, req)
             used = usage[name]
             within = used + need <= p.train_guarantee_milli
-            if first and not within:
+            if first and not within and (w.paused_at if w.paused_at is not None else w.submitted_at) > starving_from:
                 deferred.append(w)
                 queue.touch(name)
                 continue
+            # (a starving job is served at its place in the order even beyond its guarantee, so that
+            # within-guarantee jobs behind it cannot keep taking the room it waits for)
             # A job like one that just waited (same shape, project, priority, nothing changed since)
             # waits for the same reason; only a starving job must still try for a reservation.
             key = (id(req), name, within, w.priority)
