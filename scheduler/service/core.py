@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from scheduler.envbuilder import gpu_environment
+from scheduler.envbuilder import gpu_environment, mps_running
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from scheduler.executor.local import LocalExecutor, ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
@@ -181,6 +181,7 @@ class SchedulerCore:
         self._last_cycle = 0.0
         self._last_cycle_s = 0.0
         self._cycle_scheduled = False
+        self._mps_checked: tuple[float, bool] | None = None
 
     # ================================================================ lifecycle
     async def start(self) -> None:
@@ -440,6 +441,15 @@ class SchedulerCore:
             self._update(rec.id, reason=reason)
             rec.reason = reason
 
+    def _mps(self) -> bool:
+        """Whether to add MPS limits: the config, else a detection cached for a minute (it scans /proc)."""
+        if self.config.mps is not None:
+            return self.config.mps
+        now = time.monotonic()
+        if self._mps_checked is None or now - self._mps_checked[0] > 60:
+            self._mps_checked = (now, mps_running())
+        return self._mps_checked[1]
+
     def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
         gpus = []
         want_mem = rec.request.get("gpu_memory")
@@ -456,7 +466,7 @@ class SchedulerCore:
         assignment = self._assignment_wire(rec, s)
         shares = [(g["id"], g["milli"], g["memory_limit"]) for g in assignment["gpus"]]
         gpu_env = gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
-                                  mps=self.config.mps,
+                                  mps=self._mps(),
                                   pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
         fields: dict[str, Any] = dict(
             state="running", attempts=attempt, assignment=assignment, started_at=now, preemptible=s.preemptible,
