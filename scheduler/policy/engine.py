@@ -160,7 +160,10 @@ class _Cycle(ReclaimMixin):
         self.queue: FairQueue | None = None
         # per project: running training jobs beyond the guarantee now (the only ones another
         # project's reclaim may pause)
-        self.flags_at_start = {name: self.over_guarantee(name) for name in self.projects}
+        self.flags_at_start = {
+            name: self.over_guarantee(name) if self.usage[name] > p.train_guarantee_milli else set()
+            for name, p in self.projects.items()
+        }
         self.over_at_start: set[str] = set().union(*self.flags_at_start.values())
         ReclaimMixin.__init__(self)
 
