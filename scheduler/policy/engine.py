@@ -34,7 +34,7 @@ against their guarantee at the end.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scheduler.policy import reasons as txt
@@ -408,11 +408,11 @@ class _Cycle(ReclaimMixin):
         reserved = self.reserve(w, req)
         self.waits.append(Wait(w.id, reserved if reserved is not None else why))
 
-    def reason(self, key: tuple, build: object) -> str:
+    def reason(self, key: tuple, build: Callable[[], str]) -> str:
         """A reason string, built once per distinct ``key`` in the cycle."""
         text = self.reasons.get(key)
         if text is None:
-            text = self.reasons[key] = build()  # type: ignore[operator]
+            text = self.reasons[key] = build()
         return text
 
     def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:

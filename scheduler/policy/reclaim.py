@@ -100,6 +100,8 @@ class ReclaimMixin:
         lists = self.victim_lists()
         mine = lists.get(p.name, ([], [], 0))[1]
         own = bool(mine) and mine[0].priority < w.priority
+        # guarantees are GPU guarantees: a job asking no GPU does not pause other projects' work
+        within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
         if not within and not own:
             return self.no_room(req, p, within, 0, tried=False)
         context = (within, p.name if own else None, w.priority if own else None)
