@@ -488,7 +488,7 @@ class SchedulerCore:
             return
         self._procs[rec.id] = handle
         self._update(rec.id, pid=handle.pid, pid_start=handle.start_time,
-                               reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason)
+                     reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason)
         self._emit_job(rec.id)
 
     # ================================================================ stopping and finishing
@@ -531,8 +531,8 @@ class SchedulerCore:
         if intent in PAUSE_INTENTS:
             reason = rec.reason or PAUSE_INTENTS[intent]
             self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
-                                   pid_start=None, stop_intent=None, exit_code=code, reason=reason,
-                                   user_paused=(intent == "pause"), preemptible=False)
+                         pid_start=None, stop_intent=None, exit_code=code, reason=reason,
+                         user_paused=(intent == "pause"), preemptible=False)
             if intent != "preempt":
                 self._metrics.pauses.labels(intent).inc()
             self._emit_job(rec.id)
@@ -542,8 +542,8 @@ class SchedulerCore:
             self._finish(rec, "failed", rec.reason, exit_code=code)
         elif lost:
             self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
-                                   pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
-                                   reason="process lost during restart; requeued")
+                         pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
+                         reason="process lost during restart; requeued")
             self._emit_job(rec.id)
         elif code is None:
             self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
@@ -558,8 +558,8 @@ class SchedulerCore:
 
     def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
         self._update(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
-                               assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
-                               lease_expires_at=None)
+                     assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
+                     lease_expires_at=None)
         self._metrics.finished.labels(state).inc()
         self._emit_job(rec.id)
         ev = self._settled.pop(rec.id, None)
@@ -599,8 +599,8 @@ class SchedulerCore:
                 outcome, handle, code = u.outcome, u.handle, u.exit_code
                 if outcome == "not-started":
                     self._update(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
-                                           assignment=None, started_at=None, stop_intent=None,
-                                           reason="start interrupted by a service restart; requeued")
+                                 assignment=None, started_at=None, stop_intent=None,
+                                 reason="start interrupted by a service restart; requeued")
                     self._emit_job(rec.id)
                     continue
                 if outcome == "lost":
@@ -1009,7 +1009,7 @@ class SchedulerCore:
         reason = f"paused by {actor.user}"
         if rec.state in ("queued", "paused"):
             self._update(rec.id, state="paused", user_paused=True, reason=reason,
-                                   paused_at=rec.paused_at or time.time())
+                         paused_at=rec.paused_at or time.time())
             self._emit_job(rec.id)
         elif rec.stop_intent in ("preempt", "shutdown"):
             self._update(rec.id, stop_intent="pause", reason=reason)
