@@ -171,7 +171,9 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         try:
             job = await client.submit(spec)
         except (QuotaExceeded, Conflict) as err:
-            raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
+            if isinstance(err, QuotaExceeded) or "quota" in err.message:
+                raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
+            raise GpuShareUnavailable(409, f"No GPU share for this kernel: {err.message}") from err
         except Unavailable as err:
             raise GpuShareUnavailable(503, f"No GPU share for this kernel: {err.message}") from err
         except GpupoolError as err:
