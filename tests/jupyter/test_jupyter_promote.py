@@ -82,3 +82,16 @@ async def test_promote_runs_notebook_with_parameters(jp_fetch: Any, jp_root_dir:
     assert "papermill" in (run_dir / "job.log").read_text()
     assert "papermill exited with status 0" in logs["data"]
     assert not list((jp_root_dir / "work" / "exp.runs").glob(".staging-*"))
+
+
+async def test_promote_refused_by_the_scheduler_leaves_nothing_behind(jp_fetch: Any, jp_root_dir: Any) -> None:
+    from tornado.httpclient import HTTPClientError
+
+    experiment_notebook(jp_root_dir / "exp.ipynb")
+    for body, status in (({"path": "exp.ipynb", "project": "no-such-project"}, (400, 404)),
+                         ({"path": "exp.ipynb", "gpus": 64}, (400, 409))):
+        with pytest.raises(HTTPClientError) as info:
+            await jp_fetch("gpupool", "api", "promote", method="POST", body=json.dumps(body))
+        assert info.value.code in status, info.value.response.body
+        assert json.loads(info.value.response.body)["error"]
+    assert list((jp_root_dir / "exp.runs").iterdir()) == []
