@@ -1,0 +1,88 @@
+"""EmbeddedScheduler in the test's own asyncio loop, as the Jupyter extension uses it."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import sys
+
+import pytest
+
+from scheduler.client import AsyncGpupoolClient
+from scheduler.errors import InvalidRequest
+from scheduler.service.embedded import EmbeddedScheduler
+
+FAST = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 2.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0}
+
+
+async def wait_state(client: AsyncGpupoolClient, job_id: str, state: str, timeout: float = 30) -> dict:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        job = await client.job(job_id)
+        if job["state"] == state:
+            return job
+        assert asyncio.get_running_loop().time() < deadline, f"{job_id} stuck in {job['state']}, wanted {state}"
+        await asyncio.sleep(0.05)
+
+
+async def wait_log(client: AsyncGpupoolClient, job_id: str, text: str, timeout: float = 30) -> str:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        log = (await client.logs(job_id))["data"]
+        if text in log:
+            return log
+        assert asyncio.get_running_loop().time() < deadline, f"{text!r} not in the log of {job_id}: {log}"
+        await asyncio.sleep(0.05)
+
+
+async def test_start_creates_projects_and_serves_http(tmp_path):
+    sched = EmbeddedScheduler(tmp_path / "state", simulate="2xA100-80GB",
+                              projects={"me": {"build_quota": 1, "train_guarantee": 1}}, config=FAST)
+    await sched.start()
+    try:
+        assert sched.url.startswith("http://127.0.0.1:") and sched.core is not None
+        token_file = tmp_path / "state" / "admin_token"
+        assert sched.admin_token == token_file.read_text().strip()
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        client = AsyncGpupoolClient(sched.url, sched.admin_token)
+        assert (await client.whoami())["admin"] is True
+        projects = {p["name"]: p for p in await client.projects()}
+        assert projects["me"]["build_quota"] == 1 and projects["me"]["train_guarantee"] == 1
+        status = await client.status()
+        assert status["simulated"] is True and len(status["pool"]["nodes"][0]["gpus"]) == 2
+        with pytest.raises(InvalidRequest, match="already started"):
+            await sched.start()
+    finally:
+        await sched.stop()
+    await sched.stop()  # a second stop is harmless
+
+
+async def test_existing_projects_are_not_overwritten_and_jobs_resume_after_restart(tmp_path):
+    state = tmp_path / "state"
+    async with EmbeddedScheduler(state, simulate="2xA100-80GB", projects={"me": {"train_guarantee": 1}},
+                                 admin_token="tok", config=FAST) as sched:
+        client = AsyncGpupoolClient(sched.url, "tok")
+        await client.set_project("me", train_guarantee=2)
+        job = await client.submit({"project": "me", "gpus": 1, "command": [
+            sys.executable, "-c", "import os, time; print('attempt', os.environ['GPUPOOL_ATTEMPT'], "
+            "'resume', os.environ['GPUPOOL_RESUME'], flush=True); time.sleep(60)"]})
+        await wait_state(client, job["id"], "running")
+        await wait_log(client, job["id"], "attempt 1 resume 0")
+        events = await client.events(since=0, timeout=1)
+        assert events["events"] and events["last"] >= events["events"][-1]["seq"]
+    # Stopping the embedded scheduler pauses the job; the next start resumes it.
+    async with EmbeddedScheduler(state, simulate="2xA100-80GB", projects={"me": {"train_guarantee": 1}},
+                                 admin_token="tok", config=FAST) as sched:
+        client = AsyncGpupoolClient(sched.url, "tok")
+        assert {p["name"]: p for p in await client.projects()}["me"]["train_guarantee"] == 2
+        resumed = await wait_state(client, job["id"], "running")
+        assert resumed["attempts"] == 2
+        log = await wait_log(client, job["id"], "attempt 2 resume 1")
+        assert "attempt 1 resume 0" in log
+        await client.cancel(job["id"])
+        await wait_state(client, job["id"], "cancelled")
+
+
+async def test_bad_config_is_a_clear_error(tmp_path):
+    with pytest.raises(InvalidRequest, match="unknown service setting"):
+        await EmbeddedScheduler(tmp_path / "s", config={"tick": 1}).start()

@@ -1,0 +1,237 @@
+"""The HTTP API on the real core (embedded, simulated GPUs): replies, bad input, and nothing changing on errors."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import urllib.error
+
+import pytest
+
+from scheduler.client import GpupoolClient
+from scheduler.errors import Conflict
+
+from .servers import EmbeddedThread, http, wait_until
+
+SETTINGS = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 2.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
+            "history_interval_s": 0.2}
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http")
+    srv = EmbeddedThread(root / "state", simulate="4xA100-80GB", admin_token="admin-t",
+                         projects={"vision": {"train_guarantee": 2, "build_quota": 0.5}, "nlp": {"train_guarantee": 2}},
+                         config=SETTINGS)
+    srv.user = GpupoolClient(srv.url, "admin-t").create_token("alice")["token"]
+    srv.other = GpupoolClient(srv.url, "admin-t").create_token("bob")["token"]
+    yield srv
+    admin = GpupoolClient(srv.url, "admin-t")
+    for job in admin.jobs(state="queued,running,paused"):
+        with contextlib.suppress(Conflict):  # it may have finished since the listing
+            admin.cancel(job["id"])
+    srv.close()
+
+
+def snapshot(svc) -> str:
+    """Everything a bad request must not change: jobs, projects, (tokens are checked by use)."""
+    admin = GpupoolClient(svc.url, "admin-t")
+    jobs = [(j["id"], j["state"], j["attempts"]) for j in admin.jobs(limit=1000)]
+    projects = [(p["name"], p["build_quota"], p["train_guarantee"], p["train_limit"], p["weight"])
+                for p in admin.projects()]
+    return json.dumps([jobs, projects])
+
+
+def test_submit_reply_shape_and_idempotent_client_key(svc):
+    spec = {"project": "vision", "gpu_fraction": 0.25, "command": ["true"], "client_key": "k-1",
+            "labels": {"notebook": "a.ipynb"}, "name": "tiny"}
+    status, job = http("POST", svc.url + "/api/v1/jobs", token=svc.user, body={**spec, "command": SLEEP})
+    assert status == 201, job
+    assert job["user"] == "alice" and job["project"] == "vision" and job["name"] == "tiny"
+    assert job["request"]["gpu_fraction"] == 0.25 and job["labels"] == {"notebook": "a.ipynb"}
+    again_status, again = http("POST", svc.url + "/api/v1/jobs", token=svc.user, body={**spec, "command": SLEEP})
+    assert again_status == 200 and again["id"] == job["id"]
+    status, listed = http("GET", svc.url + "/api/v1/jobs?user=alice&state=queued,running", token=svc.other)
+    assert status == 200 and job["id"] in [j["id"] for j in listed]  # everyone sees the queue
+    assert http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/cancel", token=svc.user)[1]["state"] == "cancelled"
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ({"project": "nope", "gpus": 1, "command": ["true"]}, "unknown project 'nope'"),
+    ({"project": "vision", "gpus": 1, "gpu_fraction": 0.5, "command": ["true"]}, "at most one of"),
+    ({"project": "vision", "gpu_fraction": 0, "command": ["true"]}, "gpu_fraction"),
+    ({"project": "vision", "gpu_fraction": -0.5, "command": ["true"]}, "gpu_fraction"),
+    ({"project": "vision", "gpu_fraction": 1.0, "command": ["true"]}, "gpu_fraction"),
+    ({"project": "vision", "gpu_fraction": 1.5, "command": ["true"]}, "gpu_fraction"),
+    ({"project": "vision", "gpus": 1, "gpu_model": "H100-80GB", "command": ["true"]}, "unknown GPU model 'H100-80GB'"),
+    ({"project": "vision", "gpus": 64, "command": ["true"]}, "gpus=64 is more than"),
+    ({"project": "vision", "gpus": 10**9, "command": ["true"]}, "gpus"),
+    ({"project": "vision", "gpu_memory": 2**45, "command": ["true"]}, "gpu_memory"),
+    ({"project": "vision", "memory": 2**59, "command": ["true"]}, "memory"),
+    ({"project": "vision", "cpu": 1e5, "command": ["true"]}, "cpu"),
+    ({"project": "vision", "gpus": 1}, "command"),
+    ({"project": "vision", "gpus": 1, "command": []}, "command"),
+    ({"project": "vision", "gpus": "1", "command": ["true"]}, "gpus"),
+    ({"project": "vision", "gpus": 1, "command": ["true"], "gpu": 2}, "unknown field"),
+    ({"project": "vision", "kind": "build", "gpu_fraction": 0.75}, "build quota"),
+    ({"project": "vision", "kind": "build", "command": ["true"]}, "build job has no command"),
+    ({"project": "vision", "gpus": 1, "command": ["true"], "workdir": "relative/dir"}, "workdir"),
+    ([], "object"),
+    ("just a string", "object"),
+])
+def test_bad_submissions_are_4xx_and_change_nothing(svc, body, fragment):
+    before = snapshot(svc)
+    status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.user, body=body)
+    assert 400 <= status < 500, (status, reply)
+    assert reply["status"] == status and fragment in reply["error"], reply
+    assert snapshot(svc) == before
+
+
+@pytest.mark.parametrize("raw", [b"{", b"{'project': 'vision'}", b'{"project": NaN}', b"\xff\xfe\x00",
+                                 b"[" * 100000, b""])
+def test_malformed_json_is_400(svc, raw):
+    before = snapshot(svc)
+    status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.user, raw_body=raw)
+    assert status == 400 and ("JSON" in reply["error"] or "body" in reply["error"]), reply
+    status, reply = http("PUT", svc.url + "/api/v1/projects/vision", token="admin-t", raw_body=raw or b"[]")
+    assert status == 400, reply
+    assert snapshot(svc) == before
+
+
+def test_oversized_body_is_refused(svc):
+    before = snapshot(svc)
+    try:
+        status, _ = http("POST", svc.url + "/api/v1/jobs", token=svc.user, raw_body=b" " * (5 * 2**20))
+    except urllib.error.URLError:
+        status = 400  # the server answered 400 and closed while the body was still being sent
+    assert 400 <= status < 500
+    assert snapshot(svc) == before
+
+
+@pytest.mark.parametrize(("method", "path", "body", "expect"), [
+    ("GET", "/api/v1/jobs/j-999999", None, 404),
+    ("GET", "/api/v1/jobs/j-999999/logs", None, 404),
+    ("POST", "/api/v1/jobs/j-999999/pause", None, 404),
+    ("POST", "/api/v1/jobs/j-999999/resume", None, 404),
+    ("POST", "/api/v1/jobs/j-999999/cancel", None, 404),
+    ("POST", "/api/v1/jobs/j-999999/renew", None, 404),
+    ("GET", "/api/v1/jobs?state=sleeping", None, 400),
+    ("GET", "/api/v1/jobs?kind=batch", None, 400),
+    ("GET", "/api/v1/jobs?limit=0", None, 400),
+    ("GET", "/api/v1/jobs?limit=abc", None, 400),
+    ("GET", "/api/v1/events?since=-1", None, 400),
+    ("GET", "/api/v1/events?timeout=1000", None, 400),
+    ("GET", "/api/v1/history?since=yesterday", None, 400),
+    ("PUT", "/api/v1/projects/vision", {"train_guarantee": -1}, 400),
+    ("PUT", "/api/v1/projects/vision", {"weight": 0}, 400),
+    ("PUT", "/api/v1/projects/vision", {"train_guarantee": 1e12}, 400),
+    ("PUT", "/api/v1/projects/vision", {"quota": 1}, 400),
+    ("PUT", "/api/v1/projects/bad%20name", {"weight": 1}, 400),
+    ("DELETE", "/api/v1/projects/never-existed", None, 404),
+    ("POST", "/api/v1/tokens", {}, 400),
+    ("POST", "/api/v1/tokens", {"user": ""}, 400),
+    ("POST", "/api/v1/tokens", {"user": "a b"}, 400),
+])
+def test_bad_input_on_every_endpoint(svc, method, path, body, expect):
+    before = snapshot(svc)
+    status, reply = http(method, svc.url + path, token="admin-t", body=body)
+    assert status == expect, (status, reply)
+    assert reply["status"] == expect and reply["error"]
+    assert snapshot(svc) == before
+
+
+def test_acting_on_a_finished_job_is_409_and_changes_nothing(svc):
+    admin = GpupoolClient(svc.url, svc.user)
+    job = admin.submit({"project": "nlp", "gpus": 1, "command": ["true"]})
+    wait_until(lambda: admin.job(job["id"])["state"] == "succeeded", 30, 0.05, "the job to finish")
+    before = snapshot(svc)
+    for action in ("pause", "resume", "cancel"):
+        status, reply = http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/{action}", token=svc.user)
+        assert status == 409 and "succeeded" in reply["error"], (action, reply)
+    assert snapshot(svc) == before
+    assert http("GET", f"{svc.url}/api/v1/jobs/{job['id']}/logs", token=svc.user)[1]["eof"] is True
+
+
+def test_owner_rules_on_the_real_core(svc):
+    status, job = http("POST", svc.url + "/api/v1/jobs", token=svc.user,
+                       body={"project": "nlp", "gpus": 1, "command": SLEEP})
+    assert status == 201
+    wait_until(lambda: http("GET", f"{svc.url}/api/v1/jobs/{job['id']}", token=svc.user)[1]["state"] == "running",
+               30, 0.05, "running")
+    for action in ("pause", "resume", "cancel"):
+        status, reply = http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/{action}", token=svc.other)
+        assert status == 403 and "alice" in reply["error"], reply
+    assert http("GET", f"{svc.url}/api/v1/jobs/{job['id']}/logs", token=svc.other)[0] == 403
+    assert http("PUT", svc.url + "/api/v1/projects/nlp", token=svc.user, body={"weight": 3})[0] == 403
+    assert http("POST", svc.url + "/api/v1/tokens", token=svc.user, body={"user": "mallory"})[0] == 403
+    # The owner pauses and resumes; the admin cancels.
+    status, paused = http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/pause", token=svc.user)
+    assert status == 200 and paused["state"] in ("paused", "running")
+    wait_until(lambda: http("GET", f"{svc.url}/api/v1/jobs/{job['id']}", token=svc.user)[1]["state"] == "paused",
+               30, 0.05, "paused")
+    assert http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/resume", token=svc.user)[0] == 200
+    assert http("POST", f"{svc.url}/api/v1/jobs/{job['id']}/cancel", token="admin-t")[0] == 200
+
+
+def test_project_delete_conflicts_while_live_jobs(svc):
+    admin = GpupoolClient(svc.url, "admin-t")
+    admin.set_project("tmp", train_guarantee=1)
+    job = admin.submit({"project": "tmp", "command": SLEEP})
+    status, reply = http("DELETE", svc.url + "/api/v1/projects/tmp", token="admin-t")
+    assert status == 409 and reply["error"]
+    admin.cancel(job["id"])
+    wait_until(lambda: admin.job(job["id"])["state"] == "cancelled", 30, 0.05, "cancelled")
+    assert http("DELETE", svc.url + "/api/v1/projects/tmp", token="admin-t")[0] == 204
+    assert "tmp" not in [p["name"] for p in admin.projects()]
+
+
+def test_build_quota_refusal_names_project_and_holders(svc):
+    alice = GpupoolClient(svc.url, svc.user)
+    lease = alice.submit({"project": "vision", "kind": "build", "gpu_fraction": 0.5,
+                          "labels": {"notebook": "explore.ipynb"}})
+    try:
+        status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.other,
+                             body={"project": "vision", "kind": "build", "gpu_fraction": 0.25})
+        assert status == 409 and reply["type"] == "QuotaExceeded"
+        assert "vision" in reply["error"] and lease["id"] in reply["error"] and "explore.ipynb" in reply["error"]
+        renewed = alice.renew(lease["id"])
+        assert renewed["lease_expires_at"] >= lease["lease_expires_at"]
+        assert "CUDA_VISIBLE_DEVICES" in alice.job(lease["id"])["env"]  # the owner sees the kernel's env
+        assert "env" not in GpupoolClient(svc.url, svc.other).job(lease["id"]) or \
+            not GpupoolClient(svc.url, svc.other).job(lease["id"])["env"]
+    finally:
+        alice.cancel(lease["id"])
+
+
+def test_reads_status_pool_history_metrics_events(svc):
+    user = GpupoolClient(svc.url, svc.user)
+    status = user.status()
+    assert status["simulated"] is True and set(status["queue"]) >= {"pending", "running", "paused"}
+    gpus = status["pool"]["nodes"][0]["gpus"]
+    assert len(gpus) == 4 and gpus[0]["model"] == "A100-80GB"
+    assert {"vision", "nlp"} <= {p["name"] for p in user.projects()}
+    wait_until(lambda: user.history()["samples"], 10, 0.1, "a history sample")
+    assert "gpupool_" in user.metrics()
+    last = user.events(since=0)["last"]
+    job = user.submit({"project": "nlp", "command": ["true"]})
+    got = user.events(since=last, timeout=10)
+    assert any(e.get("job_id") == job["id"] for e in got["events"]) and got["last"] > last
+
+
+def test_sse_on_the_real_core(svc):
+    user = GpupoolClient(svc.url, svc.user)
+    last = user.events(since=0)["last"]
+    port = int(svc.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(f"GET /api/v1/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+                  f"Authorization: Bearer {svc.user}\r\nLast-Event-ID: {last}\r\n\r\n".encode())
+        job = user.submit({"project": "nlp", "command": ["true"]})
+        buf = b""
+        while f'"job_id":"{job["id"]}"'.encode() not in buf:
+            chunk = s.recv(65536)
+            assert chunk, buf
+            buf += chunk
+    assert b"text/event-stream" in buf and b"event: job\n" in buf
