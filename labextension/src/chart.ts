@@ -10,9 +10,9 @@ import { IHistorySample } from './api';
 import { h, s } from './dom';
 import { formatClock, formatGpus } from './format';
 
-const WIDTH = 320;
-const HEIGHT = 150;
-const PAD = { left: 30, right: 30, top: 8, bottom: 20 };
+const WIDTH = 260;
+const HEIGHT = 130;
+const PAD = { left: 24, right: 28, top: 8, bottom: 18 };
 
 /** A categorical palette readable on both the light and the dark theme. */
 const PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1', '#9c755f'];

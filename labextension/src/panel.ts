@@ -342,9 +342,8 @@ export class GpuPoolPanel extends Widget {
           'tr',
           {},
           h('th', { scope: 'col' }, 'Project'),
-          h('th', { scope: 'col', title: 'Kernel shares used / build quota' }, 'Build'),
+          h('th', { scope: 'col', title: 'Kernel shares used / build quota (GPUs)' }, 'Build'),
           h('th', { scope: 'col', title: 'Training GPUs used / guarantee' }, 'Training'),
-          h('th', { scope: 'col', title: 'Pending jobs' }, 'Pending'),
           status.admin ? h('th', { scope: 'col' }, h('span', { class: 'jp-gpupool-sr' }, 'Actions')) : null
         )
       )
@@ -379,7 +378,8 @@ export class GpuPoolPanel extends Widget {
         'th',
         { scope: 'row' },
         h('span', { class: 'jp-gpupool-swatch', style: `background:${projectColor(p.name, names)}` }),
-        p.name
+        p.name,
+        p.pending ? h('div', { class: 'jp-gpupool-help' }, `${p.pending} pending`) : null
       ),
       h(
         'td',
@@ -399,14 +399,18 @@ export class GpuPoolPanel extends Widget {
         meter(p.usage.train, p.train_guarantee, `${p.name} training guarantee`),
         `${formatGpus(p.usage.train)}/${formatGpus(p.train_guarantee)}`,
         over ? h('span', { class: 'jp-gpupool-flag' }, ` +${formatGpus(p.usage.train_over_quota)} over`) : ''
-      ),
-      h('td', {}, String(p.pending ?? 0))
+      )
     ];
     if (admin) {
       const edit = h(
         'button',
-        { class: 'jp-gpupool-button', type: 'button', 'aria-label': `Edit quotas of project ${p.name}` },
-        'Edit'
+        {
+          class: 'jp-gpupool-button jp-gpupool-icon-button',
+          type: 'button',
+          'aria-label': `Edit quotas of project ${p.name}`,
+          title: `Edit quotas of project ${p.name}`
+        },
+        '\u270E'
       );
       edit.addEventListener('click', () => void this._edit(p));
       cells.push(h('td', {}, edit));

@@ -108,7 +108,14 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       });
       this._params.set(p.name, input);
       return [
-        h('label', { for: input.id }, p.name, h('span', { class: 'jp-gpupool-type' }, ` ${p.inferred_type_name ?? ''}`)),
+        h(
+          'label',
+          { for: input.id },
+          p.name,
+          p.inferred_type_name && p.inferred_type_name !== 'None'
+            ? h('span', { class: 'jp-gpupool-type' }, ` ${p.inferred_type_name}`)
+            : null
+        ),
         h('div', {}, input, p.help ? h('div', { class: 'jp-gpupool-help' }, p.help) : null)
       ];
     });

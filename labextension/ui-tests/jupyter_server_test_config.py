@@ -1,0 +1,35 @@
+"""Jupyter server for the browser tests: Galata's test settings plus a throwaway GPU pool.
+
+Everything lives in one temporary directory (notebooks, the embedded
+scheduler's state, workspaces), the GPUs are simulated, and the scheduler
+ticks fast so a promoted notebook finishes within the test's patience.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+from jupyterlab.galata import configure_jupyter_server
+
+c = get_config()  # noqa: F821 (provided by Jupyter when it loads this file)
+
+configure_jupyter_server(c)
+
+root = Path(os.environ.get("JUPYTERLAB_GALATA_ROOT_DIR") or tempfile.mkdtemp(prefix="gpupool-ui-"))
+root.mkdir(parents=True, exist_ok=True)
+c.ServerApp.root_dir = str(root)
+c.ServerApp.port = int(os.environ.get("GPUPOOL_UI_PORT", "8899"))
+c.ServerApp.ip = "127.0.0.1"
+
+c.GPUPool.state_dir = str(root / ".gpupool-state")
+c.GPUPool.simulate = "2xA100-80GB"
+c.GPUPool.project = "vision"
+c.GPUPool.build_quota = 1.0
+c.GPUPool.train_guarantee = 1.0
+c.GPUPool.scheduler_config = {"tick_s": 0.5, "history_interval_s": 1.0, "pause_grace_s": 2.0}
+c.ServerApp.allow_root = True  # CI runs as root in a container
+c.ServerApp.jpserver_extensions = {"jupyter_gpupool": True}
+# Theme and other settings changed by the tests stay in the throwaway directory.
+c.LabApp.user_settings_dir = str(root / ".lab-settings")
+if os.environ.get("GPUPOOL_UI_DEBUG"):
+    c.ServerApp.log_level = "DEBUG"

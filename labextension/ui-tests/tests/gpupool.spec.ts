@@ -1,0 +1,212 @@
+/**
+ * Browser tests of jupyter-gpupool against a real JupyterLab server with the
+ * gpupool server extension on simulated GPUs (see playwright.config.js).
+ *
+ * They walk what a user does: pick a ¼ GPU kernel in the Launcher and see its
+ * share in the status bar; promote a notebook with parameters and follow it to
+ * completion in the GPU Pool panel, then open its output notebook from there.
+ * Screenshots land in docs/screenshots/ for the README.
+ */
+import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import * as path from 'path';
+
+const SHOTS = path.resolve(__dirname, '..', '..', '..', 'docs', 'screenshots');
+
+/** A notebook with a papermill `parameters` cell and a short "training" loop. */
+function trainingNotebook(): string {
+  const cell = (source: string, tags: string[] = []) => ({
+    cell_type: 'code',
+    execution_count: null,
+    metadata: { tags },
+    outputs: [],
+    source
+  });
+  return JSON.stringify({
+    cells: [
+      cell('epochs = 3\nlr = 0.1\nlabel = "baseline"', ['parameters']),
+      cell(
+        'import os, time\n' +
+          'for epoch in range(epochs):\n' +
+          '    print(f"epoch {epoch} lr={lr}", flush=True)\n' +
+          '    time.sleep(0.3)\n' +
+          'print(f"done label={label} epochs={epochs} share={os.environ.get(\'GPUPOOL_GPU_FRACTION\')}")'
+      )
+    ],
+    metadata: {
+      kernelspec: { display_name: 'Python 3 (ipykernel)', language: 'python', name: 'python3' },
+      language_info: { name: 'python' }
+    },
+    nbformat: 4,
+    nbformat_minor: 5
+  });
+}
+
+async function shutdownAllKernels(page: IJupyterLabPageFixture): Promise<void> {
+  await page.evaluate(async () => {
+    await (window as any).jupyterapp.serviceManager.sessions.shutdownAll();
+  });
+}
+
+async function openPoolPanel(page: IJupyterLabPageFixture) {
+  await page.evaluate(async () => {
+    await (window as any).jupyterapp.commands.execute('gpupool:open-panel');
+  });
+  const panel = page.locator('#jp-gpupool-panel');
+  await expect(panel).toBeVisible();
+  return panel;
+}
+
+// Galata mocks every URL matching /api/kernels to track the test's kernels, and that
+// pattern also catches /gpupool/api/kernels: turn the mock off (afterEach shuts kernels down).
+test.use({ autoGoto: true, kernels: null });
+
+test.describe('jupyter-gpupool in JupyterLab', () => {
+  test.afterEach(async ({ page }) => {
+    await shutdownAllKernels(page);
+  });
+
+  test('the Launcher offers the GPU kernels', async ({ page }) => {
+    const launcher = page.locator('.jp-Launcher');
+    await expect(launcher).toBeVisible();
+    const notebookSection = launcher
+      .locator('.jp-Launcher-section')
+      .filter({ has: page.locator('.jp-Launcher-sectionTitle', { hasText: 'Notebook' }) });
+    for (const label of ['Python 3 (¼ GPU)', 'Python 3 (½ GPU)', 'Python 3 (1 GPU)']) {
+      await expect(notebookSection.locator('.jp-LauncherCard', { hasText: label })).toBeVisible();
+    }
+    await page.screenshot({ path: path.join(SHOTS, 'launcher.png') });
+  });
+
+  test('a ¼ GPU kernel starts and its share shows in the status bar', async ({ page }) => {
+    const card = page
+      .locator('.jp-Launcher-section')
+      .filter({ has: page.locator('.jp-Launcher-sectionTitle', { hasText: 'Notebook' }) })
+      .locator('.jp-LauncherCard', { hasText: 'Python 3 (¼ GPU)' });
+    await card.click();
+    await page.waitForSelector('.jp-NotebookPanel');
+    await expect(page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]')).toHaveCount(1, {
+      timeout: 60000
+    });
+
+    const status = page.locator('.jp-gpupool-status');
+    await expect(status).toContainText('GPU ¼', { timeout: 30000 });
+    await expect(status).toHaveAttribute('aria-label', /Kernel on ¼ GPU/);
+
+    // The kernel itself runs with the share's environment.
+    await page.notebook.setCell(0, 'code', 'import os; print(os.environ["GPUPOOL_GPU_FRACTION"])');
+    await page.notebook.runCell(0);
+    await expect(page.locator('.jp-OutputArea-output').first()).toContainText('0.25');
+
+    // The pool panel shows the kernel's share on a GPU.
+    const panel = await openPoolPanel(page);
+    await expect(panel.locator('.jp-gpupool-gpu').first()).toHaveAttribute('aria-label', /¼ of 1 allocated/);
+    await page.screenshot({ path: path.join(SHOTS, 'kernel-share.png') });
+  });
+
+  test('a promoted notebook runs to completion and its output opens from the panel', async ({
+    page,
+    tmpPath
+  }) => {
+    const name = 'train.ipynb';
+    await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/${name}`);
+    await page.notebook.openByPath(`${tmpPath}/${name}`);
+    await page.notebook.activate(name);
+
+    // The toolbar button opens the dialog, prefilled from the parameters cell.
+    await page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpupool-promote"] button').click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog.locator('input[data-param="epochs"]')).toHaveValue('3');
+    await expect(dialog.locator('input[data-param="label"]')).toHaveValue('"baseline"');
+    await dialog.locator('input[data-param="epochs"]').fill('2');
+    await dialog.locator('input[name="gpus"]').fill('0.5');
+    await page.screenshot({ path: path.join(SHOTS, 'promote-dialog.png') });
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+
+    // Submitting shows a notification with a link to the job.
+    const toast = page.locator('.Toastify__toast', { hasText: `Promoted ${name}` });
+    await expect(toast).toBeVisible();
+    await toast.getByRole('button', { name: 'Show job' }).click();
+
+    // The panel follows the job to completion.
+    const panel = page.locator('#jp-gpupool-panel');
+    await expect(panel).toBeVisible();
+    const detail = panel.locator('.jp-gpupool-detail');
+    await expect(detail).toBeVisible();
+    await expect(detail.locator('dd').first()).toContainText('succeeded', { timeout: 120000 });
+    await expect(detail.locator('.jp-gpupool-log')).toContainText('epoch 1', { timeout: 30000 });
+    const row = panel.locator('.jp-gpupool-job.jp-mod-selected');
+    await expect(row).toHaveAttribute('data-state', 'succeeded');
+
+    // A later notification says it finished, with a link to the output notebook.
+    await expect(page.locator('.Toastify__toast', { hasText: 'finished' })).toBeVisible({ timeout: 30000 });
+    await page.screenshot({ path: path.join(SHOTS, 'panel-job-done.png') });
+
+    // Open the output notebook from the panel: it holds the run's output with the new parameter.
+    await detail.locator('.jp-gpupool-open-output').click();
+    const output = page.locator('.jp-NotebookPanel:visible .jp-OutputArea-output', {
+      hasText: 'done label=baseline epochs=2 share=0.5'
+    });
+    await expect(output).toBeVisible({ timeout: 30000 });
+    await expect(page.locator('.lm-TabBar-tab.jp-mod-current', { hasText: 'output.ipynb' })).toBeVisible();
+    await page.screenshot({ path: path.join(SHOTS, 'output-notebook.png') });
+  });
+
+  test('promote is in the command palette and the file browser context menu', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/ctx.ipynb`);
+    await page.filebrowser.refresh();
+    await page.locator('.jp-DirListing-item[data-file-type="notebook"]', { hasText: 'ctx.ipynb' }).click({
+      button: 'right'
+    });
+    const item = page.locator('.lm-Menu-item', { hasText: 'Promote to Training…' });
+    await expect(item).toBeVisible();
+    await item.click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Promote ctx.ipynb to training');
+    await dialog.locator('.jp-Dialog-button.jp-mod-reject').click();
+
+    // The palette entry acts on the current notebook.
+    await page.notebook.openByPath(`${tmpPath}/ctx.ipynb`);
+    await page.evaluate(async () => {
+      await (window as any).jupyterapp.commands.execute('apputils:activate-command-palette');
+    });
+    await page.locator('#modal-command-palette input').fill('Promote');
+    const entry = page.locator('#modal-command-palette .lm-CommandPalette-item', {
+      hasText: 'Promote Notebook to Training'
+    });
+    await expect(entry).toBeVisible();
+    await expect(entry).not.toHaveClass(/lm-mod-disabled/);
+    await page.keyboard.press('Escape');
+  });
+
+  test('an admin edits a project quota from the panel', async ({ page }) => {
+    const panel = await openPoolPanel(page);
+    const row = panel.locator('tr[data-project="vision"]');
+    await expect(row).toBeVisible();
+    await row.getByRole('button', { name: 'Edit quotas of project vision' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    await dialog.locator('input[name="build_quota"]').fill('1.5');
+    await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
+    await expect(row.locator('td').first()).toContainText('/1½');
+  });
+
+  test('the panel says so when the scheduler is unreachable, in the dark theme too', async ({ page }) => {
+    await page.theme.setDarkTheme();
+    const panel = await openPoolPanel(page);
+    await expect(panel.locator('.jp-gpupool-gpu').first()).toBeVisible();
+    await page.screenshot({ path: path.join(SHOTS, 'panel-dark.png') });
+
+    const statusUrl = /\/gpupool\/api\/status/;
+    await page.route(statusUrl, route =>
+      route.fulfill({
+        status: 503,
+        contentType: 'application/json',
+        body: JSON.stringify({ error: 'cannot reach the scheduler at http://127.0.0.1:1: connection refused', status: 503 })
+      })
+    );
+    await panel.getByRole('button', { name: 'Refresh the GPU pool' }).click();
+    await expect(panel.locator('.jp-gpupool-banner')).toContainText('The GPU scheduler is unreachable');
+    await page.unroute(statusUrl);
+    await page.theme.setLightTheme();
+  });
+});
+
