@@ -117,3 +117,16 @@ def test_renewal_follows_the_granted_lease() -> None:
         leases.release("k1")
         leases.release("k2")
     assert leases.shortest_lease() is None
+
+
+def test_install_enables_a_valid_server_extension() -> None:
+    """What `jupyter server extension list` checks, on the config file the wheel installs."""
+    from pathlib import Path
+
+    from jupyter_server.extension.manager import ExtensionPackage
+
+    config = Path(__file__).resolve().parents[2] / "jupyter-config" / "jupyter_server_config.d" / "jupyter_gpupool.json"
+    assert json.loads(config.read_text()) == {"ServerApp": {"jpserver_extensions": {"jupyter_gpupool": True}}}
+    package = ExtensionPackage(name="jupyter_gpupool", enabled=True)
+    assert package.validate() and list(package.extension_points) == ["jupyter_gpupool"]
+    assert package.extension_points["jupyter_gpupool"].app.name == "jupyter_gpupool"
