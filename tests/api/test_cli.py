@@ -145,3 +145,19 @@ def test_admin_commands(env, capsys, monkeypatch):
     assert code == 0 and out.strip() and "erin" in err
     code, out, _ = run(capsys, "projects", "delete", "nlp")
     assert code == 0 and "deleted" in out
+
+
+def test_serve_banner_names_url_simulation_and_token_file(tmp_path):
+    from .servers import ServeProcess, gpupool
+
+    srv = ServeProcess(tmp_path / "state", tmp_path, simulate="2xA100-80GB", admin_token="",
+                       settings={"on_shutdown": "stop"})
+    srv.start()
+    try:
+        banner = "\n".join(srv.banner)
+        token_file = tmp_path / "state" / "admin_token"
+        assert "with SIMULATED GPUs" in banner and f"in {token_file}" in banner and srv.url in banner
+        result = gpupool(["status"], srv.env(token_file.read_text().strip()))
+        assert result.returncode == 0 and "SIMULATED" in result.stdout and "A100-80GB" in result.stdout
+    finally:
+        assert srv.stop() == 0
