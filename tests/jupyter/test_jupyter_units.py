@@ -130,3 +130,27 @@ def test_install_enables_a_valid_server_extension() -> None:
     package = ExtensionPackage(name="jupyter_gpupool", enabled=True)
     assert package.validate() and list(package.extension_points) == ["jupyter_gpupool"]
     assert package.extension_points["jupyter_gpupool"].app.name == "jupyter_gpupool"
+
+
+async def test_provisioner_falls_back_to_the_environment(tmp_path: Any, monkeypatch: Any) -> None:
+    """Outside the extension (e.g. jupyter_client alone) the provisioner uses GPUPOOL_URL / GPUPOOL_TOKEN."""
+    from jupyter_gpupool import connection as connection_mod
+    from jupyter_gpupool.provisioner import GPUPoolProvisioner, GpuShareUnavailable
+    from scheduler.client import AsyncGpupoolClient
+    from scheduler.service.embedded import EmbeddedScheduler
+
+    connection_mod.set_current(None)
+    monkeypatch.delenv("GPUPOOL_URL", raising=False)
+    with pytest.raises(GpuShareUnavailable, match="GPUPOOL_URL"):
+        GPUPoolProvisioner(kernel_id="k")._connection()
+    sched = EmbeddedScheduler(tmp_path / "s", simulate="1xA100-80GB", projects={"team": {"build_quota": 1}})
+    await sched.start()
+    try:
+        token = (await AsyncGpupoolClient(sched.url, sched.admin_token).create_token("dora"))["token"]
+        monkeypatch.setenv("GPUPOOL_URL", sched.url)
+        monkeypatch.setenv("GPUPOOL_TOKEN", token)
+        conn = GPUPoolProvisioner(kernel_id="k")._connection()
+        assert not conn.is_embedded and conn.url == sched.url
+        assert (await (await conn.client()).whoami())["user"] == "dora" and conn.user == "dora"
+    finally:
+        await sched.stop()
