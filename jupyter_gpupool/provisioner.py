@@ -226,6 +226,14 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise
         return kwargs
 
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        """Launch; a kernel that fails to launch gives its share back at once (not at lease expiry)."""
+        try:
+            return await super().launch_kernel(cmd, **kwargs)
+        except BaseException:
+            await self._give_back()
+            raise
+
     async def _give_back(self, conn: PoolConnection | None = None) -> None:
         share = leases.release(str(self.kernel_id))
         job_id = share.job_id if share else (self.job or {}).get("id")

@@ -199,3 +199,24 @@ async def test_server_stop_gives_shares_back_before_the_scheduler_stops(
     finally:
         await sched.stop()
     assert job["state"] == "cancelled" and "lease" not in job["reason"]
+
+
+async def test_kernel_that_fails_to_launch_gives_its_share_back(
+    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any, tmp_path: Any
+) -> None:
+    broken = tmp_path / "broken-kernels" / "gpupool-broken"
+    broken.mkdir(parents=True)
+    (broken / "kernel.json").write_text(json.dumps({
+        "argv": [str(tmp_path / "no-such-python"), "-f", "{connection_file}"],
+        "display_name": "broken", "language": "python",
+        "metadata": {"kernel_provisioner": {"provisioner_name": "gpupool-provisioner",
+                                            "config": {"gpu_fraction": 0.5}}},
+    }))
+    ksm = jp_serverapp.kernel_spec_manager
+    ksm.kernel_dirs = [str(broken.parent), *ksm.kernel_dirs]
+    with pytest.raises(HTTPClientError):
+        await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "gpupool-broken"}))
+    client = await gpupool_app.connection.client()
+    jobs = await client.jobs(kind="build")
+    assert len(jobs) == 1 and jobs[0]["state"] == "cancelled"
+    assert leases.held() == {}
