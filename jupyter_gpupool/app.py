@@ -72,6 +72,12 @@ class GPUPool(ExtensionApp):
     idle_grace = Float(
         300.0, config=True, help="A GPU kernel is never shut down as idle in its first idle_grace seconds."
     )
+    stop_kernels_without_share = Bool(
+        True,
+        config=True,
+        help="Shut down a GPU kernel whose share ended under it (cancelled from a queue view, or its lease "
+        "ran out while the server was suspended): it would otherwise keep using a GPU given to someone else.",
+    )
     kernel_start_timeout = Float(
         30.0, config=True, help="How long a GPU kernel waits for a queued share before it fails to start."
     )
@@ -173,12 +179,21 @@ class GPUPool(ExtensionApp):
             every = min(every, granted / 3.0)
         return max(every, 0.05)
 
-    async def renew_once(self) -> list[str]:
-        """One round of lease renewal (also what the periodic task runs)."""
+    async def renew_once(self) -> leases.Renewal:
+        """One round of lease renewal (what the periodic task runs); stops kernels whose share ended."""
         if not leases.held() or self.connection is None:
-            return []
+            return leases.Renewal()
         client = await self.connection.client()
-        return await leases.renew_live_shares(client, self.serverapp.kernel_manager)
+        mkm = self.serverapp.kernel_manager
+        result = await leases.renew_live_shares(client, mkm)
+        for share, why in result.lost:
+            if not self.stop_kernels_without_share or share.kernel_id not in mkm:
+                self.log.warning("gpupool: kernel %s lost its GPU share (%s)", share.kernel_id, why)
+                continue
+            self.log.warning("gpupool: kernel %s lost its GPU share (%s); shutting it down so it stops using "
+                             "a GPU that may now be someone else's", share.kernel_id, why)
+            await mkm.shutdown_kernel(share.kernel_id)
+        return result
 
     async def _renew_loop(self) -> None:
         while True:

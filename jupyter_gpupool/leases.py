@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.errors import GpupoolError, NotFound
+from scheduler.errors import Conflict, GpupoolError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,23 @@ async def kernel_is_live(kernel_manager: Any, kernel_id: str) -> bool:
         return False
 
 
-async def renew_live_shares(client: Any, kernel_manager: Any) -> list[str]:
-    """Renew the leases of live kernels; forget shares whose job is gone.
+@dataclass
+class Renewal:
+    """What one renewal round did: job ids renewed, and shares found ended under a live kernel."""
 
-    Returns the job ids renewed. Kernels that are not live are *not* renewed
-    (their lease runs out), but stay recorded so a later restart can keep them.
+    renewed: list[str] = field(default_factory=list)
+    lost: list[tuple[Share, str]] = field(default_factory=list)  # (share, why)
+
+
+async def renew_live_shares(client: Any, kernel_manager: Any) -> Renewal:
+    """Renew the leases of live kernels; report shares that ended while their kernel runs.
+
+    Kernels that are not live are *not* renewed (their lease runs out), but stay
+    recorded so a later restart can keep them. A share that ended under a live
+    kernel (cancelled from a queue view, or its lease ran out while the server
+    was suspended) is forgotten and reported, so the caller can stop the kernel.
     """
-    renewed: list[str] = []
+    result = Renewal()
     for share in list(_shares.values()):
         if not await kernel_is_live(kernel_manager, share.kernel_id):
             continue
@@ -96,13 +106,21 @@ async def renew_live_shares(client: Any, kernel_manager: Any) -> list[str]:
             job = await client.renew(share.job_id)
         except NotFound:
             release(share.kernel_id)
+            result.lost.append((share, f"job {share.job_id} no longer exists"))
             continue
+        except Conflict:
+            try:  # renewing an ended job is refused: see how it ended
+                job = await client.job(share.job_id)
+            except GpupoolError as err:
+                log.warning("gpupool: cannot renew share %s of kernel %s: %s", share.job_id, share.kernel_id, err)
+                continue
         except GpupoolError as err:
             log.warning("gpupool: cannot renew share %s of kernel %s: %s", share.job_id, share.kernel_id, err)
             continue
         if job.get("state") not in ("queued", "running"):
             release(share.kernel_id)
+            result.lost.append((share, f"share {job['id']} {job.get('state')}: {job.get('reason') or ''}".strip()))
             continue
         share.lease_s = lease_length(job) or share.lease_s
-        renewed.append(share.job_id)
-    return renewed
+        result.renewed.append(share.job_id)
+    return result

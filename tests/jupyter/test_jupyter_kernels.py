@@ -220,3 +220,17 @@ async def test_kernel_that_fails_to_launch_gives_its_share_back(
     jobs = await client.jobs(kind="build")
     assert len(jobs) == 1 and jobs[0]["state"] == "cancelled"
     assert leases.held() == {}
+
+
+async def test_kernel_whose_share_is_cancelled_is_shut_down(jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any) -> None:
+    session = await start_session(jp_fetch, "cancelled.ipynb", "gpupool-python3-0.5")
+    kernel_id = session["kernel"]["id"]
+    job_id = leases.held()[kernel_id].job_id
+    # the user cancels the kernel's share from the queue view
+    reply = await get_json(jp_fetch, "gpupool", "api", "jobs", job_id, "cancel", method="POST", body=b"")
+    assert reply["state"] == "cancelled"
+    deadline = time.monotonic() + 20  # the periodic renewal (every 0.5 s here) notices and stops the kernel
+    while kernel_id in jp_serverapp.kernel_manager and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert kernel_id not in jp_serverapp.kernel_manager
+    assert leases.held() == {}
