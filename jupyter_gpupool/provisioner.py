@@ -299,12 +299,15 @@ def make_plain_kernels_gpu_free(factory: Any) -> str:
     """Make :class:`GpuFreeProvisioner` the default provisioner of this server's kernel factory.
 
     The entry point is declared in pyproject; an install made before it was
-    added lacks it, so it is registered here too when missing. Returns the
+    added lacks it, so it is registered here too when missing. A default other
+    than jupyter_client's own was chosen on purpose and is kept. Returns the
     previous default (to restore at shutdown).
     """
     from importlib.metadata import EntryPoint
 
     previous = str(factory.default_provisioner_name)
+    if previous not in ("local-provisioner", GPU_FREE_PROVISIONER):
+        return previous  # someone chose another default on purpose: leave it
 
     if GPU_FREE_PROVISIONER not in factory.provisioners and not factory._check_availability(GPU_FREE_PROVISIONER):
         factory.provisioners[GPU_FREE_PROVISIONER] = EntryPoint(

@@ -154,3 +154,18 @@ async def test_provisioner_falls_back_to_the_environment(tmp_path: Any, monkeypa
         assert (await (await conn.client()).whoami())["user"] == "dora" and conn.user == "dora"
     finally:
         await sched.stop()
+
+
+def test_gpu_free_default_respects_a_chosen_default() -> None:
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
+    from jupyter_gpupool.provisioner import GPU_FREE_PROVISIONER, make_plain_kernels_gpu_free
+
+    factory = KernelProvisionerFactory()
+    factory.default_provisioner_name = "local-provisioner"
+    assert make_plain_kernels_gpu_free(factory) == "local-provisioner"
+    assert factory.default_provisioner_name == GPU_FREE_PROVISIONER
+    assert factory._check_availability(GPU_FREE_PROVISIONER)
+    factory.default_provisioner_name = "site-provisioner"
+    assert make_plain_kernels_gpu_free(factory) == "site-provisioner"
+    assert factory.default_provisioner_name == "site-provisioner"
