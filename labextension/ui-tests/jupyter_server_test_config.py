@@ -5,7 +5,9 @@ scheduler's state, workspaces), the GPUs are simulated, and the scheduler
 ticks fast so a promoted notebook finishes within the test's patience.
 """
 
+import asyncio
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,13 +23,20 @@ c.ServerApp.root_dir = str(root)
 c.ServerApp.port = int(os.environ.get("GPUPOOL_UI_PORT", "8899"))
 c.ServerApp.ip = "127.0.0.1"
 
-c.GPUPool.state_dir = str(root / ".gpupool-state")
-c.GPUPool.simulate = "2xA100-80GB"
-c.GPUPool.project = "vision"
-c.GPUPool.build_quota = 1.0
-c.GPUPool.train_guarantee = 1.0
+# The Binder demo pool: 4 simulated A100s, projects "vision" (ours) and "nlp".
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "binder"))
+import gpupool_demo  # noqa: E402
+
+state_dir = root / ".gpupool-state"
+asyncio.run(gpupool_demo.seed_projects(state_dir))
+c.GPUPool.state_dir = str(state_dir)
+c.GPUPool.simulate = gpupool_demo.SIMULATE
+c.GPUPool.project = gpupool_demo.DEFAULT_PROJECT
+c.GPUPool.build_quota = gpupool_demo.PROJECTS["vision"]["build_quota"]
+c.GPUPool.train_guarantee = gpupool_demo.PROJECTS["vision"]["train_guarantee"]
 c.GPUPool.scheduler_config = {"tick_s": 0.5, "history_interval_s": 1.0, "pause_grace_s": 2.0}
 c.ServerApp.allow_root = True  # CI runs as root in a container
+c.ServerApp.runtime_dir = str(root / ".runtime")
 c.ServerApp.jpserver_extensions = {"jupyter_gpupool": True}
 # Theme and other settings changed by the tests stay in the throwaway directory.
 c.LabApp.user_settings_dir = str(root / ".lab-settings")

@@ -99,7 +99,7 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
 
     // The pool panel shows the kernel's share on a GPU.
     const panel = await openPoolPanel(page);
-    await expect(panel.locator('.jp-gpupool-gpu').first()).toHaveAttribute('aria-label', /¼ of 1 allocated/);
+    await expect(panel.locator('.jp-gpupool-gpu[aria-label*="¼ of 1 allocated"]')).toHaveCount(1);
     await page.screenshot({ path: path.join(SHOTS, 'kernel-share.png') });
   });
 
@@ -166,6 +166,10 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
 
     // The palette entry acts on the current notebook.
     await page.notebook.openByPath(`${tmpPath}/ctx.ipynb`);
+    await page.notebook.activate('ctx.ipynb');
+    await expect
+      .poll(() => page.evaluate(() => (window as any).jupyterapp.commands.isEnabled('gpupool:promote')))
+      .toBe(true);
     await page.evaluate(async () => {
       await (window as any).jupyterapp.commands.execute('apputils:activate-command-palette');
     });
@@ -184,13 +188,24 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(row).toBeVisible();
     await row.getByRole('button', { name: 'Edit quotas of project vision' }).click();
     const dialog = page.locator('.jp-Dialog');
-    await dialog.locator('input[name="build_quota"]').fill('1.5');
+    await expect(dialog.locator('input[name="build_quota"]')).toHaveValue('1.5');
+    await dialog.locator('input[name="build_quota"]').fill('2');
     await dialog.locator('.jp-Dialog-button.jp-mod-accept').click();
-    await expect(row.locator('td').first()).toContainText('/1½');
+    await expect(row.locator('td').first()).toContainText('/2');
   });
 
   test('the panel says so when the scheduler is unreachable, in the dark theme too', async ({ page }) => {
     await page.theme.setDarkTheme();
+    // The theme's stylesheet loads after the switch: wait until the shell is actually dark.
+    await expect
+      .poll(() =>
+        page.evaluate(() => {
+          const rgb = getComputedStyle(document.querySelector('#jp-top-panel') as Element).backgroundColor;
+          const [r, g, b] = (rgb.match(/\d+/g) ?? ['255', '255', '255']).map(Number);
+          return r + g + b;
+        })
+      )
+      .toBeLessThan(200);
     const panel = await openPoolPanel(page);
     await expect(panel.locator('.jp-gpupool-gpu').first()).toBeVisible();
     await page.screenshot({ path: path.join(SHOTS, 'panel-dark.png') });

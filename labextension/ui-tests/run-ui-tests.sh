@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Browser tests of the JupyterLab front end: Galata/Playwright in Debian's Chromium
+# against a real JupyterLab with the gpupool server extension (simulated GPUs).
+#
+# Needs the project installed in .venv (scripts/test does that first). Installs the
+# `chromium` package when /usr/bin/chromium is missing and we are root; Playwright
+# never downloads a browser. Extra arguments go to `playwright test`.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV="$(cd ../.. && pwd)/.venv"
+export PATH="$VENV/bin:$PATH"
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
+
+CHROMIUM="${CHROMIUM_PATH:-/usr/bin/chromium}"
+if [ ! -x "$CHROMIUM" ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    echo "ui-tests: installing Debian's chromium"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "ui-tests: $CHROMIUM is missing and cannot be installed here (run 'apt-get install chromium' as root)" >&2
+    exit 1
+  fi
+fi
+
+if ! jupyter labextension list 2>&1 | grep -q "jupyter-gpupool.*enabled.*OK"; then
+  echo "ui-tests: the jupyter-gpupool labextension is not installed in $VENV" >&2
+  jupyter labextension list >&2 || true
+  exit 1
+fi
+
+jlpm install --immutable >/dev/null
+
+# Notebooks, scheduler state, settings and runtime files of the test server live here.
+ROOT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/gpupool-ui-XXXXXX")"
+trap 'rm -rf "$ROOT_DIR"' EXIT
+export JUPYTERLAB_GALATA_ROOT_DIR="$ROOT_DIR"
+jlpm playwright test "$@"
