@@ -89,6 +89,9 @@ def test_metrics_need_token_and_serve_prometheus_text(server):
     assert http("GET", server.url + "/metrics")[0] == 401
     status, text = http("GET", server.url + "/metrics", token="alice-token")
     assert status == 200 and "gpupool_fake_submitted_total" in text
+    # The API's own request metrics, refused requests included.
+    assert 'gpupool_api_requests_total{endpoint="Metrics",method="GET",status="401"}' in text
+    assert "gpupool_api_request_seconds_bucket" in text
 
 
 def test_unknown_path_is_json_404(server):
