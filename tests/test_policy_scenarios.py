@@ -365,3 +365,27 @@ def test_cpu_only_job_does_not_reclaim_gpus_of_other_projects() -> None:
              now=500)
     d = schedule(s)
     assert d.preempts == () and [w.workload_id for w in d.waits] == ["b-cpu"]
+
+
+def test_empty_and_odd_snapshots() -> None:
+    assert schedule(snap([], [], [])) == schedule(snap([], [], []))
+    # a running job on a node that left the inventory still counts for its project, and is never a victim
+    ghost = on(train("ghost", "A"), "gone", 0, started=0)
+    s = snap([node("n1", 1)], [project("A", 0), project("B", 1)], [ghost, train("b0", "B", t=1)], now=500)
+    d = schedule(s)
+    assert [st.workload_id for st in d.starts] == ["b0"] and d.preempts == ()
+    assert d.preemptible == ("ghost",)
+    # no train pool at all: training is rejected as impossible, build still works
+    s = snap([node("b1", 1, pools=BUILD_ONLY)], [project("A", 1, build=1)],
+             [train("t", "A"), build("k", "A", milli=500)])
+    d = schedule(s)
+    assert [r.workload_id for r in d.rejects] == ["t"] and [st.workload_id for st in d.starts] == ["k"]
+
+
+def test_malformed_request_is_rejected_not_crashing() -> None:
+    from scheduler.policy import Request, Workload
+
+    bad = Workload("bad", "A", Kind.TRAIN, Request(gpus=1, gpu_milli=500))
+    s = snap([node("n1", 2)], [project("A", 2)], [bad, train("ok", "A")])
+    d = schedule(s)
+    assert [r.workload_id for r in d.rejects] == ["bad"] and [st.workload_id for st in d.starts] == ["ok"]
