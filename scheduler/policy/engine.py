@@ -331,7 +331,8 @@ class _Cycle(ReclaimMixin):
         queue = FairQueue(jobs, self.ratio)
         self.queue = queue
         deferred: list[Workload] = []
-        projects, usage, req_of, estimate = self.projects, self.usage, self.req_of, self.estimate
+        projects, usage, req_of = self.projects, self.usage, self.req_of
+        needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
         verdicts, waits, cap = self.verdicts, self.waits, self.cap
         starving_from = self.now - self.cfg.starvation_s
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
@@ -339,7 +340,7 @@ class _Cycle(ReclaimMixin):
             name = w.project
             p = projects[name]
             req = req_of[w.id]
-            need = estimate(TRAIN_POOL, req)
+            need = needs[id(req)]
             used = usage[name]
             within = used + need <= p.train_guarantee_milli
             if first and not within and (w.paused_at if w.paused_at is not None else w.submitted_at) > starving_from:
