@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import Actor, SchedulerCore
-
-ADMIN = Actor("admin", True)
-ALICE = Actor("alice")
-BOB = Actor("bob")
-PY = sys.executable
-
-
-def fast_config(state_dir: Path, **overrides: Any) -> ServiceConfig:
-    """Short timers so tests are quick; the policy knobs let reclaim act at once."""
-    base: dict[str, Any] = dict(
-        state_dir=state_dir, simulate="2xA100-80GB", tick_s=0.2, poll_s=0.02, pause_grace_s=2.0,
-        reply_wait_s=3.0, history_interval_s=0.2, min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin-secret",
-        node_name="testhost", cycle_min_interval_s=0.0,
-    )
-    base.update(overrides)
-    return ServiceConfig(**base)
+from scheduler.service.core import SchedulerCore
+from tests.service.helpers import fast_config
 
 
 @pytest.fixture

@@ -6,9 +6,29 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from scheduler.service.config import ServiceConfig
+from scheduler.service.core import Actor
+
 PY = sys.executable
+
+ADMIN = Actor("admin", True)
+ALICE = Actor("alice")
+BOB = Actor("bob")
+
+
+def fast_config(state_dir: Path, **overrides: Any) -> ServiceConfig:
+    """Short timers so tests are quick; the policy knobs let reclaim act at once."""
+    base: dict[str, Any] = dict(
+        state_dir=state_dir, simulate="2xA100-80GB", tick_s=0.2, poll_s=0.02, pause_grace_s=2.0,
+        reply_wait_s=3.0, history_interval_s=0.2, min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin-secret",
+        node_name="testhost", cycle_min_interval_s=0.0,
+    )
+    base.update(overrides)
+    return ServiceConfig(**base)
+
 
 # A training job that checkpoints: counts to STEPS, saving its step to ckpt.txt;
 # on SIGTERM it saves and exits 0. Each start appends "attempt resume first_step" to starts.txt.

@@ -9,8 +9,7 @@ import stat
 import pytest
 
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
-from tests.service.conftest import ADMIN, ALICE, BOB
-from tests.service.helpers import CHECKPOINTING_JOB, PY, wait_for
+from tests.service.helpers import ADMIN, ALICE, BOB, CHECKPOINTING_JOB, PY, wait_for
 
 
 def _state(core, job_id):
@@ -336,7 +335,7 @@ async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
 
     from scheduler.service import fallback_policy
     from scheduler.service.core import SchedulerCore
-    from tests.service.conftest import fast_config
+    from tests.service.helpers import fast_config
 
     calls = []
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from scheduler.service.core import SchedulerCore
-from tests.service.conftest import ADMIN, ALICE, fast_config
-from tests.service.helpers import CHECKPOINTING_JOB, PY, wait_for
+from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, fast_config, wait_for
 
 
 async def test_stop_mode_pauses_and_next_start_resumes(tmp_path):

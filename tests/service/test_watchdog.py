@@ -7,8 +7,7 @@ import pytest
 from scheduler.inventory import GpuInfo, GpuSample
 from scheduler.service.core import SchedulerCore
 from scheduler.service.watchdog import MIB, Reading, Watchdog, over_limit
-from tests.service.conftest import ADMIN, ALICE, fast_config
-from tests.service.helpers import PY, wait_for
+from tests.service.helpers import ADMIN, ALICE, PY, fast_config, wait_for
 
 GIB = 1024**3
 
