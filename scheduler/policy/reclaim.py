@@ -93,9 +93,10 @@ class ReclaimMixin:
         A failure is remembered per (shape, claimant kind), with dominance
         (:mod:`scheduler.policy.memo`): while the cycle goes on, capacity and
         the set of possible victims only shrink (a reclaim that leaves more
-        room than before bumps the generation). A
-        claimant with no lower-priority jobs of its own to pause sees the same
-        victims whatever its project, so those share one memo.
+        room than before bumps the generation). A claimant with no
+        lower-priority jobs of its own to pause sees the same victims whatever
+        its project (its own project, within its guarantee, has none to give),
+        so those share one memo.
         """
         lists = self.victim_lists()
         mine = lists.get(p.name, ([], [], 0))[1]
