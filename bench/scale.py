@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if not NODE_LIST.exists() or not POD_LIST.exists():
         print(f"cannot find the openb trace at {OPENB} (see ../shared/README.md)", file=sys.stderr)
         return 1
-    repeats = args.repeats or (5 if args.quick else 30)
+    repeats = args.repeats or (3 if args.quick else 15)
     rows = run(repeats)
     out = table(rows)
     print(out)
