@@ -8,9 +8,11 @@
  * Screenshots land in docs/screenshots/ for the README.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import * as fs from 'fs';
 import * as path from 'path';
 
 const SHOTS = path.resolve(__dirname, '..', '..', '..', 'docs', 'screenshots');
+const EXAMPLES = path.resolve(__dirname, '..', '..', '..', 'examples');
 
 /** A notebook with a papermill `parameters` cell and a short "training" loop. */
 function trainingNotebook(): string {
@@ -149,6 +151,34 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(output).toBeVisible({ timeout: 30000 });
     await expect(page.locator('.lm-TabBar-tab.jp-mod-current', { hasText: 'output.ipynb' })).toBeVisible();
     await page.screenshot({ path: path.join(SHOTS, 'output-notebook.png') });
+  });
+
+  test('the tour notebook builds on ¼ GPU, promotes and monitors', async ({ page, tmpPath }) => {
+    for (const name of ['gpupool-tour.ipynb', 'gpupool-tour-train.ipynb']) {
+      const text = fs.readFileSync(path.join(EXAMPLES, name), 'utf-8');
+      await page.contents.uploadContent(text, 'text', `${tmpPath}/${name}`);
+    }
+    await page.notebook.openByPath(`${tmpPath}/gpupool-tour.ipynb`);
+    await page.notebook.activate('gpupool-tour.ipynb');
+    await expect(page.locator('.jp-gpupool-status')).toContainText('GPU ¼', { timeout: 60000 });
+
+    // Cells: 0 md, 1 md, 2 env, 3 %gpupool status, 4 md, 5 experiment, 6 md, 7 promote, 8 md, 9 PoolMonitor.
+    const output = (i: number) => page.locator('.jp-Notebook .jp-Cell').nth(i).locator('.jp-OutputArea');
+    for (const i of [2, 3, 5, 7, 9]) {
+      await page.notebook.runCell(i);
+    }
+    await expect(output(2)).toContainText("'GPUPOOL_GPU_FRACTION': '0.25'");
+    await expect(output(3)).toContainText('simulated GPUs');
+    await expect(output(5)).toContainText('step 4: loss');
+    await expect(output(7)).toContainText(/promoted gpupool-tour-train.ipynb as job j-\d+/);
+    await expect(output(9).locator('.widget-vbox, .jupyter-widgets').first()).toBeVisible();
+    await expect(page.locator('.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')).toHaveCount(0);
+    await page.screenshot({ path: path.join(SHOTS, 'tour.png') });
+
+    // The promoted run trains to the end and checkpoints on the way.
+    const panel = await openPoolPanel(page);
+    const job = panel.locator('.jp-gpupool-job', { hasText: 'gpupool-tour-train' }).first();
+    await expect(job).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
   });
 
   test('promote is in the command palette and the file browser context menu', async ({ page, tmpPath }) => {
