@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = reader(action, text)
         p.add_argument("job")
 
+    p = sub.add_parser("events", help="print scheduler events (job state changes, pool, projects)",
+                       description="Print scheduler events, oldest first; -f keeps following.")
+    p.add_argument("--since", type=int, default=0, help="only events after this sequence number")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new events until interrupted")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
     p = sub.add_parser("tokens", help="API tokens (admin)", description="Manage API tokens (admin).")
     tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser)
     tsub.required = True
@@ -307,6 +313,30 @@ def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.
             time.sleep(poll_s)
 
 
+def event_line(event: dict[str, Any]) -> str:
+    """One human line per event: time, seq, type, job and state, user/project, reason."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t") or 0))
+    parts = [stamp, f"#{event.get('seq')}", str(event.get("type", ""))]
+    if event.get("job_id"):
+        parts.append(f"{event['job_id']} {event.get('state', '')}".rstrip())
+    if event.get("user") or event.get("project"):
+        parts.append(f"{event.get('project', '-')}/{event.get('user', '-')}")
+    if event.get("reason"):
+        parts.append(f"- {event['reason']}")
+    return "  ".join(parts)
+
+
+def cmd_events(client: GpupoolClient, args: argparse.Namespace) -> None:
+    since = args.since
+    while True:
+        reply = client.events(since=since, timeout=25 if args.follow else 0)
+        for event in reply["events"]:
+            print(json.dumps(event) if args.json else event_line(event), flush=True)
+        if not reply["events"] and not args.follow:
+            return
+        since = reply["last"]
+
+
 def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
     reply = client.create_token(args.user)
     if args.json:
@@ -367,7 +397,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 COMMANDS = {
     "status": cmd_status, "whoami": cmd_whoami, "projects": cmd_projects, "list": cmd_list,
     "describe": cmd_describe, "logs": cmd_logs, "pause": cmd_action, "resume": cmd_action,
-    "cancel": cmd_action, "renew": cmd_action, "tokens": cmd_tokens,
+    "cancel": cmd_action, "renew": cmd_action, "tokens": cmd_tokens, "events": cmd_events,
 }
 
 

@@ -161,3 +161,15 @@ def test_serve_banner_names_url_simulation_and_token_file(tmp_path):
         assert result.returncode == 0 and "SIMULATED" in result.stdout and "A100-80GB" in result.stdout
     finally:
         assert srv.stop() == 0
+
+
+def test_events_command_pages_through_events(env, capsys):
+    code, out, err = run(capsys, "submit", "--project", "vision", "--name", "ev", "--", "true")
+    assert code == 0, err
+    job_id = out.split()[0]
+    code, out, _ = run(capsys, "events")
+    assert code == 0 and any(job_id in line and "queued" in line and "vision/alice" in line
+                             for line in out.splitlines())
+    code, out, _ = run(capsys, "events", "--json", "--since", "0")
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events) and job_id in {e["job_id"] for e in events}
