@@ -102,8 +102,10 @@ def test_process_owner_found_by_environment(tmp_path):
 
     from scheduler.service.watchdog import job_of_process
 
-    proc = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"], env={**os.environ, "GPUPOOL_JOB_ID": "j-000042"})
+    proc = subprocess.Popen([PY, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                            env={**os.environ, "GPUPOOL_JOB_ID": "j-000042"}, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd: its own environment now
         assert job_of_process(proc.pid, {}) == "j-000042"  # a kernel: found through its environment
         assert job_of_process(os.getpid(), {os.getsid(0): "j-1"}) == "j-1"  # a job: found through its session
     finally:
