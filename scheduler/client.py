@@ -15,6 +15,7 @@ the URL; a 5xx raises :class:`ServerError`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import urllib.error
@@ -251,7 +252,7 @@ class AsyncGpupoolClient(_Endpoints):
     async def _call(self, method: str, path: str, *, body: Any = None,
                     query: Mapping[str, Any] | None = None, raw: bool = False,
                     timeout: float | None = None) -> Any:
-        from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
         data: bytes | None = None if body is None else json.dumps(body).encode()
         if method in ("POST", "PUT") and data is None:
@@ -264,7 +265,11 @@ class AsyncGpupoolClient(_Endpoints):
         )
         try:
             reply = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except OSError as e:
+        except HTTPClientError as e:  # 599: timeout, or the connection closed before a reply
+            if e.response is not None and e.code < 599:
+                raise error_from_reply(e.code, e.response.body, self.url) from None
+            raise Unavailable(f"cannot reach the scheduler at {self.url}: {e}") from None
+        except (OSError, asyncio.TimeoutError) as e:
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {e}") from None
         if reply.code == 599 or (reply.error is not None and reply.code >= 599):
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {reply.error}")

@@ -52,8 +52,22 @@ class ApiHandler(tornado.web.RequestHandler):
         self.set_header("Cache-Control", "no-store")
 
     def prepare(self) -> None:
+        # Counted so that a stopping service can let woken long-polls answer before it closes connections.
+        self.settings["inflight"] = self.settings.get("inflight", 0) + 1
+        self._counted = True
         if not self.public:
             self.actor = auth.authenticate(self.core, self.request.headers.get("Authorization"))
+
+    def on_finish(self) -> None:
+        self._uncount()
+
+    def on_connection_close(self) -> None:
+        self._uncount()
+
+    def _uncount(self) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.settings["inflight"] = max(0, self.settings.get("inflight", 1) - 1)
 
     # ------------------------------------------------------------- input
     def json_body(self, schema: str | None, what: str, *, empty: Any = None) -> Any:

@@ -34,6 +34,7 @@ class EventsHandler(ApiHandler):
 
     def on_connection_close(self) -> None:
         self._closed = True
+        super().on_connection_close()
 
     async def get(self) -> None:
         if "text/event-stream" in self.request.headers.get("Accept", ""):

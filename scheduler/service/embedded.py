@@ -110,6 +110,10 @@ class EmbeddedScheduler:
         if self._server is not None:
             self._server.stop()
             self.app.settings["shutdown_event"].set()
+            # Woken long-polls and streams answer and finish; then the rest is closed.
+            deadline = asyncio.get_running_loop().time() + STOP_CONNECTIONS_S / 2
+            while self.app.settings.get("inflight", 0) and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
             try:
                 await asyncio.wait_for(self._server.close_all_connections(), STOP_CONNECTIONS_S)
             except asyncio.TimeoutError:

@@ -148,3 +148,40 @@ def test_error_from_reply_shapes():
     assert type(error_from_reply(400, b'{"error": "x", "status": 400, "type": "Forbidden"}', "u")) is \
         errors.InvalidRequest
     assert "answered HTTP 400" in error_from_reply(400, b"", "http://s").message
+
+
+class ClosingServer:
+    """Accepts connections and closes them without a reply (a scheduler dying mid-request)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_connection_dropped_mid_request_is_unavailable_for_both_clients():
+    server = ClosingServer()
+    try:
+        with pytest.raises(errors.Unavailable, match=server.url):
+            GpupoolClient(server.url, "t", timeout=5).status()
+        with pytest.raises(errors.Unavailable, match=server.url):
+            await AsyncGpupoolClient(server.url, "t", timeout=5).status()
+    finally:
+        server.close()

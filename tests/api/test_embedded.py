@@ -86,3 +86,28 @@ async def test_existing_projects_are_not_overwritten_and_jobs_resume_after_resta
 async def test_bad_config_is_a_clear_error(tmp_path):
     with pytest.raises(InvalidRequest, match="unknown service setting"):
         await EmbeddedScheduler(tmp_path / "s", config={"tick": 1}).start()
+
+
+async def test_stop_ends_open_streams_and_long_polls(tmp_path):
+    sched = EmbeddedScheduler(tmp_path / "state", simulate="1xA100-80GB", admin_token="tok", config=FAST)
+    await sched.start()
+    port = int(sched.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /api/v1/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+                 b"Authorization: token tok\r\n\r\n")
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert b"200 OK" in head and b"text/event-stream" in head
+    client = AsyncGpupoolClient(sched.url, "tok")
+    last = (await client.events(since=0))["last"]
+    poll = asyncio.ensure_future(client.events(since=last, timeout=50))
+    await asyncio.sleep(0.2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await sched.stop()
+    assert loop.time() - t0 < 4.5  # neither the stream nor the long-poll held the stop for its 5 s limit
+    rest = await asyncio.wait_for(reader.read(), 5)  # the stream ended (EOF), not left hanging
+    assert isinstance(rest, bytes)
+    reply = await asyncio.wait_for(poll, 5)
+    assert reply["events"] == [] or all(e["seq"] > last for e in reply["events"])
+    writer.close()
