@@ -20,7 +20,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from scheduler.api.app import make_app
-from scheduler.errors import InvalidRequest
+from scheduler.errors import GpupoolError, InvalidRequest
 from scheduler.service.config import ServiceConfig
 from scheduler.service.core import Actor
 
@@ -81,17 +81,29 @@ class EmbeddedScheduler:
         if self.core is not None:
             raise InvalidRequest("this embedded scheduler is already started")
         cfg = self.service_config()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        core = SchedulerCore(cfg)
-        await core.start()
+        # Listen first: a port in use must not cost a core start (recovery, re-adopting jobs) for nothing.
         try:
+            sockets = bind_sockets(self.port, self.host, reuse_port=False)
+        except OSError as e:
+            raise GpupoolError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            core = SchedulerCore(cfg)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
+        try:
+            await core.start()
             self.admin_token = self._find_admin_token(core, cfg)
             await self._ensure_projects(core, cfg)
             self.app = make_app(core)
-            sockets = bind_sockets(self.port, self.host, reuse_port=False)
             self._server = HTTPServer(self.app, max_body_size=MAX_BODY, idle_connection_timeout=120)
             self._server.add_sockets(sockets)
         except BaseException:
+            for sock in sockets:
+                sock.close()
+            self._server = None
             await core.stop()
             raise
         self.core = core

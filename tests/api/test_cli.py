@@ -173,3 +173,21 @@ def test_events_command_pages_through_events(env, capsys):
     code, out, _ = run(capsys, "events", "--json", "--since", "0")
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["seq"] for e in events] == sorted(e["seq"] for e in events) and job_id in {e["job_id"] for e in events}
+
+
+def test_serve_on_a_busy_port_is_one_line_and_exit_1(tmp_path):
+    import subprocess
+    import sys
+
+    from .servers import cli_env
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--state-dir", str(tmp_path / "s"),
+                                 "--port", str(port), "--simulate", "1xA100-80GB"],
+                                env=cli_env("", None, tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == f"gpupool: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert not (tmp_path / "s" / "state.db").exists()  # nothing started
