@@ -235,3 +235,14 @@ def test_sse_on_the_real_core(svc):
             assert chunk, buf
             buf += chunk
     assert b"text/event-stream" in buf and b"event: job\n" in buf
+
+
+def test_every_route_refuses_wrong_or_missing_token_on_the_real_core(svc):
+    from .test_auth import PUBLIC, ROUTES
+
+    for method, path in ROUTES:
+        if path in PUBLIC:
+            continue
+        for headers in ({}, {"Authorization": "token not-a-token"}, {"Authorization": "Bearer admin-t-but-wrong"}):
+            status, reply = http(method, svc.url + path, headers=headers, body={})
+            assert status == 401 and reply["status"] == 401, (method, path, headers, reply)
