@@ -21,6 +21,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,27 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
 
 
+MAX_ASYNC_CONNECTIONS = 100
+
+_ASYNC_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+
+def _async_http() -> Any:
+    """This loop's HTTP client for the scheduler, apart from tornado's shared one.
+
+    Long-polls (``events(timeout=...)``) hold a connection for their whole wait;
+    on tornado's shared client (10 connections) a few of them would queue every
+    other request of the Jupyter server behind them.
+    """
+    from tornado.httpclient import AsyncHTTPClient
+
+    loop = asyncio.get_running_loop()
+    client = _ASYNC_HTTP.get(loop)
+    if client is None:
+        client = _ASYNC_HTTP[loop] = AsyncHTTPClient(force_instance=True, max_clients=MAX_ASYNC_CONNECTIONS)
+    return client
+
+
 class AsyncGpupoolClient(_Endpoints):
     """Asyncio client on tornado's AsyncHTTPClient; every method is a coroutine."""
 
@@ -252,7 +274,7 @@ class AsyncGpupoolClient(_Endpoints):
     async def _call(self, method: str, path: str, *, body: Any = None,
                     query: Mapping[str, Any] | None = None, raw: bool = False,
                     timeout: float | None = None) -> Any:
-        from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+        from tornado.httpclient import HTTPClientError, HTTPRequest
 
         data: bytes | None = None if body is None else json.dumps(body).encode()
         if method in ("POST", "PUT") and data is None:
@@ -264,7 +286,7 @@ class AsyncGpupoolClient(_Endpoints):
             allow_nonstandard_methods=True,
         )
         try:
-            reply = await AsyncHTTPClient().fetch(request, raise_error=False)
+            reply = await _async_http().fetch(request, raise_error=False)
         except HTTPClientError as e:  # 599: timeout, or the connection closed before a reply
             if e.response is not None and e.code < 599:
                 raise error_from_reply(e.code, e.response.body, self.url) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 
@@ -185,3 +186,16 @@ async def test_connection_dropped_mid_request_is_unavailable_for_both_clients():
             await AsyncGpupoolClient(server.url, "t", timeout=5).status()
     finally:
         server.close()
+
+
+async def test_async_long_polls_do_not_block_other_requests(server):
+    """Twenty waiting long-polls (more than tornado's shared client allows) and a plain call still answers."""
+    alice = AsyncGpupoolClient(server.url, "alice-token")
+    last = (await alice.events(since=0))["last"]
+    polls = [asyncio.ensure_future(alice.events(since=last + 1000, timeout=3)) for _ in range(20)]
+    await asyncio.sleep(0.2)
+    assert (await asyncio.wait_for(alice.whoami(), 2))["user"] == "alice"
+    assert not any(p.done() for p in polls)  # still waiting: the whoami did not queue behind them
+    for p in polls:
+        p.cancel()
+    await asyncio.gather(*polls, return_exceptions=True)
