@@ -128,6 +128,8 @@ class FreeState:
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._failed: dict[Request, int] = {}
         self._release_version = 0
+        self._version = 0  # bumped by every commit/release: a found place stays valid until then
+        self._found: dict[Request, tuple[int, Assignment]] = {}
         classes: dict[tuple, int] = {}
         self.node_class = np.array([
             classes.setdefault(tuple(zip(self.cap[i].tolist(), self.gpu_mem[i].tolist(), self.model_id[i].tolist(),
@@ -232,6 +234,7 @@ class FreeState:
     def commit(self, assignment: Assignment, request: Request) -> None:
         """Take ``assignment``'s capacity (after :meth:`find` chose it)."""
         i = self._apply(assignment, request, sign=-1)
+        self._version += 1
         self._refresh_row(i)
         if self.frag is not None:
             self.frag.update_row(i)
@@ -241,6 +244,7 @@ class FreeState:
         i = self._apply(assignment, request, sign=+1)
         self._refresh_row(i)
         self._release_version += 1
+        self._version += 1
         if self.frag is not None:
             self.frag.update_row(i)
 
@@ -291,6 +295,9 @@ class FreeState:
             self.frag.observe(request)
         if self._failed.get(request) == self._release_version:
             return None
+        hit = self._found.get(request)
+        if hit is not None and hit[0] == self._version:
+            return hit[1]
         most_whole, most_share, most_cpu, most_mem = self._global_max()
         if (request.gpus > most_whole or request.gpu_milli > most_share or request.cpu_milli > most_cpu
                 or request.memory_mib > most_mem):
@@ -321,7 +328,11 @@ class FreeState:
         elif ok is not None:
             ok = ok[cand]
         i, slots = self._choose(cand, ok, request)
-        return self._assignment(i, slots, request)
+        found = self._assignment(i, slots, request)
+        if len(self._found) > 4096:
+            self._found.clear()
+        self._found[request] = (self._version, found)
+        return found
 
     def _distinct(self, cand: np.ndarray) -> np.ndarray:
         """One candidate per distinct node state: the first in tie order (result in node order).
@@ -330,7 +341,7 @@ class FreeState:
         rank, so dropping the others changes no answer and saves most of the
         scoring work on large, uniform clusters.
         """
-        if cand.size < 2:
+        if cand.size < 16:
             return cand
         in_cand = np.zeros(len(self.names), dtype=bool)
         in_cand[cand] = True

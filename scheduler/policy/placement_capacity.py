@@ -37,6 +37,34 @@ class CapacityModel(FragModel):
     MODE = "poisson"
     HORIZON = 1.0
     W_BASE = 1.0
+    GANG_EXP = 0.0
+    LAMBDA = 1.0  # weight of the FGD term (one-request fragmentation) added to ours
+    WEIGHT_REFRESH = 8  # scarcity weights move slowly: recompute them every this many commits
+
+    def _type_weight(self, shape: tuple) -> float:
+        if self.WEIGHT_BY_GPU:
+            return _volume(shape)
+        if shape[0] == "w" and shape[1] > 1:
+            return float(shape[1]) ** self.GANG_EXP
+        return 1.0
+
+    def __init__(self, state, fixed=None) -> None:  # noqa: ANN001
+        self.fgd = FragModel(state, fixed=fixed) if self.LAMBDA else None
+        super().__init__(state, fixed=fixed)
+
+    def observe(self, request: Request) -> None:
+        super().observe(request)
+        if self.fgd is not None:
+            self.fgd.observe(request)
+
+    def deltas(self, cand, ok, request):  # noqa: ANN001, ANN201
+        rows, slot, delta = super().deltas(cand, ok, request)
+        if self.fgd is not None:
+            ftot = self._ftot_after
+            _, _, extra = self.fgd.deltas(cand, ok, request)
+            delta = delta + self.LAMBDA * extra
+            self._ftot_after = ftot
+        return rows, slot, delta
 
     def rebuild(self) -> None:
         st = self.state
@@ -45,7 +73,7 @@ class CapacityModel(FragModel):
         self._shapes = shapes
         sidx = {s: k for k, s in enumerate(shapes)}
         keys = sorted(self.counts, key=repr)
-        weights = np.array([self.counts[k] * (_volume(k[0]) if self.WEIGHT_BY_GPU else 1.0) for k in keys])
+        weights = np.array([self.counts[k] * self._type_weight(k[0]) for k in keys])
         self.p = weights / weights.sum() if len(keys) else weights
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
         self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
@@ -81,6 +109,7 @@ class CapacityModel(FragModel):
         self._init = False
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
+        self._w_age = 0  # weights are recomputed on first use
         self._dirty = False
         self._seen_since = 0
 
@@ -106,7 +135,10 @@ class CapacityModel(FragModel):
         usable = self._usable(rows, su, whole, cpu)
         if self._init:
             return usable
-        return -((usable - self.usable_now[rows]) @ self._weights())
+        if self._w_age <= 0:
+            self._w = self._weights()
+            self._w_age = self.WEIGHT_REFRESH
+        return -((usable - self.usable_now[rows]) @ self._w)
 
     def _weights(self) -> np.ndarray:
         if self.MODE == "count":
@@ -124,6 +156,8 @@ class CapacityModel(FragModel):
         return tail + self.W_BASE * self.p
 
     def update_row(self, i: int) -> None:
+        if self.fgd is not None:
+            self.fgd.update_row(i)
         if self._dirty:
             return
         st = self.state
@@ -132,6 +166,7 @@ class CapacityModel(FragModel):
         rows = np.array([i])
         new = self._usable(rows, self.su[rows], st.whole_free[rows], st.cpu_free[rows])[0]
         self.total += new - self.usable_now[i]
+        self._w_age -= 1
         self.usable_now[i] = new
 
     def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:

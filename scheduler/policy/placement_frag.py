@@ -69,6 +69,7 @@ def _volume(shape: Shape) -> float:
 class FragModel:
     """Expected-fragmentation cache for one :class:`FreeState`, and the choice it drives."""
 
+    PACK_TIES = True  # with pack_ties: equal scores go to the node left with least CPU, then GPU
     REFRESH_MIN = 32  # re-weigh the learned mix after this many new requests ...
     REFRESH_FRACTION = 0.05  # ... or this share of what was seen, whichever is larger
     WEIGHT_BY_GPU = False  # weigh a type by its GPU volume (count x milli), not its count
@@ -200,17 +201,11 @@ class FragModel:
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request, pack_ties: bool
     ) -> tuple[int, list[int]]:
         """(node, GPU slots) that raise expected fragmentation least among ``cand``."""
-        if self._dirty:
-            self.rebuild()
         st = self.state
-        if request.gpus or ok is None:
-            delta = self._delta_node(cand, request)
-            rows, slot = cand, None
-        else:
-            rows, slot, delta = self._delta_fraction(cand, ok, request)
+        rows, slot, delta = self.deltas(cand, ok, request)
         gpu_after = self._ftot_after
         keys: list[np.ndarray] = [st.tie_rank[rows]]
-        if pack_ties:
+        if pack_ties and self.PACK_TIES:
             keys.append(st.cpu_free[rows] - request.cpu_milli)
             keys.append(gpu_after)
         keys.append(np.round(delta, 6))
@@ -222,6 +217,16 @@ class FragModel:
             usable = np.flatnonzero(ok[int(np.searchsorted(cand, i))])
             return i, st.whole_slots(i, usable, request.gpus)
         return i, [int(slot[k])]
+
+    def deltas(
+        self, cand: np.ndarray, ok: np.ndarray | None, request: Request
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """(candidate rows, GPU slot per row or None, increase of fragmentation per row)."""
+        if self._dirty:
+            self.rebuild()
+        if request.gpus or ok is None:
+            return cand, None, self._delta_node(cand, request)
+        return self._delta_fraction(cand, ok, request)
 
     def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Increase of fragmentation for whole-GPU or CPU-only work on each candidate node."""
