@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    # The connection options also work after the command (gpupool status --url ...).
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", default=argparse.SUPPRESS, help="scheduler URL")
+    connection.add_argument("--token", default=argparse.SUPPRESS, help="API token")
+    connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for a reply")
+    original_add_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if name != "serve":
+            kwargs.setdefault("parents", [connection])
+        return original_add_parser(name, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
 
     def reader(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -109,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = reader("projects", "list projects (or: projects set NAME ..., projects delete NAME)")
     psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser)
-    ps = psub.add_parser("set", help="create or change a project (admin)")
+    ps = psub.add_parser("set", help="create or change a project (admin)", parents=[connection])
     ps.add_argument("name")
     ps.add_argument("--build-quota", type=_finite_float, help="GPUs for interactive (build) work")
     ps.add_argument("--guarantee", type=_finite_float, help="guaranteed training GPUs")
@@ -117,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="most training GPUs ('none' for no limit)")
     ps.add_argument("--weight", type=_finite_float, help="share of idle GPUs beyond guarantees")
     ps.add_argument("--json", action="store_true", help="print JSON")
-    pd = psub.add_parser("delete", help="delete a project with no live jobs (admin)")
+    pd = psub.add_parser("delete", help="delete a project with no live jobs (admin)", parents=[connection])
     pd.add_argument("name")
 
     p = reader("submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
@@ -169,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tokens", help="API tokens (admin)", description="Manage API tokens (admin).")
     tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser)
     tsub.required = True
-    tc = tsub.add_parser("create", help="create a token for a user")
+    tc = tsub.add_parser("create", help="create a token for a user", parents=[connection])
     tc.add_argument("user")
     tc.add_argument("--json", action="store_true")
     return parser

@@ -191,3 +191,15 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1(tmp_path):
     assert result.returncode == 1
     assert result.stderr == f"gpupool: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert not (tmp_path / "s" / "state.db").exists()  # nothing started
+
+
+def test_connection_options_work_before_or_after_the_command(env, capsys, monkeypatch):
+    monkeypatch.delenv("GPUPOOL_TOKEN")
+    monkeypatch.setenv("GPUPOOL_URL", "http://127.0.0.1:9")  # wrong on purpose: the options must win
+    code, out, err = run(capsys, "whoami", "--url", env.url, "--token", "alice-token")
+    assert code == 0 and out.startswith("alice"), err
+    code, out, err = run(capsys, "--url", env.url, "--token", ADMIN_TOKEN, "projects", "set", "ml", "--weight", "2",
+                         "--json")
+    assert code == 0 and json.loads(out)["weight"] == 2, err
+    code, out, err = run(capsys, "tokens", "create", "zed", "--url", env.url, "--token", ADMIN_TOKEN)
+    assert code == 0 and out.strip(), err
