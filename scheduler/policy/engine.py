@@ -328,13 +328,29 @@ class _Cycle(ReclaimMixin):
 
     def train_pass(self, jobs: list[Workload], first: bool) -> None:
         """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
-        queue = FairQueue(jobs, self.ratio)
-        self.queue = queue
-        deferred: list[Workload] = []
         projects, usage, req_of = self.projects, self.usage, self.req_of
         needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
-        verdicts, waits, cap = self.verdicts, self.waits, self.cap
         starving_from = self.now - self.cfg.starvation_s
+        deferred: list[Workload] = []
+        if first:
+            # Jobs already beyond their project's guarantee go straight to pass 2: in pass 1 a
+            # project's use grows (reclaim never takes a project below its guarantee), so they would
+            # be deferred at their turn anyway. (A project whose own priority swap lowered its use
+            # gets such jobs in pass 2, where "within guarantee" is checked again and may reclaim.)
+            # Starving jobs stay (see below).
+            room = {name: p.train_guarantee_milli - usage[name] for name, p in projects.items()}
+            now_jobs = []
+            for w in jobs:
+                if needs[id(req_of[w.id])] <= room[w.project] or (
+                    (w.paused_at if w.paused_at is not None else w.submitted_at) <= starving_from
+                ):
+                    now_jobs.append(w)
+                else:
+                    deferred.append(w)
+            jobs = now_jobs
+        queue = FairQueue(jobs, self.ratio)
+        self.queue = queue
+        verdicts, waits, cap = self.verdicts, self.waits, self.cap
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
         while (w := queue.pop()) is not None:
             name = w.project
