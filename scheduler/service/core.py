@@ -566,6 +566,19 @@ class SchedulerCore:
         if ev is not None:
             ev.set()
 
+    async def _await_grant(self, job_id: str) -> None:
+        """A build share waiting only for preempted jobs to stop: give them ``reply_wait_s`` to do so.
+
+        A kernel asking for its share then gets it in the submit reply in the
+        common case (victims that checkpoint promptly), not one poll later.
+        """
+        deadline = time.monotonic() + self.config.reply_wait_s
+        while self._stop_tasks and time.monotonic() < deadline:
+            rec = self._job(job_id)
+            if rec is None or rec.state != "queued":
+                return
+            await asyncio.sleep(0.02)
+
     async def _await_settled(self, job_id: str) -> None:
         rec = self._job(job_id)
         if rec is None or rec.state != "running" or rec.stop_intent is None:
@@ -994,6 +1007,8 @@ class SchedulerCore:
         # A kernel waits on its build share: decide now. A burst of train submits
         # shares cycles instead of running the policy once per job.
         self._request_cycle(urgent=js.kind == "build")
+        if js.kind == "build":
+            await self._await_grant(job_id)
         fresh = self._job(job_id)
         assert fresh is not None
         return self._wire(actor, fresh), True

@@ -369,3 +369,19 @@ async def test_memory_request_and_model_choice(make_core):
     assert gpu["model"] == "T4" and gpu["memory_limit"] == want and gpu["milli"] == 500  # 8 of 16 GiB
     assert job["env"]["GPUPOOL_GPU_MEMORY_LIMIT"] == str(want)
     assert job["request"]["gpu_model"] == "T4"
+
+
+async def test_build_share_freed_by_a_stopping_job_is_granted_in_the_submit_reply(make_core, tmp_path):
+    core = await make_core(pause_grace_s=5.0, reply_wait_s=4.0)
+    core.set_project(ADMIN, "research", {"train_guarantee": 0})
+    core.set_project(ADMIN, "vision", {"build_quota": 2})
+    wd = tmp_path / "w"
+    wd.mkdir()
+    train, _ = await core.submit(BOB, {"project": "research", "gpus": 2, "workdir": str(wd),
+                                       "command": [PY, "-c", SLOW_TO_STOP]})
+    await wait_for(lambda: (wd / "ready").exists())
+    cancelling = asyncio.create_task(core.cancel(BOB, train["id"]))  # takes ~1 s to stop
+    await asyncio.sleep(0.1)
+    kernel, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpus": 1})
+    assert kernel["state"] == "running" and kernel["env"]["CUDA_VISIBLE_DEVICES"]
+    assert (await cancelling)["state"] == "cancelled"
