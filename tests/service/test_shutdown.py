@@ -140,3 +140,70 @@ def test_bad_simulation_spec_is_a_clear_error_and_frees_the_state_dir(tmp_path):
     with pytest.raises(InvalidRequest, match="unknown GPU model"):
         SchedulerCore(fast_config(tmp_path / "s", simulate="2xB9000"))
     SchedulerCore(fast_config(tmp_path / "s"))._lock.close()  # the lock was released
+
+
+SLOW_TO_STOP = r"""
+import signal, sys, time
+def term(*_):
+    time.sleep(0.8); sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open("ready", "w").close()
+time.sleep(120)
+"""
+
+
+async def _crash(core: SchedulerCore) -> None:
+    """What kill -9 leaves: no stop(), loops and stop tasks gone, the state dir lock released."""
+    import asyncio
+
+    core._closing = True
+    for t in [*core._tasks, *core._stop_tasks.values()]:
+        t.cancel()
+    await asyncio.sleep(0)
+    core._store.close()
+    core._lock.close()
+
+
+async def test_crash_during_a_pause_still_ends_paused(tmp_path):
+    wd = tmp_path / "w"
+    wd.mkdir()
+    core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
+    await core.start()
+    core.set_project(ADMIN, "p", {"train_guarantee": 1})
+    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP]})
+    await wait_for(lambda: (wd / "ready").exists())
+    reply = await core.pause(ALICE, job["id"])
+    assert reply["state"] == "running"  # SIGTERM sent; the job takes its time
+    await _crash(core)
+    again = SchedulerCore(fast_config(tmp_path / "s"))
+    await again.start()
+    try:
+        await wait_for(lambda: again.get_job(ALICE, job["id"])["state"] == "paused", what="paused after restart")
+        rec = again._job(job["id"])
+        assert rec is not None and rec.user_paused and rec.assignment is None  # still the user's sticky pause
+        resumed = await again.resume(ALICE, job["id"])
+        assert resumed["state"] == "running" and resumed["attempts"] == 2
+    finally:
+        await again.stop()
+
+
+async def test_crash_during_a_cancel_still_ends_cancelled(tmp_path):
+    wd = tmp_path / "w"
+    wd.mkdir()
+    core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
+    await core.start()
+    core.set_project(ADMIN, "p", {})
+    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP]})
+    await wait_for(lambda: (wd / "ready").exists())
+    await core.cancel(ALICE, job["id"])
+    await _crash(core)
+    import asyncio
+
+    await asyncio.sleep(1.5)  # the job finishes its SIGTERM handling while no service runs
+    again = SchedulerCore(fast_config(tmp_path / "s"))
+    await again.start()
+    try:
+        done = again.get_job(ALICE, job["id"])
+        assert done["state"] == "cancelled" and done["exit_code"] == 0
+    finally:
+        await again.stop()
