@@ -27,6 +27,7 @@ from .servers import ServeProcess, http
 SETTINGS = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 0.5, "on_shutdown": "stop", "min_runtime_s": 0.0,
             "history_interval_s": 0.5}
 EXAMPLES = int(os.environ.get("GPUPOOL_FUZZ_EXAMPLES", "300"))
+RANDOM = os.environ.get("GPUPOOL_FUZZ_RANDOM") == "1"  # explore new inputs instead of the fixed sequence
 DOC = build_document()
 
 
@@ -75,8 +76,8 @@ def test_requests_never_get_5xx(live):
     seen: dict[int, int] = {}
 
     @given(data=st.data())
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-              database=None)
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+              derandomize=not RANDOM, database=None)
     def one_request(data):
         op = data.draw(st.sampled_from(OPERATIONS))
         method, path, body = data.draw(request_for(op, live.known))
