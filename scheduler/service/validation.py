@@ -174,9 +174,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
 
     name = spec.get("name")
     if name is None:
-        name = os.path.basename(command[0]) if command else f"{kind}-{project}"
-        if command and len(command) > 1 and name.startswith("python"):
-            name = os.path.basename(command[-1]) or name
+        name = default_name(command, kind, project)
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidRequest("name must be a non-empty string of at most 200 characters")
 
@@ -211,6 +209,23 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
         labels=_str_map(spec.get("labels"), "labels"), client_key=client_key,
     )
+
+
+def default_name(command: list[str] | None, kind: str, project: str) -> str:
+    """A short name from the command: ``python train.py`` -> ``train.py``, ``python -m pkg`` -> ``pkg``."""
+    if not command:
+        return f"{kind}-{project}"
+    prog = os.path.basename(command[0]) or command[0]
+    if prog.startswith("python"):
+        args = iter(command[1:])
+        for arg in args:
+            if arg == "-m":
+                return (next(args, "") or prog)[:80]
+            if arg == "-c":
+                return f"{prog} -c"
+            if not arg.startswith("-") and not any(c.isspace() for c in arg):
+                return (os.path.basename(arg) or arg)[:80]
+    return prog[:80]
 
 
 def _gpus_to_milli(value: Any, what: str, total_gpus: int, allow_none: bool = False) -> int | None:

@@ -57,3 +57,15 @@ def test_spec_normalisation():
     assert js.gpu_model == "A100-80GB" and js.name == "train.py" and js.priority == 0
     assert js.request() == {"gpus": 2, "gpu_fraction": None, "gpu_memory": None, "gpu_model": "A100-80GB",
                             "cpu": None, "memory": None}
+
+
+def test_default_names_are_short():
+    from scheduler.service.validation import default_name
+
+    assert default_name(["python", "train.py", "--lr", "0.1"], "train", "p") == "train.py"
+    assert default_name(["/usr/bin/python3", "-u", "-m", "pkg.run"], "train", "p") == "pkg.run"
+    assert default_name(["python", "-c", "x = 1\n" * 100], "train", "p") == "python -c"
+    assert default_name(["./run.sh"], "train", "p") == "run.sh"
+    assert default_name(None, "build", "vision") == "build-vision"
+    js = validate_spec({"project": "p", "command": ["python", "-c", "print(1)\n" * 100]}, {"p"}, LIMITS)
+    assert js.name == "python -c"
