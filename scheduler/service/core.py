@@ -433,7 +433,7 @@ class SchedulerCore:
             if gid not in self._gpus:
                 return f"policy placed it on unknown GPU {gid}"
             if m <= 0 or used.get(gid, 0) + m > MILLI:
-                return "waiting for paused jobs to release their GPUs"
+                return "waiting for stopping jobs to release their GPUs"
         return None
 
     def _set_reason(self, rec: JobRecord, reason: str) -> None:
