@@ -846,7 +846,9 @@ class SchedulerCore:
             break
         raw = raw[:cut]
         nxt = min(offset, size) + len(raw)
-        return {"data": raw.decode("utf-8", "replace"), "offset": nxt, "eof": nxt >= size and not rec.live}
+        # A build job has no process, so no log will ever come: eof at once.
+        eof = nxt >= size and (not rec.live or rec.kind == "build")
+        return {"data": raw.decode("utf-8", "replace"), "offset": nxt, "eof": eof}
 
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         usage: dict[str, dict[str, int]] = {}

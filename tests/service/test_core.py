@@ -160,6 +160,7 @@ async def test_build_quota_rejection_names_project_quota_and_holders(make_core):
     a, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpu_fraction": 0.5,
                                      "labels": {"notebook": "exp/a.ipynb", "kernel_id": "k-123"}})
     assert a["state"] == "running" and a["env"]["GPUPOOL_GPU_FRACTION"] == "0.5"
+    assert core.read_log(ALICE, a["id"], 0, None) == {"data": "", "offset": 0, "eof": True}  # no process, no log
     assert a["env"]["CUDA_VISIBLE_DEVICES"] == a["assignment"]["gpus"][0]["id"]
     assert "env" not in core.get_job(BOB, a["id"])  # only the owner/admin sees what the kernel runs with
     b, _ = await core.submit(BOB, {"project": "vision", "kind": "build", "gpu_fraction": 0.25})
