@@ -1,54 +1,54 @@
-"""The ``default`` policy's measure: expected GPU share the coming work can still use.
+"""The ``default`` policy's measure: GPU share the coming work can still use.
 
-FGD (:mod:`scheduler.policy.placement_frag`) asks, for each request type, whether
-*one* more request of that type fits a node. On real traces most drops are not
-for lack of GPU share but for lack of CPU next to it (a GPU node whose cores
-went to CPU-heavy work strands its free GPUs), and one-request lookahead does
-not see that: a node with 8 free GPUs and 12 free cores "fits" an 11-core
-single-GPU job, yet 7 of those GPUs are already lost.
+FGD (:mod:`scheduler.policy.placement_frag`) asks, for each request type,
+whether *one* more request of that type fits a node. On the openb trace most
+drops are not for lack of GPU share but for lack of CPU next to it (a GPU node
+whose cores went to CPU-heavy work strands its free GPUs), and one-request
+lookahead does not see that: a node with 8 free GPUs and 12 free cores "fits"
+an 11-core single-GPU job, yet 7 of those GPUs are already lost.
 
-So for each type ``m`` (GPU shape, CPU need) we count how much GPU share of a
-node ``m`` could actually consume if only ``m`` came from now on:
+So for each request type ``m`` (GPU shape, CPU need) we count how much GPU
+share of a node ``m`` could actually consume if only ``m`` came from now on:
 
 * GPU side: a fraction ``d`` can use ``floor(f / d) * d`` of a GPU with free
-  share ``f`` (what is left below ``d`` is lost to it); whole-GPU types use
+  share ``f`` (the rest below ``d`` is lost to it); whole-GPU types use
   ``floor(W / n) * n`` of the ``W`` untouched GPUs;
 * CPU side: the node's free CPU runs only ``floor(cpu / cpu_m)`` such requests;
-* usable_m = min(GPU side, CPU side x the type's GPU size), 0 for a wrong model.
+* ``usable_m = min(GPU side, CPU side x the type's GPU size)``, 0 for a wrong model.
 
-A node's fragmentation is its free share minus the expected usable share,
-``F = Ftot - sum_m p_m usable_m``; a request goes where F rises least (the
-free share it takes is the same everywhere, so this keeps the most share
-usable). Ties go to the node left fullest, then by node order.
+A placement's cost is the usable share it destroys, summed over types with
+weights ``p_m * sqrt(free share of the pool / usable_m over the pool)``: ``p_m``
+is how often ``m`` is asked for (learned from running and requested work) and
+the square-root factor makes share that few nodes can offer a type (whole
+8-GPU nodes with many cores, a scarce model) dearer than share every node has.
+The FGD fragmentation increase is added to that cost (``LAMBDA``; on the trace
+the sum beats either alone, see docs/benchmarks.md). Equal costs go to the node
+left with the least free CPU and GPU, then by node order.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scheduler.policy.model import Request
 from scheduler.policy.placement_frag import FragModel, _volume
 
+if TYPE_CHECKING:
+    from scheduler.policy.placement import FreeState
+
 
 class CapacityModel(FragModel):
     """Expected usable share per node, cached per GPU shape; drives ``default``."""
 
-    WEIGHT_BY_GPU = False
-    MODE = "poisson"
-    HORIZON = 1.0
-    W_BASE = 1.0
-    GANG_EXP = 0.0
     LAMBDA = 1.0  # weight of the FGD term (one-request fragmentation) added to ours
+    SCARCITY_EXP = 0.5  # exponent of the pool-level scarcity factor in a type's weight
     WEIGHT_REFRESH = 8  # scarcity weights move slowly: recompute them every this many commits
 
-    def _type_weight(self, shape: tuple) -> float:
-        if self.WEIGHT_BY_GPU:
-            return _volume(shape)
-        if shape[0] == "w" and shape[1] > 1:
-            return float(shape[1]) ** self.GANG_EXP
-        return 1.0
-
-    def __init__(self, state, fixed=None) -> None:  # noqa: ANN001
+    def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
+        fixed = list(fixed) if fixed is not None else None
         self.fgd = FragModel(state, fixed=fixed) if self.LAMBDA else None
         super().__init__(state, fixed=fixed)
 
@@ -57,7 +57,9 @@ class CapacityModel(FragModel):
         if self.fgd is not None:
             self.fgd.observe(request)
 
-    def deltas(self, cand, ok, request):  # noqa: ANN001, ANN201
+    def deltas(
+        self, cand: np.ndarray, ok: np.ndarray | None, request: Request
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         rows, slot, delta = super().deltas(cand, ok, request)
         if self.fgd is not None:
             ftot = self._ftot_after
@@ -73,7 +75,7 @@ class CapacityModel(FragModel):
         self._shapes = shapes
         sidx = {s: k for k, s in enumerate(shapes)}
         keys = sorted(self.counts, key=repr)
-        weights = np.array([self.counts[k] * self._type_weight(k[0]) for k in keys])
+        weights = np.array([self.counts[k] for k in keys], dtype=np.float64)
         self.p = weights / weights.sum() if len(keys) else weights
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
         self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
@@ -128,7 +130,9 @@ class CapacityModel(FragModel):
         cpu_side = np.floor(cpu[:, None] * self.t_inv_cpu + 1e-9) * self.t_vol + self.t_no_cpu
         return np.minimum(gpu_side, cpu_side)
 
-    def _frag(self, rows, su, ftot, whole, maxfree, cpu) -> np.ndarray:  # noqa: ANN001
+    def _frag(  # type: ignore[override]
+        self, rows: np.ndarray, su: np.ndarray, ftot: np.ndarray, whole: np.ndarray, maxfree: None, cpu: np.ndarray
+    ) -> np.ndarray:
         """Loss of usable share against the current state (lower is better), per row."""
         if not self._shapes:
             return np.zeros((len(rows), 0)) if self._init else np.zeros(len(rows))
@@ -141,19 +145,9 @@ class CapacityModel(FragModel):
         return -((usable - self.usable_now[rows]) @ self._w)
 
     def _weights(self) -> np.ndarray:
-        if self.MODE == "count":
-            return self.p
-        if self.MODE == "log":
-            return self.p / np.maximum(self.total, self.t_vol)
-        # "poisson": value of one unit of usable share of type m = chance that the
-        # m-requests still to come before the pool is full outnumber m's free slots
-        p_gpu = self.p
-        mean_vol = float(p_gpu @ self.t_vol) or 1.0
-        arrivals = self.HORIZON * p_gpu * float(self.ftot.sum()) / mean_vol
-        slots = self.total / self.t_vol
-        z = (slots - 0.5 - arrivals) / np.sqrt(arrivals + 1e-9)
-        tail = 0.5 * (1.0 - np.tanh(0.7978845608 * (z + 0.044715 * z**3)))
-        return tail + self.W_BASE * self.p
+        """p_m * (pool free share / share usable by m) ** SCARCITY_EXP."""
+        scarcity = float(self.ftot.sum()) / np.maximum(self.total, self.t_vol)
+        return self.p * scarcity**self.SCARCITY_EXP
 
     def update_row(self, i: int) -> None:
         if self.fgd is not None:
@@ -179,7 +173,9 @@ class CapacityModel(FragModel):
         after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
         return after - self.frag_now[cand]
 
-    def _delta_fraction(self, cand: np.ndarray, ok: np.ndarray, request: Request):  # noqa: ANN201
+    def _delta_fraction(
+        self, cand: np.ndarray, ok: np.ndarray, request: Request
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         st = self.state
         free = st.free[cand]
         cap = st.cap[cand]

@@ -69,10 +69,8 @@ def _volume(shape: Shape) -> float:
 class FragModel:
     """Expected-fragmentation cache for one :class:`FreeState`, and the choice it drives."""
 
-    PACK_TIES = True  # with pack_ties: equal scores go to the node left with least CPU, then GPU
     REFRESH_MIN = 32  # re-weigh the learned mix after this many new requests ...
     REFRESH_FRACTION = 0.05  # ... or this share of what was seen, whichever is larger
-    WEIGHT_BY_GPU = False  # weigh a type by its GPU volume (count x milli), not its count
 
     def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
         self.state = state
@@ -125,9 +123,8 @@ class FragModel:
         cpus = sorted({c for (_, c) in self.counts})
         self.cpu_levels = np.asarray(cpus, dtype=np.int64)
         table = np.zeros((len(cpus) + 1, s_count))
-        weights = {k: c * (_volume(k[0]) if self.WEIGHT_BY_GPU else 1.0) for k, c in self.counts.items()}
-        total = sum(weights.values()) or 1.0
-        for (shape, cpu), cnt in sorted(weights.items(), key=repr):
+        total = sum(self.counts.values()) or 1.0
+        for (shape, cpu), cnt in sorted(self.counts.items(), key=repr):
             level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
             table[level:, sidx[shape]] += cnt / total
         self.cpu_table = table
@@ -205,7 +202,7 @@ class FragModel:
         rows, slot, delta = self.deltas(cand, ok, request)
         gpu_after = self._ftot_after
         keys: list[np.ndarray] = [st.tie_rank[rows]]
-        if pack_ties and self.PACK_TIES:
+        if pack_ties:
             keys.append(st.cpu_free[rows] - request.cpu_milli)
             keys.append(gpu_after)
         keys.append(np.round(delta, 6))
