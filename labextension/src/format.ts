@@ -80,24 +80,6 @@ export function formatBytes(bytes: number | null | undefined): string {
   return unit === 0 ? `${value} B` : `${value.toFixed(1)} ${units[unit]}`;
 }
 
-/** A Unix time (seconds) relative to now: "12 s ago", "3 min ago", "2 h ago". */
-export function formatAgo(t: number | null | undefined, now = Date.now() / 1000): string {
-  if (!t) {
-    return '–';
-  }
-  const d = Math.max(0, now - t);
-  if (d < 60) {
-    return `${Math.round(d)} s ago`;
-  }
-  if (d < 3600) {
-    return `${Math.round(d / 60)} min ago`;
-  }
-  if (d < 86400) {
-    return `${Math.round(d / 3600)} h ago`;
-  }
-  return new Date(t * 1000).toLocaleString();
-}
-
 /** A duration in seconds: "45 s", "12 min", "3 h 5 min". */
 export function formatDuration(seconds: number): string {
   if (seconds < 60) {
@@ -108,6 +90,16 @@ export function formatDuration(seconds: number): string {
   }
   const h = Math.floor(seconds / 3600);
   return `${h} h ${Math.round((seconds - h * 3600) / 60)} min`;
+}
+
+/** A Unix time (seconds) as local date and clock time, or '–'. */
+export function formatTime(t: number | null | undefined): string {
+  if (!t) {
+    return '–';
+  }
+  const d = new Date(t * 1000);
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString() : d.toLocaleString();
 }
 
 /** Clock time of a Unix time (seconds), for chart axes. */

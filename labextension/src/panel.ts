@@ -14,7 +14,7 @@ import { api, describeError, FINAL_STATES, IGpu, IJob, IProject, IStatus } from 
 import { renderHistory, projectColor } from './chart';
 import { h, replaceChildren } from './dom';
 import { EventStream } from './events';
-import { basename, formatAgo, formatBytes, formatGpus, formatRequest, jobShare } from './format';
+import { basename, formatBytes, formatDuration, formatGpus, formatRequest, formatTime, jobShare } from './format';
 import { notifyError } from './notifications';
 import { editProject } from './quota';
 
@@ -55,7 +55,12 @@ export class GpuPoolPanel extends Widget {
   private _chartBody = h('div', { class: 'jp-gpupool-history' });
   private _queueBody = h('div', { class: 'jp-gpupool-queue' });
   private _detailSection = h('section', { class: 'jp-gpupool-detail', 'aria-label': 'Job detail', hidden: true });
+  private _detailBody = h('div', { class: 'jp-gpupool-detail-body' });
   private _logPre = h('pre', { class: 'jp-gpupool-log', tabindex: 0, 'aria-label': 'Job log' });
+  private _jobList = h('ul', { class: 'jp-gpupool-jobs', 'aria-label': 'Jobs' });
+  /** Last rendered signature per section/row: unchanged data is not re-rendered (focus and scroll stay). */
+  private _signatures = new Map<string, string>();
+  private _rows = new Map<string, { sig: string; el: HTMLElement }>();
 
   constructor(private _options: IPanelOptions) {
     super();
@@ -112,6 +117,7 @@ export class GpuPoolPanel extends Widget {
       section('Queue', h('div', {}, queueFilters, this._queueBody)),
       this._detailSection
     );
+    this._detailSection.append(this._detailBody, h('h4', {}, 'Log'), this._logPre);
 
     _options.stream.received.connect(this._onEvents, this);
   }
@@ -158,6 +164,7 @@ export class GpuPoolPanel extends Widget {
       this._logOffset = 0;
       this._logEof = false;
       replaceChildren(this._logPre);
+      this._signatures.delete('detail');
     }
     await this._loadDetail();
     this._renderQueue();
@@ -233,10 +240,24 @@ export class GpuPoolPanel extends Widget {
     if (!this._status) {
       return;
     }
-    this._renderSummary(this._status);
-    this._renderPool(this._status);
-    this._renderProjects(this._status);
+    const status = this._status;
+    const names = status.projects.map(p => p.name);
+    this._renderSection('summary', [status.me, status.admin, status.project, status.simulated, status.queue], () =>
+      this._renderSummary(status)
+    );
+    this._renderSection('pool', [status.pool, names], () => this._renderPool(status));
+    this._renderSection('projects', [status.projects, status.admin], () => this._renderProjects(status));
     this._renderQueue();
+  }
+
+  /** Re-render a section only when its data changed, keeping keyboard focus where it was. */
+  private _renderSection(key: string, data: unknown, render: () => void): void {
+    const sig = JSON.stringify(data);
+    if (this._signatures.get(key) === sig) {
+      return;
+    }
+    this._signatures.set(key, sig);
+    keepFocus(this.node, render);
   }
 
   private _renderBanner(): void {
@@ -442,14 +463,40 @@ export class GpuPoolPanel extends Widget {
     }
     const jobs = this._visibleJobs();
     if (jobs.length === 0) {
+      this._rows.clear();
       replaceChildren(this._queueBody, h('p', { class: 'jp-gpupool-empty' }, 'No jobs. Promote a notebook to start one.'));
       return;
     }
-    const list = h('ul', { class: 'jp-gpupool-jobs', 'aria-label': 'Jobs' });
-    for (const job of jobs) {
-      list.appendChild(this._jobRow(job));
+    if (this._jobList.parentNode !== this._queueBody) {
+      replaceChildren(this._queueBody, this._jobList);
     }
-    replaceChildren(this._queueBody, list);
+    keepFocus(this._jobList, () => {
+      const rows = jobs.map(job => {
+        const sig = JSON.stringify([job, job.id === this._selected, this._canControl(job)]);
+        const cached = this._rows.get(job.id);
+        if (cached && cached.sig === sig) {
+          return cached.el;
+        }
+        const el = this._jobRow(job);
+        this._rows.set(job.id, { sig, el });
+        return el;
+      });
+      const shown = new Set(jobs.map(j => j.id));
+      for (const id of [...this._rows.keys()]) {
+        if (!shown.has(id)) {
+          this._rows.delete(id);
+        }
+      }
+      // Move only what is out of place, so an unchanged row (and a focused button in it) stays put.
+      rows.forEach((el, i) => {
+        if (this._jobList.children[i] !== el) {
+          this._jobList.insertBefore(el, this._jobList.children[i] ?? null);
+        }
+      });
+      while (this._jobList.children.length > rows.length) {
+        this._jobList.lastElementChild?.remove();
+      }
+    });
   }
 
   private _canControl(job: IJob): boolean {
@@ -574,6 +621,16 @@ export class GpuPoolPanel extends Widget {
   }
 
   private _renderDetail(error: string): void {
+    this._detailSection.hidden = false;
+    const sig = JSON.stringify([this._selected, this._detailJob, error, this._status?.me, this._status?.admin]);
+    if (this._signatures.get('detail') === sig) {
+      return;
+    }
+    this._signatures.set('detail', sig);
+    keepFocus(this._detailSection, () => this._renderDetailBody(error));
+  }
+
+  private _renderDetailBody(error: string): void {
     const close = h(
       'button',
       { class: 'jp-gpupool-button', type: 'button', 'aria-label': 'Close job detail' },
@@ -584,13 +641,13 @@ export class GpuPoolPanel extends Widget {
       this._detailJob = null;
       window.clearInterval(this._logTimer);
       this._detailSection.hidden = true;
+      this._signatures.delete('detail');
       this._renderQueue();
     });
     const job = this._detailJob;
-    this._detailSection.hidden = false;
     if (!job) {
       replaceChildren(
-        this._detailSection,
+        this._detailBody,
         h('header', {}, h('h3', { tabindex: -1 }, `Job ${this._selected}`), close),
         h('p', { class: 'jp-gpupool-error', role: 'alert' }, error)
       );
@@ -608,9 +665,14 @@ export class GpuPoolPanel extends Widget {
       ],
       ['Share', `${formatGpus(jobShare(job))} GPU`],
       ['Priority', String(job.priority)],
-      ['Submitted', formatAgo(job.submitted_at)],
-      ['Started', formatAgo(job.started_at)],
-      ['Finished', formatAgo(job.finished_at)],
+      ['Submitted', formatTime(job.submitted_at)],
+      ['Started', formatTime(job.started_at)],
+      [
+        job.finished_at ? 'Finished' : 'Ran',
+        job.finished_at
+          ? `${formatTime(job.finished_at)}${job.started_at ? ` (ran ${formatDuration(job.finished_at - job.started_at)})` : ''}`
+          : '–'
+      ],
       ['Attempts', String(job.attempts)],
       ['Exit code', job.exit_code === null || job.exit_code === undefined ? '–' : String(job.exit_code)]
     ];
@@ -632,7 +694,7 @@ export class GpuPoolPanel extends Widget {
     }
     const control = this._actions(job);
     replaceChildren(
-      this._detailSection,
+      this._detailBody,
       h(
         'header',
         {},
@@ -646,10 +708,24 @@ export class GpuPoolPanel extends Widget {
         job.output_notebook ? h('dt', {}, 'Output') : null,
         job.output_notebook ? h('dd', { title: job.output_notebook }, basename(job.output_notebook)) : null
       ),
-      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? ''),
-      h('h4', {}, 'Log'),
-      this._logPre
+      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? '')
     );
+  }
+}
+
+/**
+ * Run a re-render of part of `root`; if keyboard focus was on a control inside it,
+ * put it back on the control with the same accessible name afterwards.
+ */
+function keepFocus(root: HTMLElement, render: () => void): void {
+  const active = document.activeElement as HTMLElement | null;
+  const label = active && root.contains(active) ? active.getAttribute('aria-label') : null;
+  render();
+  if (label && !(document.activeElement && root.contains(document.activeElement))) {
+    const again = Array.from(root.querySelectorAll<HTMLElement>('[aria-label]')).find(
+      el => el.getAttribute('aria-label') === label
+    );
+    again?.focus();
   }
 }
 

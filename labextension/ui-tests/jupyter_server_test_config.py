@@ -34,7 +34,14 @@ c.GPUPool.simulate = gpupool_demo.SIMULATE
 c.GPUPool.project = gpupool_demo.DEFAULT_PROJECT
 c.GPUPool.build_quota = gpupool_demo.PROJECTS["vision"]["build_quota"]
 c.GPUPool.train_guarantee = gpupool_demo.PROJECTS["vision"]["train_guarantee"]
-c.GPUPool.scheduler_config = {"tick_s": 0.5, "history_interval_s": 1.0, "pause_grace_s": 2.0}
+# A fast scheduler for a test's patience: short ticks, pauses and backoffs.
+c.GPUPool.scheduler_config = {
+    "tick_s": 0.5,
+    "history_interval_s": 1.0,
+    "pause_grace_s": 2.0,
+    "resume_backoff_s": 1.0,
+    "min_runtime_s": 1.0,
+}
 c.ServerApp.allow_root = True  # CI runs as root in a container
 c.ServerApp.runtime_dir = str(root / ".runtime")
 c.ServerApp.jpserver_extensions = {"jupyter_gpupool": True}

@@ -8,6 +8,7 @@
  * Screenshots land in docs/screenshots/ for the README.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
+import type { Locator } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
 
@@ -15,7 +16,7 @@ const SHOTS = path.resolve(__dirname, '..', '..', '..', 'docs', 'screenshots');
 const EXAMPLES = path.resolve(__dirname, '..', '..', '..', 'examples');
 
 /** A notebook with a papermill `parameters` cell and a short "training" loop. */
-function trainingNotebook(): string {
+function trainingNotebook(epochs = 3): string {
   const cell = (source: string, tags: string[] = []) => ({
     cell_type: 'code',
     execution_count: null,
@@ -25,7 +26,7 @@ function trainingNotebook(): string {
   });
   return JSON.stringify({
     cells: [
-      cell('epochs = 3\nlr = 0.1\nlabel = "baseline"', ['parameters']),
+      cell(`epochs = ${epochs}\nlr = 0.1\nlabel = "baseline"`, ['parameters']),
       cell(
         'import os, time\n' +
           'for epoch in range(epochs):\n' +
@@ -47,6 +48,12 @@ async function shutdownAllKernels(page: IJupyterLabPageFixture): Promise<void> {
   await page.evaluate(async () => {
     await (window as any).jupyterapp.serviceManager.sessions.shutdownAll();
   });
+}
+
+/** Activate a control from the keyboard (also where toasts cover it). */
+async function press(control: Locator): Promise<void> {
+  await control.focus();
+  await control.press('Enter');
 }
 
 async function openPoolPanel(page: IJupyterLabPageFixture) {
@@ -179,6 +186,33 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     const panel = await openPoolPanel(page);
     const job = panel.locator('.jp-gpupool-job', { hasText: 'gpupool-tour-train' }).first();
     await expect(job).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
+  });
+
+  test('pause, resume and cancel an own job from the panel, with notifications', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent(trainingNotebook(400), 'text', `${tmpPath}/long.ipynb`);
+    const reply = await page.request.post('/gpupool/api/promote', {
+      data: { path: `${tmpPath}/long.ipynb`, gpus: 1 }
+    });
+    expect(reply.status()).toBe(201);
+    const id = (await reply.json()).id as string;
+
+    const panel = await openPoolPanel(page);
+    const row = panel.locator(`.jp-gpupool-job[data-job-id="${id}"]`);
+    await expect(row).toHaveAttribute('data-state', 'running', { timeout: 60000 });
+
+    await press(row.getByRole('button', { name: `Pause job ${id}` }));
+    await expect(row).toHaveAttribute('data-state', 'paused', { timeout: 30000 });
+    await expect(page.locator('.Toastify__toast', { hasText: `Job ${id}` }).filter({ hasText: 'was paused' })).toBeVisible();
+
+    await press(row.getByRole('button', { name: `Resume job ${id}` }));
+    await expect(page.locator('.Toastify__toast', { hasText: `Job ${id}` }).filter({ hasText: 'resumed' })).toBeVisible({
+      timeout: 60000
+    });
+    await expect(row).toHaveAttribute('data-state', 'running');
+
+    await press(row.getByRole('button', { name: `Cancel job ${id}` }));
+    await expect(row).toHaveAttribute('data-state', 'cancelled', { timeout: 30000 });
+    await expect(row.getByRole('button', { name: `Cancel job ${id}` })).toHaveCount(0);
   });
 
   test('promote is in the command palette and the file browser context menu', async ({ page, tmpPath }) => {
