@@ -52,7 +52,7 @@ export class GpuPoolPanel extends Widget {
   private _summary = h('div', { class: 'jp-gpupool-summary' });
   private _poolBody = h('div', { class: 'jp-gpupool-pool' });
   private _projectsBody = h('div', { class: 'jp-gpupool-projects' });
-  private _chartBody = h('div', { class: 'jp-gpupool-history' });
+  private _chartBody = h('div', { class: 'jp-gpupool-history' }, h('p', { class: 'jp-gpupool-empty' }, 'Loading the pool\u2019s history…'));
   private _queueBody = h('div', { class: 'jp-gpupool-queue' });
   private _detailSection = h('section', { class: 'jp-gpupool-detail', 'aria-label': 'Job detail', hidden: true });
   private _detailBody = h('div', { class: 'jp-gpupool-detail-body' });

@@ -272,6 +272,7 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
       .toBeLessThan(200);
     const panel = await openPoolPanel(page);
     await expect(panel.locator('.jp-gpupool-gpu').first()).toBeVisible();
+    await expect(panel.locator('svg.jp-gpupool-chart')).toBeVisible();
     await page.screenshot({ path: path.join(SHOTS, 'panel-dark.png') });
 
     const statusUrl = /\/gpupool\/api\/status/;
