@@ -4,7 +4,7 @@
  * Kept free of DOM and JupyterLab imports so they stay trivially testable and
  * the same wording appears everywhere (¼ GPU, 20.0 GiB, "3 min ago").
  */
-import { IJob, IJobRequest } from './api';
+import type { IJob, IJobRequest } from './api';
 
 const FRACTIONS: Record<string, string> = {
   '0.125': '⅛',

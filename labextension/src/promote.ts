@@ -11,15 +11,8 @@ import { Widget } from '@lumino/widgets';
 
 import { api, describeError, IParameter, IPromoteRequest, IStatus } from './api';
 import { h } from './dom';
-import { basename, formatGpus, parseGpus, parseParameter } from './format';
-
-/** What the user typed, kept between attempts when validation fails. */
-export interface IPromoteDraft {
-  project: string;
-  gpus: string;
-  priority: string;
-  parameters: Record<string, string>;
-}
+import { IPromoteDraft, toRequest } from './drafts';
+import { basename, formatGpus } from './format';
 
 let formCounter = 0;
 
@@ -154,39 +147,6 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       parameters
     };
   }
-}
-
-/**
- * Validate a draft into the POST /promote body; throws an Error with one
- * sentence naming the field that is wrong.
- */
-export function toRequest(path: string, draft: IPromoteDraft, parameters: IParameter[]): IPromoteRequest {
-  const body: IPromoteRequest = { path };
-  if (draft.project) {
-    body.project = draft.project;
-  }
-  Object.assign(body, parseGpus(draft.gpus));
-  const priority = draft.priority.trim() === '' ? 0 : Number(draft.priority);
-  if (!Number.isInteger(priority)) {
-    throw new Error(`Priority must be a whole number, not '${draft.priority}'.`);
-  }
-  body.priority = priority;
-  const changed: Record<string, unknown> = {};
-  for (const p of parameters) {
-    const text = draft.parameters[p.name];
-    if (text === undefined || text.trim() === (p.default ?? '').trim()) {
-      continue;
-    }
-    try {
-      changed[p.name] = parseParameter(text, p.inferred_type_name ?? '');
-    } catch (err) {
-      throw new Error(`Parameter ${p.name}: ${(err as Error).message}`);
-    }
-  }
-  if (Object.keys(changed).length > 0) {
-    body.parameters = changed;
-  }
-  return body;
 }
 
 /**

@@ -7,16 +7,9 @@
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
-import { api, describeError, GpupoolError, IProject, IProjectUpdate } from './api';
+import { api, describeError, GpupoolError, IProject } from './api';
+import { IQuotaDraft, toProjectUpdate } from './drafts';
 import { h } from './dom';
-
-interface IQuotaDraft {
-  name: string;
-  build_quota: string;
-  train_guarantee: string;
-  train_limit: string;
-  weight: string;
-}
 
 class QuotaForm extends Widget implements Dialog.IBodyWidget<IQuotaDraft> {
   private _inputs: Record<keyof IQuotaDraft, HTMLInputElement>;
@@ -81,27 +74,6 @@ class QuotaForm extends Widget implements Dialog.IBodyWidget<IQuotaDraft> {
     }
     return out;
   }
-}
-
-/** Validate the draft into the PUT body; throws a sentence naming the bad field. */
-export function toProjectUpdate(draft: IQuotaDraft): IProjectUpdate {
-  const num = (key: keyof IQuotaDraft, label: string): number => {
-    const value = Number(draft[key].trim());
-    if (draft[key].trim() === '' || !Number.isFinite(value) || value < 0) {
-      throw new Error(`${label} must be a number of GPUs of at least 0, not '${draft[key]}'.`);
-    }
-    return value;
-  };
-  const update: IProjectUpdate = {
-    build_quota: num('build_quota', 'Build quota'),
-    train_guarantee: num('train_guarantee', 'Training guarantee'),
-    weight: num('weight', 'Weight'),
-    train_limit: draft.train_limit.trim() === '' ? null : num('train_limit', 'Training limit')
-  };
-  if (!/^[A-Za-z0-9][A-Za-z0-9_.-]*$/.test(draft.name.trim())) {
-    throw new Error(`A project name is letters, digits, '.', '_' and '-', not '${draft.name}'.`);
-  }
-  return update;
 }
 
 /**

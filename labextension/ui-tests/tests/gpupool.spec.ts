@@ -215,6 +215,30 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(row.getByRole('button', { name: `Cancel job ${id}` })).toHaveCount(0);
   });
 
+  test('training beyond the guarantee shows as over quota in the projects table', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent(trainingNotebook(400), 'text', `${tmpPath}/big.ipynb`);
+    const ids: string[] = [];
+    for (let i = 0; i < 2; i++) {
+      const reply = await page.request.post('/gpupool/api/promote', { data: { path: `${tmpPath}/big.ipynb`, gpus: 2 } });
+      expect(reply.status()).toBe(201);
+      ids.push((await reply.json()).id);
+    }
+    const panel = await openPoolPanel(page);
+    const training = panel.locator('tr[data-project="vision"] td').nth(1);
+    // vision's guarantee is 2 GPUs: the second 2-GPU job runs on idle GPUs beyond it.
+    await expect(training).toContainText('4/2', { timeout: 60000 });
+    await expect(training).toContainText('+2 over');
+    await expect(training).toHaveClass(/jp-mod-over/);
+    await expect(training).toHaveAttribute('title', /may be paused when another project claims its share/);
+    await expect(training.locator('[role="meter"]')).toHaveAttribute('aria-valuetext', '4 of 2 GPU');
+    await page.screenshot({ path: path.join(SHOTS, 'over-quota.png') });
+    for (const id of ids) {
+      const reply = await page.request.post(`/gpupool/api/jobs/${id}/cancel`);
+      expect(reply.ok()).toBe(true);
+    }
+    await expect(training).toContainText('0/2', { timeout: 30000 });
+  });
+
   test('promote is in the command palette and the file browser context menu', async ({ page, tmpPath }) => {
     await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/ctx.ipynb`);
     await page.filebrowser.refresh();

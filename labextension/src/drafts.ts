@@ -1,0 +1,80 @@
+/**
+ * Dialog drafts (what the user typed) turned into API request bodies.
+ *
+ * Pure functions with no DOM or JupyterLab imports, so the validation rules
+ * and their messages are unit-tested on their own (ui-tests/tests/drafts.spec.ts).
+ * Each throws an Error whose message is one sentence naming the bad field.
+ */
+import type { IParameter, IProjectUpdate, IPromoteRequest } from './api';
+import { parseGpus, parseParameter } from './format';
+
+/** What the user typed, kept between attempts when validation fails. */
+export interface IPromoteDraft {
+  project: string;
+  gpus: string;
+  priority: string;
+  parameters: Record<string, string>;
+}
+
+/**
+ * Validate a draft into the POST /promote body; throws an Error with one
+ * sentence naming the field that is wrong.
+ */
+export function toRequest(path: string, draft: IPromoteDraft, parameters: IParameter[]): IPromoteRequest {
+  const body: IPromoteRequest = { path };
+  if (draft.project) {
+    body.project = draft.project;
+  }
+  Object.assign(body, parseGpus(draft.gpus));
+  const priority = draft.priority.trim() === '' ? 0 : Number(draft.priority);
+  if (!Number.isInteger(priority)) {
+    throw new Error(`Priority must be a whole number, not '${draft.priority}'.`);
+  }
+  body.priority = priority;
+  const changed: Record<string, unknown> = {};
+  for (const p of parameters) {
+    const text = draft.parameters[p.name];
+    if (text === undefined || text.trim() === (p.default ?? '').trim()) {
+      continue;
+    }
+    try {
+      changed[p.name] = parseParameter(text, p.inferred_type_name ?? '');
+    } catch (err) {
+      throw new Error(`Parameter ${p.name}: ${(err as Error).message}`);
+    }
+  }
+  if (Object.keys(changed).length > 0) {
+    body.parameters = changed;
+  }
+  return body;
+}
+
+/** The project editor's fields, as typed. */
+export interface IQuotaDraft {
+  name: string;
+  build_quota: string;
+  train_guarantee: string;
+  train_limit: string;
+  weight: string;
+}
+
+/** Validate the draft into the PUT body; throws a sentence naming the bad field. */
+export function toProjectUpdate(draft: IQuotaDraft): IProjectUpdate {
+  const num = (key: keyof IQuotaDraft, label: string): number => {
+    const value = Number(draft[key].trim());
+    if (draft[key].trim() === '' || !Number.isFinite(value) || value < 0) {
+      throw new Error(`${label} must be a number of GPUs of at least 0, not '${draft[key]}'.`);
+    }
+    return value;
+  };
+  const update: IProjectUpdate = {
+    build_quota: num('build_quota', 'Build quota'),
+    train_guarantee: num('train_guarantee', 'Training guarantee'),
+    weight: num('weight', 'Weight'),
+    train_limit: draft.train_limit.trim() === '' ? null : num('train_limit', 'Training limit')
+  };
+  if (!/^[A-Za-z0-9][A-Za-z0-9_.-]*$/.test(draft.name.trim())) {
+    throw new Error(`A project name is letters, digits, '.', '_' and '-', not '${draft.name}'.`);
+  }
+  return update;
+}

@@ -1,0 +1,104 @@
+/**
+ * Unit tests of the front end's pure logic: how what a user types in the
+ * dialogs becomes an API request, and how amounts are written. No browser
+ * page is used; Playwright only runs the functions.
+ */
+import { expect, test } from '@playwright/test';
+
+import { toProjectUpdate, toRequest } from '../../src/drafts';
+import { formatBytes, formatGpus, formatRequest, parseGpus, parseParameter } from '../../src/format';
+
+const PARAMS = [
+  { name: 'epochs', inferred_type_name: 'int', default: '3', help: '' },
+  { name: 'lr', inferred_type_name: 'None', default: '0.1', help: '' },
+  { name: 'label', inferred_type_name: 'None', default: '"baseline"', help: '' },
+  { name: 'fast', inferred_type_name: 'bool', default: 'False', help: '' }
+];
+
+test.describe('GPU amounts', () => {
+  test('fractions, counts and CPU only', () => {
+    expect(parseGpus('0.25')).toEqual({ gpu_fraction: 0.25 });
+    expect(parseGpus('1/2')).toEqual({ gpu_fraction: 0.5 });
+    expect(parseGpus('¾')).toEqual({ gpu_fraction: 0.75 });
+    expect(parseGpus(' 2 ')).toEqual({ gpus: 2 });
+    expect(parseGpus('')).toEqual({});
+    expect(parseGpus('0')).toEqual({});
+  });
+
+  test('bad amounts are refused with a sentence saying what is accepted', () => {
+    expect(() => parseGpus('1.5')).toThrow(/whole number/);
+    expect(() => parseGpus('-1')).toThrow(/fraction below one/);
+    expect(() => parseGpus('lots')).toThrow(/not 'lots'/);
+  });
+
+  test('are written as people say them', () => {
+    expect(formatGpus(0.25)).toBe('¼');
+    expect(formatGpus(1.5)).toBe('1½');
+    expect(formatGpus(2)).toBe('2');
+    expect(formatGpus(0.3)).toBe('0.3');
+    expect(formatBytes(21474836480)).toBe('20.0 GiB');
+    expect(formatRequest({ gpus: 0, gpu_fraction: 0.5, gpu_memory: null, gpu_model: null, cpu: null, memory: null })).toBe(
+      '½ GPU'
+    );
+    expect(formatRequest({ gpus: 2, gpu_fraction: null, gpu_memory: null, gpu_model: null, cpu: null, memory: null })).toBe(
+      '2 GPUs'
+    );
+  });
+});
+
+test.describe('notebook parameters', () => {
+  test('typed by papermill or read as Python literals', () => {
+    expect(parseParameter('5', 'int')).toBe(5);
+    expect(parseParameter('0.5', 'float')).toBe(0.5);
+    expect(parseParameter('True', 'bool')).toBe(true);
+    expect(parseParameter("'resnet'", 'str')).toBe('resnet');
+    expect(parseParameter('resnet', 'str')).toBe('resnet');
+    expect(parseParameter('"x"', 'None')).toBe('x');
+    expect(parseParameter('None', 'None')).toBeNull();
+    expect(parseParameter('[1, 2]', 'None')).toEqual([1, 2]);
+    expect(() => parseParameter('2.5', 'int')).toThrow(/not a valid int/);
+  });
+});
+
+test.describe('promote request', () => {
+  const draft = {
+    project: 'vision',
+    gpus: '0.5',
+    priority: '2',
+    parameters: { epochs: '3', lr: '0.1', label: '"baseline"', fast: 'False' }
+  };
+
+  test('sends only the parameters the user changed, with their types', () => {
+    expect(toRequest('a/train.ipynb', draft, PARAMS)).toEqual({
+      path: 'a/train.ipynb',
+      project: 'vision',
+      gpu_fraction: 0.5,
+      priority: 2
+    });
+    const changed = { ...draft, parameters: { ...draft.parameters, epochs: '10', label: '"big"', fast: 'true' } };
+    expect(toRequest('t.ipynb', changed, PARAMS).parameters).toEqual({ epochs: 10, label: 'big', fast: true });
+  });
+
+  test('names the field that is wrong', () => {
+    expect(() => toRequest('t.ipynb', { ...draft, priority: 'high' }, PARAMS)).toThrow(/Priority/);
+    expect(() => toRequest('t.ipynb', { ...draft, gpus: '2.5' }, PARAMS)).toThrow(/whole number/);
+    expect(() =>
+      toRequest('t.ipynb', { ...draft, parameters: { ...draft.parameters, epochs: 'ten' } }, PARAMS)
+    ).toThrow(/Parameter epochs/);
+  });
+});
+
+test.describe('project quotas', () => {
+  const draft = { name: 'vision', build_quota: '1.5', train_guarantee: '2', train_limit: '', weight: '1' };
+
+  test('become numbers of GPUs; an empty limit means none', () => {
+    expect(toProjectUpdate(draft)).toEqual({ build_quota: 1.5, train_guarantee: 2, weight: 1, train_limit: null });
+    expect(toProjectUpdate({ ...draft, train_limit: '3' }).train_limit).toBe(3);
+  });
+
+  test('refuse negative or missing numbers and odd names', () => {
+    expect(() => toProjectUpdate({ ...draft, build_quota: '-1' })).toThrow(/Build quota/);
+    expect(() => toProjectUpdate({ ...draft, weight: '' })).toThrow(/Weight/);
+    expect(() => toProjectUpdate({ ...draft, name: 'a b' })).toThrow(/project name/);
+  });
+});
