@@ -296,3 +296,23 @@ def test_frag_cache_matches_a_fresh_rebuild(reqs: list[Request]) -> None:
     frag.rebuild()
     assert kept[0] == pytest.approx(frag.frag_now)
     assert kept[1] == pytest.approx(frag.su)
+
+
+def test_default_keeps_cpu_next_to_free_gpus() -> None:
+    """A CPU-heavy job goes where it strands no GPU; BestFit packs it where it does."""
+    nodes = [node("lean", 2, cpu=16_000), node("rich", 2, cpu=64_000)]
+    mix = [Request(gpus=1, cpu_milli=8000)] * 20
+    heavy = Request(gpus=1, cpu_milli=12_000)
+    default = FreeState.from_nodes(nodes, (), policy="default", workload=mix)
+    assert default.find(heavy).node == "rich"  # on "lean" the other GPU would be left with 4 cores
+    bestfit = FreeState.from_nodes(nodes, (), policy="bestfit")
+    assert bestfit.find(heavy).node == "lean"
+
+
+def test_default_learns_the_mix_from_running_work() -> None:
+    nodes = [node("a", 2), node("b", 2)]
+    held = [running(f"w{k}", Request(gpu_milli=500), Assignment("a", (("a-g0", 500),))) for k in range(1)]
+    state = FreeState.from_nodes(nodes, held, policy="default")
+    assert state.frag.counts  # the running job's shape is in the learned mix
+    a = state.find(Request(gpu_milli=500))
+    assert a == Assignment("a", (("a-g0", 500),))  # completes the half-used GPU

@@ -71,10 +71,10 @@ class CapacityModel(FragModel):
     def rebuild(self) -> None:
         st = self.state
         n = len(st.names)
-        shapes = sorted({k[0] for k in self.counts}, key=repr)
+        keys = sorted(self.counts, key=repr)
+        shapes = sorted({k[0] for k in keys}, key=repr)
         self._shapes = shapes
         sidx = {s: k for k, s in enumerate(shapes)}
-        keys = sorted(self.counts, key=repr)
         weights = np.array([self.counts[k] for k in keys], dtype=np.float64)
         self.p = weights / weights.sum() if len(keys) else weights
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
