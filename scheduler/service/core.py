@@ -47,8 +47,9 @@ from scheduler.service.validation import (
     validate_spec,
     validate_user,
 )
+from scheduler.service.views import history_sample, job_filters, pool_view, read_log_chunk
 from scheduler.service.watchdog import Reading, Watchdog, job_of_process
-from scheduler.store import FINAL_STATES, LIVE_STATES, JobRecord, ProjectRecord, Store
+from scheduler.store import LIVE_STATES, JobRecord, ProjectRecord, Store
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,7 @@ class Actor:
 
 log = logging.getLogger("scheduler.service")
 
-ALL_STATES = LIVE_STATES + FINAL_STATES
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
-MAX_LOG_CHUNK = 1024 * 1024
 _WORKLOAD_FIELDS = frozenset({"state", "assignment", "started_at", "attempts", "paused_at", "priority", "request",
                               "project", "kind", "submitted_at"})
 """Job fields the policy's Workload is built from; other changes (reason, pid...) keep the cached one."""
@@ -573,9 +572,12 @@ class SchedulerCore:
         common case (victims that checkpoint promptly), not one poll later.
         """
         deadline = time.monotonic() + self.config.reply_wait_s
-        while self._stop_tasks and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             rec = self._job(job_id)
             if rec is None or rec.state != "queued":
+                return
+            # Shares are released when a stopping job's exit is recorded (its stop_intent cleared).
+            if not any(r.stop_intent is not None for r in self._live.values()):
                 return
             await asyncio.sleep(0.02)
 
@@ -684,46 +686,12 @@ class SchedulerCore:
 
     def _record_history(self, now: float) -> None:
         self._last_history = now
-        running = self._live_jobs(("running",))
-        projects: dict[str, int] = {p.name: 0 for p in self._store.projects()}
-        gpus: dict[str, dict[str, Any]] = {gid: {"milli": 0} for gid in self._gpus}
-        for rec in running:
-            for g in (rec.assignment or {}).get("gpus", []):
-                projects[rec.project] = projects.get(rec.project, 0) + int(g["milli"])
-                if g["id"] in gpus:
-                    gpus[g["id"]]["milli"] += int(g["milli"])
-        for gid, s in self._sample.items():
-            if gid in gpus:
-                if s.utilization is not None:
-                    gpus[gid]["util"] = s.utilization
-                if s.memory_used is not None:
-                    gpus[gid]["mem_used"] = s.memory_used
-        self._store.add_history(now, {"t": now, "projects": projects, "gpus": gpus}, self.config.history_max_rows)
+        sample = history_sample(now, (p.name for p in self._store.projects()), self._gpus,
+                                self._live_jobs(("running",)), self._sample)
+        self._store.add_history(now, sample, self.config.history_max_rows)
 
     def _update_gauges(self) -> None:
-        m = self._metrics
-        counts = {"queued": 0, "paused": 0}
-        running = {"build": 0, "train": 0}
-        per_gpu: dict[str, int] = {gid: 0 for gid in self._gpus}
-        per_project: dict[tuple[str, str], int] = {}
-        for rec in self._live_jobs():
-            if rec.state in counts:
-                counts[rec.state] += 1
-            else:
-                running[rec.kind] = running.get(rec.kind, 0) + 1
-                for g in (rec.assignment or {}).get("gpus", []):
-                    per_gpu[g["id"]] = per_gpu.get(g["id"], 0) + int(g["milli"])
-                    key = (rec.project, rec.kind)
-                    per_project[key] = per_project.get(key, 0) + int(g["milli"])
-        for state, n in counts.items():
-            m.queue_length.labels(state).set(n)
-        for kind, n in running.items():
-            m.running.labels(kind).set(n)
-        for gid, milli in per_gpu.items():
-            m.gpu_allocated.labels(gid).set(milli / MILLI)
-        m.project_allocated.clear()
-        for (project, kind), milli in per_project.items():
-            m.project_allocated.labels(project, kind).set(milli / MILLI)
+        self._metrics.update(self._live_jobs(), self._gpus)
 
     # ================================================================ events
     def _emit(self, type_: str, **fields: Any) -> int:
@@ -785,70 +753,18 @@ class SchedulerCore:
 
     def list_jobs(self, actor: Actor, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Jobs newest first; filters: project, user, state ("a,b" or a list), kind, limit."""
-        f = dict(filters or {})
-        unknown = sorted(set(f) - {"project", "user", "state", "kind", "limit"})
-        if unknown:
-            raise InvalidRequest(f"unknown job filter(s): {', '.join(unknown)}")
-        states = f.get("state")
-        if isinstance(states, str):
-            states = [s for s in states.split(",") if s]
-        if states is not None:
-            if not isinstance(states, (list, tuple)) or not all(isinstance(s, str) for s in states):
-                raise InvalidRequest("state must be a comma-separated list of states")
-            bad = [s for s in states if s not in ALL_STATES]
-            if bad:
-                raise InvalidRequest(f"unknown state(s) {', '.join(bad)}; states are {', '.join(ALL_STATES)}")
-        kind = f.get("kind")
-        if kind is not None and kind not in ("train", "build"):
-            raise InvalidRequest(f"kind must be 'train' or 'build', not {kind!r}")
-        limit = f.get("limit", 200)
-        try:
-            limit = int(limit)
-        except (TypeError, ValueError):
-            raise InvalidRequest(f"limit must be a whole number, not {limit!r}") from None
-        if limit < 1:
-            raise InvalidRequest("limit must be at least 1")
-        for k in ("project", "user"):
-            if f.get(k) is not None and not isinstance(f[k], str):
-                raise InvalidRequest(f"{k} must be a string")
-        recs = self._store.jobs(states or None, project=f.get("project"), user=f.get("user"), kind=kind,
-                                limit=min(limit, self.config.max_list), newest_first=True)
+        q = job_filters(filters, self.config.max_list)
+        recs = self._store.jobs(q["states"], project=q["project"], user=q["user"], kind=q["kind"],
+                                limit=q["limit"], newest_first=True)
         return [self._wire(actor, r) for r in recs]
 
     def read_log(self, actor: Actor, job_id: str, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
         """A chunk of the job's log from byte ``offset``; ``eof`` once the job is final and all is read."""
         rec = self._owned(actor, job_id, "read the log of")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidRequest("offset must be a whole number >= 0")
-        if limit is None:
-            limit = 64 * 1024
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidRequest("limit must be a whole number >= 1")
-        limit = min(limit, MAX_LOG_CHUNK)
-        path = self.executor.log_path(rec.id)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                f.seek(min(offset, size))
-                raw = f.read(limit)
-        except FileNotFoundError:
-            size, raw = 0, b""
-        # Do not cut a UTF-8 character in two: hold back an incomplete tail.
-        cut = len(raw)
-        for back in range(1, min(4, len(raw)) + 1):
-            byte = raw[-back]
-            if byte & 0xC0 == 0x80:
-                continue
-            if byte & 0x80:
-                need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
-                if back < need:
-                    cut = len(raw) - back
-            break
-        raw = raw[:cut]
-        nxt = min(offset, size) + len(raw)
+        data, nxt, size = read_log_chunk(self.executor.log_path(rec.id), offset, limit)
         # A build job has no process, so no log will ever come: eof at once.
         eof = nxt >= size and (not rec.live or rec.kind == "build")
-        return {"data": raw.decode("utf-8", "replace"), "offset": nxt, "eof": eof}
+        return {"data": data, "offset": nxt, "eof": eof}
 
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         usage: dict[str, dict[str, int]] = {}
@@ -874,34 +790,8 @@ class SchedulerCore:
     def pool(self) -> dict[str, Any]:
         if not self.simulated and time.time() - self._sample_t > 2:
             self._refresh_sample()
-        allocations: dict[str, list[dict[str, Any]]] = {gid: [] for gid in self._gpus}
-        for rec in self._live_jobs(("running",)):
-            for g in (rec.assignment or {}).get("gpus", []):
-                allocations.setdefault(g["id"], []).append({
-                    "job_id": rec.id, "project": rec.project, "user": rec.user, "kind": rec.kind,
-                    "fraction": gpus_text(int(g["milli"])),
-                })
-        nodes = []
-        for node in self._nodes:
-            gpus = []
-            for g in node.gpus:
-                info = self._gpus[g.id]
-                allocs = allocations.get(g.id, [])
-                entry: dict[str, Any] = {
-                    "id": g.id, "index": g.index, "model": g.model, "memory": info.memory,
-                    "topology_group": g.topology_group,
-                    "allocated": round(sum(float(a["fraction"]) for a in allocs), 3), "allocations": allocs,
-                }
-                s = self._sample.get(g.id)
-                if s is not None:
-                    if s.utilization is not None:
-                        entry["utilization"] = s.utilization
-                    if s.memory_used is not None:
-                        entry["memory_used"] = s.memory_used
-                gpus.append(entry)
-            nodes.append({"name": node.name, "pools": sorted(node.pools), "cpu": node.cpu_milli / 1000,
-                          "memory": self.config.host_memory(), "gpus": gpus})
-        return {"simulated": self.simulated, "nodes": nodes}
+        return pool_view(self._nodes, self._gpus, self._live_jobs(("running",)), self._sample,
+                         self.config.host_memory(), self.simulated)
 
     def status(self) -> dict[str, Any]:
         counts = {"pending": 0, "running": 0, "paused": 0}
