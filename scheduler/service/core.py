@@ -38,7 +38,7 @@ from scheduler.policy.model import (
 )
 from scheduler.service import fallback_policy
 from scheduler.service.config import ServiceConfig
-from scheduler.service.jobs import gpus_text, job_to_wire, project_to_wire, request_of, workload_of
+from scheduler.service.jobs import gpus_text, job_to_wire, project_to_wire, workload_of
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
 from scheduler.service.validation import (
@@ -983,4 +983,4 @@ class SchedulerCore:
         return None if found is None else Actor(found[0], found[1])
 
 
-__all__ = ["Actor", "SchedulerCore", "ServiceConfig", "request_of"]
+__all__ = ["Actor", "SchedulerCore", "ServiceConfig"]
