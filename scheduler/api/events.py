@@ -31,9 +31,11 @@ class EventsHandler(ApiHandler):
     def initialize(self, core: Any) -> None:
         super().initialize(core)
         self._closed = False
+        self._gone = asyncio.Event()
 
     def on_connection_close(self) -> None:
         self._closed = True
+        self._gone.set()
         super().on_connection_close()
 
     async def get(self) -> None:
@@ -48,6 +50,8 @@ class EventsHandler(ApiHandler):
         events = list(await maybe_await(self.core.events_since(since)))
         if not events and timeout:
             events = list(await self._wait(since, timeout))
+        if self._closed:
+            return  # the client left; nobody to answer
         last = events[-1]["seq"] if events else int(self.core.last_event_seq)
         self.write_json({"events": events, "last": last})
 
@@ -55,13 +59,14 @@ class EventsHandler(ApiHandler):
         """Wait for events, but give up early when the service shuts down or the client leaves."""
         shutdown: asyncio.Event | None = self.settings.get("shutdown_event")
         waiter = asyncio.ensure_future(maybe_await(self.core.wait_events(since, timeout)))
-        if shutdown is None:
-            return await waiter
-        stopper = asyncio.ensure_future(shutdown.wait())
+        stoppers = [asyncio.ensure_future(self._gone.wait())]
+        if shutdown is not None:
+            stoppers.append(asyncio.ensure_future(shutdown.wait()))
         try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, *stoppers}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopper.cancel()
+            for stopper in stoppers:
+                stopper.cancel()
         if waiter.done():
             return waiter.result()
         waiter.cancel()
