@@ -105,7 +105,8 @@ def read_log_chunk(path: Path, offset: Any, limit: Any) -> tuple[str, int, int]:
             if back < need:
                 cut = len(raw) - back  # incomplete character: hold it back for the next read
         break
-    raw = raw[:cut]
+    if cut > 0:  # a limit smaller than one character still makes progress (with a replacement mark)
+        raw = raw[:cut]
     return raw.decode("utf-8", "replace"), min(offset, size) + len(raw), size
 
 
