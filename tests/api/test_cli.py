@@ -203,3 +203,26 @@ def test_connection_options_work_before_or_after_the_command(env, capsys, monkey
     assert code == 0 and json.loads(out)["weight"] == 2, err
     code, out, err = run(capsys, "tokens", "create", "zed", "--url", env.url, "--token", ADMIN_TOKEN)
     assert code == 0 and out.strip(), err
+
+
+def test_tables_render_what_people_need():
+    from scheduler import cli_tables as t
+
+    pool = {"simulated": False, "nodes": [{"name": "n1", "gpus": [
+        {"index": 0, "model": "H100", "memory": 80 * 2**30, "allocated": 0.75, "utilization": 37.0,
+         "allocations": [{"job_id": "j-000001", "project": "vision", "user": "alice", "fraction": 0.5},
+                         {"job_id": "j-000002", "project": "nlp", "user": "bob", "fraction": 0.25}]},
+        {"index": 1, "model": "H100", "memory": 80 * 2**30, "allocated": 0, "allocations": []}]}]}
+    status = {"simulated": False, "pool": pool, "queue": {"pending": 3, "running": 2, "paused": 1},
+              "projects": [{"name": "vision", "build_quota": 1.5, "train_guarantee": 2, "train_limit": None,
+                            "weight": 1, "usage": {"build": 0.5, "train": 3, "train_over_quota": 1}, "pending": 2}]}
+    text = t.status_text("http://s", status)
+    assert "SIMULATED" not in text and "0.75 of 2 allocated" in text and "3 pending, 2 running, 1 paused" in text
+    assert "j-000001 vision/alice 0.5, j-000002 nlp/bob 0.25" in text and "37%" in text and "idle" in text
+    assert "0.5/1.5" in text and "3/2" in text and "none" in text
+    assert "SIMULATED" in t.status_text("http://s", {**status, "simulated": True})
+    assert t.request_text({"request": {"gpu_memory": 20 * 2**30, "gpu_model": "A100-80GB"}}) == "20GiB GPU A100-80GB"
+    assert t.request_text({"request": {"gpus": 0, "gpu_fraction": 0.25}}) == "0.25 GPU"
+    assert t.request_text({"request": {}}) == "CPU"
+    assert t.jobs_table([]) == "no jobs" and t.projects_table([]) == "no projects"
+    assert t.duration(59) == "59s" and t.duration(3700) == "1h01m" and t.duration(90000) == "1d1h"
