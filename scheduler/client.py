@@ -21,7 +21,6 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -245,9 +244,6 @@ _OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({
 
 MAX_ASYNC_CONNECTIONS = 100
 
-_ASYNC_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-
-
 def _async_http() -> Any:
     """This loop's HTTP client for the scheduler, apart from tornado's shared one.
 
@@ -258,10 +254,18 @@ def _async_http() -> Any:
     from tornado.httpclient import AsyncHTTPClient
 
     loop = asyncio.get_running_loop()
-    client = _ASYNC_HTTP.get(loop)
+    # Kept on the loop itself: it lives and dies with the loop (a dict keyed by loop would keep both alive).
+    client = getattr(loop, "_gpupool_http_client", None) or _OTHER_LOOPS.get(id(loop))
     if client is None:
-        client = _ASYNC_HTTP[loop] = AsyncHTTPClient(force_instance=True, max_clients=MAX_ASYNC_CONNECTIONS)
+        client = AsyncHTTPClient(force_instance=True, max_clients=MAX_ASYNC_CONNECTIONS)
+        try:
+            loop._gpupool_http_client = client  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # a loop class without attributes (e.g. compiled ones)
+            _OTHER_LOOPS[id(loop)] = client
     return client
+
+
+_OTHER_LOOPS: dict[int, Any] = {}
 
 
 class AsyncGpupoolClient(_Endpoints):
