@@ -130,6 +130,7 @@ class FreeState:
         self._release_version = 0
         self._version = 0  # bumped by every commit/release: a found place stays valid until then
         self._found: dict[Request, tuple[int, Assignment]] = {}
+        self.pair_cache: tuple | None = None  # see placement_frag.fraction_pairs
         classes: dict[tuple, int] = {}
         self.node_class = np.array([
             classes.setdefault(tuple(zip(self.cap[i].tolist(), self.gpu_mem[i].tolist(), self.model_id[i].tolist(),

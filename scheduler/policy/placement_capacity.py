@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scheduler.policy.model import Request
-from scheduler.policy.placement_frag import FragModel, _volume
+from scheduler.policy.placement_frag import FragModel, _volume, fraction_pairs
 
 if TYPE_CHECKING:
     from scheduler.policy.placement import FreeState
@@ -177,23 +177,11 @@ class CapacityModel(FragModel):
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         st = self.state
-        free = st.free[cand]
-        cap = st.cap[cand]
-        full = (free == cap) & st.valid[cand]
-        first_full = full & (np.cumsum(full, axis=1) == 1)
-        keep = ok & (~full | first_full)
-        kk, jj = np.nonzero(keep)
-        rows = cand[kk]
-        f_old = free[kk, jj]
-        if request.gpu_memory_mib:
-            need = -(-request.gpu_memory_mib * 1000 // st.gpu_mem[rows, jj])
-        else:
-            need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
+        kk, jj, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
         f_new = f_old - need
         d = self.demand[rows]
         su = self.su[rows] - (f_old[:, None] // d) * d + (f_new[:, None] // d) * d
         ftot = self.ftot[rows] - need
-        whole = st.whole_free[rows] - (f_old == cap[kk, jj])
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - request.cpu_milli)
         return rows, jj, after - self.frag_now[rows]

@@ -66,6 +66,35 @@ def _volume(shape: Shape) -> float:
     return 1000.0 * amount if kind == "w" else float(amount) if kind == "f" else 500.0
 
 
+def fraction_pairs(
+    st: FreeState, cand: np.ndarray, ok: np.ndarray, request: Request
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Candidate (node, GPU) pairs for a fraction: (cand index, slot, node, free, need, whole GPUs after).
+
+    Untouched GPUs of a node are interchangeable, so only the first of them is a
+    candidate; partly used GPUs are each a candidate. Both scorers of ``default``
+    ask for the same pairs in one query, so the last answer is kept on the state.
+    """
+    cached = st.pair_cache
+    if cached is not None and cached[0] is cand and cached[1] is request:
+        return cached[2]
+    free = st.free[cand]
+    cap = st.cap[cand]
+    full = (free == cap) & st.valid[cand]
+    first_full = full & (np.cumsum(full, axis=1) == 1)
+    kk, jj = np.nonzero(ok & (~full | first_full))
+    rows = cand[kk]
+    f_old = free[kk, jj]
+    if request.gpu_memory_mib:
+        need = -(-request.gpu_memory_mib * 1000 // st.gpu_mem[rows, jj])
+    else:
+        need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
+    whole = st.whole_free[rows] - (f_old == cap[kk, jj])
+    out = (kk, jj, rows, f_old, need, whole)
+    st.pair_cache = (cand, request, out)
+    return out
+
+
 class FragModel:
     """Expected-fragmentation cache for one :class:`FreeState`, and the choice it drives."""
 
@@ -243,31 +272,16 @@ class FragModel:
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Increase of fragmentation for a fraction on each usable (node, GPU) pair.
-
-        Untouched GPUs of a node are interchangeable, so only the first of them is
-        a candidate; partly used GPUs are each a candidate.
-        """
+        """Increase of fragmentation for a fraction on each usable (node, GPU) pair."""
         st = self.state
-        free = st.free[cand]
-        cap = st.cap[cand]
-        full = (free == cap) & st.valid[cand]
-        first_full = full & (np.cumsum(full, axis=1) == 1)
-        keep = ok & (~full | first_full)
-        kk, jj = np.nonzero(keep)
-        rows = cand[kk]
-        f_old = free[kk, jj]
-        if request.gpu_memory_mib:
-            need = -(-request.gpu_memory_mib * 1000 // st.gpu_mem[rows, jj])
-        else:
-            need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
+        kk, jj, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
         f_new = f_old - need
-        fv = np.where(st.valid[cand], free, -1)
-        order = np.argsort(fv, axis=1, kind="stable")
-        top1 = np.take_along_axis(fv, order[:, -1:], axis=1)[:, 0]
-        top2 = np.take_along_axis(fv, order[:, -2:-1], axis=1)[:, 0] if fv.shape[1] > 1 else np.zeros(len(cand))
-        maxexcl = np.where(jj == order[kk, -1], top2[kk], top1[kk])
-        maxexcl = np.maximum(maxexcl, 0)
+        fv = np.where(st.valid[cand], st.free[cand], -1)
+        top = fv.argmax(axis=1)
+        top1 = fv[np.arange(len(cand)), top]
+        fv[np.arange(len(cand)), top] = -1
+        top2 = fv.max(axis=1)
+        maxexcl = np.maximum(np.where(jj == top[kk], top2[kk], top1[kk]), 0)
         demand = self.demand[rows]
         su = (
             self.su[rows]
@@ -275,7 +289,6 @@ class FragModel:
             + np.where(f_new[:, None] < demand, f_new[:, None], 0)
         )
         ftot = self.ftot[rows] - need
-        whole = st.whole_free[rows] - (f_old == cap[kk, jj])
         maxfree = np.maximum(maxexcl, f_new)
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, maxfree, st.cpu_free[rows] - request.cpu_milli)
