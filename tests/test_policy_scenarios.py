@@ -389,3 +389,82 @@ def test_malformed_request_is_rejected_not_crashing() -> None:
     s = snap([node("n1", 2)], [project("A", 2)], [bad, train("ok", "A")])
     d = schedule(s)
     assert [r.workload_id for r in d.rejects] == ["bad"] and [st.workload_id for st in d.starts] == ["ok"]
+
+
+# ------------------------------------------------------------------ a job that crosses the guarantee
+
+
+def _crossing_world(z_guarantee: float, min_runtime_s: float = 60.0):
+    """E (guarantee 22) runs 16 GPUs as two 8-GPU gangs; Z fills the other two nodes with 16 one-GPU jobs."""
+    nodes = [node(f"n{i}", 8) for i in range(1, 5)]
+    running = [on(train("e-a", "E", gpus=8), "n1", *range(8)), on(train("e-b", "E", gpus=8), "n2", *range(8))]
+    running += [on(train(f"z{i:02d}", "Z", t=i), f"n{3 + i // 8}", i % 8, started=float(i)) for i in range(16)]
+    return snap(nodes, [project("E", 22), project("Z", z_guarantee)], running, now=1000,
+                min_runtime_s=min_runtime_s, resume_backoff_s=30.0)
+
+
+def test_project_below_its_guarantee_starts_a_gang_that_takes_it_past_the_guarantee() -> None:
+    """The 22/16/8 story: E is 6 GPUs short of its guarantee and its next job needs 8.
+
+    E claims its guarantee with that job: one node of Z's over-guarantee jobs is
+    paused (Z keeps its 8), the gang starts, and it is not preemptible: pausing
+    it would take E back below its guarantee. Nothing flaps afterwards.
+    """
+    s = submit(_crossing_world(z_guarantee=8), train("e-c", "E", gpus=8, t=900))
+    s, d = cycle(s, advance=0)
+    assert len(d.preempts) == 8 and {p.workload_id[0] for p in d.preempts} == {"z"}
+    (st,) = d.starts
+    assert st.workload_id == "e-c" and not st.preemptible
+    assert "not preemptible" in st.reason and "22 GPUs" in st.reason
+    assert usage(s, "E") == 24_000 and usage(s, "Z") == 8_000
+    assert violations(s) == []
+    # the next cycles, well past the minimum run time and the resume backoff: nothing moves
+    for _ in range(5):
+        s, d = cycle(s, advance=100)
+        assert d.starts == () and d.preempts == ()
+        assert "e-c" not in d.preemptible
+        assert usage(s, "E") == 24_000 and usage(s, "Z") == 8_000
+
+
+def test_crossing_job_never_pushes_another_project_below_its_guarantee() -> None:
+    """Z runs 16 against a guarantee of 10: freeing a whole node would leave Z at 8, so E's gang waits."""
+    s = submit(_crossing_world(z_guarantee=10), train("e-c", "E", gpus=8, t=900))
+    s, d = cycle(s, advance=0)
+    assert d.preempts == () and d.starts == ()
+    (w,) = d.waits
+    assert "would not free a node" in w.reason
+    assert usage(s, "Z") == 16_000
+
+
+def test_crossing_job_on_idle_gpus_is_protected_from_other_claimants() -> None:
+    """E starts its crossing gang on an idle node; B, below its own guarantee, cannot pause it later."""
+    nodes = [node("n1", 8), node("n2", 8), node("n3", 8)]
+    running = [on(train("e-a", "E", gpus=8), "n1", *range(8)), on(train("e-b", "E", gpus=8), "n2", *range(8))]
+    s = snap(nodes, [project("E", 22), project("B", 2)], running + [train("e-c", "E", gpus=8, t=5)], now=1000)
+    s, d = cycle(s, advance=0)
+    (st,) = d.starts
+    assert st.workload_id == "e-c" and not st.preemptible
+    s = submit(s, train("b0", "B", t=1100))
+    s, d = cycle(s, advance=500)
+    assert d.preempts == () and d.starts == ()
+    assert d.preemptible == ()  # E runs 24 of 22, but every one of its jobs holds part of the guarantee
+    (w,) = d.waits
+    assert w.workload_id == "b0"
+
+
+def test_only_jobs_wholly_beyond_the_guarantee_are_preemptible() -> None:
+    """E (guarantee 22) runs 16 + 8 + two more one-GPU jobs: only the one-GPU jobs are flagged."""
+    nodes = [node(f"n{i}", 8) for i in range(1, 5)]
+    running = [on(train("e-a", "E", gpus=8), "n1", *range(8), started=0),
+               on(train("e-b", "E", gpus=8), "n2", *range(8), started=1),
+               on(train("e-c", "E", gpus=8), "n3", *range(8), started=2),
+               on(train("e-d", "E", t=3), "n4", 0, started=3),
+               on(train("e-e", "E", t=4), "n4", 1, started=4)]
+    running += [on(train(f"z{i}", "Z", t=i), "n4", 2 + i, started=0) for i in range(6)]  # Z within its guarantee
+    projects = [project("E", 22), project("B", 3), project("Z", 6)]
+    assert sorted(schedule(snap(nodes, projects, running, now=1000)).preemptible) == ["e-d", "e-e"]
+    s = snap(nodes, projects, running + [train("b0", "B", gpus=2, t=10)], now=1000)
+    d = schedule(s)
+    # pausing both one-GPU jobs takes E to 24, still at least its guarantee
+    assert sorted(p.workload_id for p in d.preempts) == ["e-d", "e-e"]
+    assert [st.workload_id for st in d.starts] == ["b0"]

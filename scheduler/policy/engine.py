@@ -7,8 +7,9 @@ The rules are written down for users in docs/policy.md; in short:
   rejected; within it but with no room (the admin gave out more quota than the
   pool holds) it waits.
 * **Training** work runs on the train pool in two passes. Pass 1 takes the
-  jobs that keep their project within its guarantee; such a job that does not
-  fit may *reclaim*: pause jobs of projects above their guarantee
+  jobs of projects below their guarantee (the job may take its project past
+  it: a project claims its guarantee with its next job, whatever its size,
+  and that job is not preemptible); such a job that does not fit may *reclaim*: pause jobs of projects above their guarantee
   (:mod:`scheduler.policy.reclaim`). Pass 2 takes the rest, which may only use
   idle capacity and start as preemptible. In each pass jobs go by priority,
   then by the project furthest below its fair share
@@ -333,15 +334,16 @@ class _Cycle(ReclaimMixin):
         starving_from = self.now - self.cfg.starvation_s
         deferred: list[Workload] = []
         if first:
-            # Jobs already beyond their project's guarantee go straight to pass 2: in pass 1 a
-            # project's use grows (reclaim never takes a project below its guarantee), so they would
-            # be deferred at their turn anyway. (A project whose own priority swap lowered its use
+            # Jobs of projects already at or beyond their guarantee go straight to pass 2: in pass 1
+            # a project's use grows (reclaim never takes a project below its guarantee), so they
+            # would be deferred at their turn anyway. (A project whose own priority swap lowered its use
             # gets such jobs in pass 2, where "within guarantee" is checked again and may reclaim.)
             # Starving jobs stay (see below).
             room = {name: p.train_guarantee_milli - usage[name] for name, p in projects.items()}
             now_jobs = []
             for w in jobs:
-                if needs[id(req_of[w.id])] <= room[w.project] or (
+                left = room[w.project]
+                if left > 0 or needs[id(req_of[w.id])] <= left or (
                     (w.paused_at if w.paused_at is not None else w.submitted_at) <= starving_from
                 ):
                     now_jobs.append(w)
@@ -358,7 +360,10 @@ class _Cycle(ReclaimMixin):
             req = req_of[w.id]
             need = needs[id(req)]
             used = usage[name]
-            within = used + need <= p.train_guarantee_milli
+            # A project below its guarantee claims it with its next job, even one that takes it past
+            # the guarantee (a gang bigger than what is left); see over_guarantee for why that job is
+            # then protected.
+            within = used < p.train_guarantee_milli or used + need <= p.train_guarantee_milli
             if first and not within and (w.paused_at if w.paused_at is not None else w.submitted_at) > starving_from:
                 deferred.append(w)
                 queue.touch(name)
@@ -512,6 +517,12 @@ class _Cycle(ReclaimMixin):
                     f"over its guarantee of {guarantee}, on idle GPUs "
                     f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
                 )
+            elif self.usage[p.name] > p.train_guarantee_milli:
+                reason = (
+                    f"starts on {s.assignment.node} on project {p.name}'s guarantee of {guarantee}: the project "
+                    f"was below it, and a job started below the guarantee is not preemptible even where it "
+                    f"goes past it (the project runs {used} of training after this cycle)"
+                )
             else:
                 reason = (
                     f"starts on {s.assignment.node} within project {p.name}'s guarantee of {guarantee} "
@@ -537,7 +548,12 @@ class _Cycle(ReclaimMixin):
 
         Jobs are counted against the guarantee by priority (highest first),
         then by start time (oldest first; this cycle's starts last, in start
-        order); the ones that push the sum past the guarantee are preemptible.
+        order); a job is preemptible when the jobs before it already fill the
+        guarantee. The job that *crosses* the guarantee (it starts below it and
+        ends above) is not: pausing it would take the project below its
+        guarantee, which reclaim never does. So a project below its guarantee
+        may start a gang bigger than what is left of it and keep it, and
+        every flagged job can be paused alone without breaking the floor.
         Reclaim picks victims from the other end of the same order, so the
         flag tells the truth about what may be paused.
         """
@@ -554,7 +570,7 @@ class _Cycle(ReclaimMixin):
         guarantee = self.projects[name].train_guarantee_milli
         over = set()
         for *_, wid, milli in items:
-            total += milli
-            if total > guarantee:
+            if total >= guarantee and total + milli > guarantee:
                 over.add(wid)
+            total += milli
         return over

@@ -2,8 +2,9 @@
 
 Two kinds of claimant may pause jobs:
 
-* a job that keeps its project **within its guarantee** may pause the
-  over-guarantee jobs of other projects, never taking a project below its own
+* a job of a project **below its guarantee** (it may take the project past
+  it: see ``over_guarantee`` in the engine) may pause the preemptible jobs of
+  other projects above their guarantee, never taking a project below its own
   guarantee;
 * any job may pause **lower-priority jobs of its own project**.
 
