@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from scheduler import cli_tables as out
-from scheduler.client import GpupoolClient
+from scheduler.client import GpupoolClient, config_path
 from scheduler.errors import GpupoolError, Unavailable
 
 EXIT_SERVER = 1
@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
                          ("cancel", "cancel a job"), ("renew", "renew a build job's lease")):
         p = reader(action, text)
         p.add_argument("job")
+
+    sub.add_parser("login", help="check --url/--token (or $GPUPOOL_URL/$GPUPOOL_TOKEN) and save them "
+                   "in the client config", description="Check the URL and token work, then save them in "
+                   "$XDG_CONFIG_HOME/gpupool/client.json (mode 0600) so later commands need neither.")
 
     p = sub.add_parser("events", help="print scheduler events (job state changes, pool, projects)",
                        description="Print scheduler events, oldest first; -f keeps following.")
@@ -350,6 +354,20 @@ def cmd_events(client: GpupoolClient, args: argparse.Namespace) -> None:
         since = reply["last"]
 
 
+def cmd_login(client: GpupoolClient, args: argparse.Namespace) -> None:
+    if not client.token:
+        raise UsageError("login needs a token: --token TOKEN or $GPUPOOL_TOKEN")
+    me = client.whoami()  # refuses a wrong token or URL before anything is written
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": client.url, "token": client.token}, f)
+    os.replace(tmp, path)
+    print(f"logged in to {client.url} as {me['user']}{' (admin)' if me.get('admin') else ''}; saved in {path}")
+
+
 def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
     reply = client.create_token(args.user)
     if args.json:
@@ -411,6 +429,7 @@ COMMANDS = {
     "status": cmd_status, "whoami": cmd_whoami, "projects": cmd_projects, "list": cmd_list,
     "describe": cmd_describe, "logs": cmd_logs, "pause": cmd_action, "resume": cmd_action,
     "cancel": cmd_action, "renew": cmd_action, "tokens": cmd_tokens, "events": cmd_events,
+    "login": cmd_login,
 }
 
 

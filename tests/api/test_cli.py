@@ -226,3 +226,21 @@ def test_tables_render_what_people_need():
     assert t.request_text({"request": {}}) == "CPU"
     assert t.jobs_table([]) == "no jobs" and t.projects_table([]) == "no projects"
     assert t.duration(59) == "59s" and t.duration(3700) == "1h01m" and t.duration(90000) == "1d1h"
+
+
+def test_login_checks_then_saves_the_client_config(env, capsys, monkeypatch, tmp_path):
+    import stat
+
+    config = tmp_path / "xdg" / "gpupool" / "client.json"
+    code, out, err = run(capsys, "login", "--token", "wrong")
+    assert code == 1 and "invalid token" in err and not config.exists()
+    code, out, err = run(capsys, "login")
+    assert code == 0 and "as alice" in out, err
+    assert json.loads(config.read_text()) == {"url": env.url, "token": "alice-token"}
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    monkeypatch.delenv("GPUPOOL_URL")
+    monkeypatch.delenv("GPUPOOL_TOKEN")
+    code, out, err = run(capsys, "whoami")  # from the saved config alone
+    assert code == 0 and out.startswith("alice"), err
+    code, out, err = run(capsys, "--token", "", "login")
+    assert code == 0  # an empty --token falls back to the saved one
