@@ -412,6 +412,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                      else f"in {scheduler.admin_token_path}")
             print(f"gpupool scheduler listening on {scheduler.url}{simulated}", flush=True)
             print(f"state directory: {scheduler.state_dir}", flush=True)
+            if args.host not in ("127.0.0.1", "localhost", "::1"):
+                print(f"warning: listening on {args.host} over plain HTTP: tokens cross the network "
+                      "unencrypted; put a TLS proxy in front", flush=True)
             print(f"admin token: {where}", flush=True)
             print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
             if not admin_token:
