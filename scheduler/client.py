@@ -83,7 +83,9 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
     if not message:
         message = f"the scheduler at {url} answered HTTP {status}"
     if status >= 500 and status != 503:
-        return ServerError(message)
+        server_error = ServerError(message)
+        server_error.status = status
+        return server_error
     cls = _ERROR_CLASSES.get(kind) if isinstance(kind, str) else None
     if cls is None or cls.status != status:
         cls = errors.ERRORS_BY_STATUS.get(status, GpupoolError)
