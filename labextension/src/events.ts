@@ -72,16 +72,15 @@ export class EventStream implements IDisposable {
       try {
         if (this._since === null) {
           // Learn where the stream is now; what happened before we opened is history.
-          const head = await api.events(0, 0, this._abort.signal);
+          // Asking past the end returns no events and the newest sequence number
+          // (asking from 0 would return the oldest page of the backlog instead).
+          const head = await api.events(Number.MAX_SAFE_INTEGER, 0, this._abort.signal);
           this._since = head.last;
         } else {
           const reply = await api.events(this._since, POLL_TIMEOUT_S, this._abort.signal);
-          if (reply.last < this._since) {
-            // The scheduler restarted with a fresh sequence: follow it.
-            this._since = reply.last;
-          } else {
-            this._since = reply.last;
-          }
+          // `last` is the newest event returned (a page holds at most 1000), or the
+          // stream's head when none came; a smaller head means a fresh scheduler state.
+          this._since = reply.last;
           const events = reply.events.filter(e => typeof e.seq === 'number');
           if (events.length > 0 && !this._disposed) {
             this._received.emit(events);

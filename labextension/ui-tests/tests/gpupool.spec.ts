@@ -258,14 +258,19 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect
       .poll(() => page.evaluate(() => (window as any).jupyterapp.commands.isEnabled('gpupool:promote')))
       .toBe(true);
-    await page.evaluate(async () => {
-      await (window as any).jupyterapp.commands.execute('apputils:activate-command-palette');
-    });
-    await page.locator('#modal-command-palette input').fill('Promote');
+    // The modal palette closes when it loses focus (the notebook may still be taking it): retry.
     const entry = page.locator('#modal-command-palette .lm-CommandPalette-item', {
       hasText: 'Promote Notebook to Training'
     });
-    await expect(entry).toBeVisible();
+    await expect(async () => {
+      if (!(await page.locator('#modal-command-palette input').isVisible())) {
+        await page.evaluate(async () => {
+          await (window as any).jupyterapp.commands.execute('apputils:activate-command-palette');
+        });
+      }
+      await page.locator('#modal-command-palette input').fill('Promote', { timeout: 2000 });
+      await expect(entry).toBeVisible({ timeout: 2000 });
+    }).toPass({ timeout: 30000 });
     await expect(entry).not.toHaveClass(/lm-mod-disabled/);
     await page.keyboard.press('Escape');
   });
