@@ -164,7 +164,9 @@ class SchedulerCore:
         self._gpu_node: dict[str, str] = {}
         self._nodes = self._build_nodes()
         self._procs: dict[str, ProcessHandle] = {}
-        self._stop_tasks: dict[str, asyncio.Task[bool]] = {}
+        # Keyed by (job, attempt): a stop of an attempt that already ended must never hide
+        # the stop of the job's next attempt (pause, resume, cancel in quick succession).
+        self._stop_tasks: dict[tuple[str, int], asyncio.Task[bool]] = {}
         self._settled: dict[str, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._new_events: asyncio.Event | None = None
@@ -504,11 +506,13 @@ class SchedulerCore:
         self._spawn_stop(rec.id, handle)
 
     def _spawn_stop(self, job_id: str, handle: ProcessHandle) -> None:
-        if job_id in self._stop_tasks:
+        """Stop this attempt's process group in the background (once per attempt)."""
+        key = (job_id, handle.attempt)
+        if key in self._stop_tasks:
             return
         task = asyncio.get_running_loop().create_task(self.executor.stop(handle, self.config.pause_grace_s))
-        self._stop_tasks[job_id] = task
-        task.add_done_callback(lambda _t: self._stop_tasks.pop(job_id, None))
+        self._stop_tasks[key] = task
+        task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
 
     def _check_processes(self) -> None:
         """Monitor: settle every attempt whose wrapper has ended."""
