@@ -239,6 +239,35 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(training).toContainText('0/2', { timeout: 30000 });
   });
 
+  test('a kernel beyond the build quota is refused with a message naming the quota', async ({ page, tmpPath }) => {
+    // Fill vision's build quota (1½ GPUs) with a 1 GPU and a ½ GPU kernel.
+    for (const [name, kernel] of [
+      ['one.ipynb', 'gpupool-python3-1'],
+      ['half.ipynb', 'gpupool-python3-0.5']
+    ]) {
+      const reply = await page.request.post('/api/sessions', {
+        data: { path: `${tmpPath}/${name}`, name, type: 'notebook', kernel: { name: kernel } }
+      });
+      expect(reply.status()).toBe(201);
+    }
+    const panel = await openPoolPanel(page);
+    const build = panel.locator('tr[data-project="vision"] td').first();
+    await expect(build).toContainText('1½/1½');
+    await expect(build).toContainText('full');
+    await expect(build).toHaveAttribute('title', /Build quota exhausted/);
+
+    // A ¼ GPU kernel from the Launcher cannot start; the error says why and what to do.
+    await page
+      .locator('.jp-Launcher-section')
+      .filter({ has: page.locator('.jp-Launcher-sectionTitle', { hasText: 'Notebook' }) })
+      .locator('.jp-LauncherCard', { hasText: 'Python 3 (¼ GPU)' })
+      .click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText("project 'vision' has used its build quota of 1.5 GPU", { timeout: 60000 });
+    await expect(dialog).toContainText('Shut down one of those kernels');
+    await dialog.locator('.jp-Dialog-button').first().click();
+  });
+
   test('promote is in the command palette and the file browser context menu', async ({ page, tmpPath }) => {
     await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/ctx.ipynb`);
     await page.filebrowser.refresh();
