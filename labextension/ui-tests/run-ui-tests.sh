@@ -29,10 +29,18 @@ if ! jupyter labextension list 2>&1 | grep -q "jupyter-gpupool.*enabled.*OK"; th
   exit 1
 fi
 
-jlpm install --immutable >/dev/null
+INSTALL_LOG="$(mktemp)"
+if ! jlpm install --immutable >"$INSTALL_LOG" 2>&1; then
+  cat "$INSTALL_LOG" >&2
+  echo "ui-tests: jlpm install failed" >&2
+  exit 1
+fi
+rm -f "$INSTALL_LOG"
 
 # Notebooks, scheduler state, settings and runtime files of the test server live here.
 ROOT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/gpupool-ui-XXXXXX")"
 trap 'rm -rf "$ROOT_DIR"' EXIT
 export JUPYTERLAB_GALATA_ROOT_DIR="$ROOT_DIR"
+# A free port for the test server, unless one is given.
+export GPUPOOL_UI_PORT="${GPUPOOL_UI_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 jlpm playwright test "$@"
