@@ -540,13 +540,14 @@ export class GpuPoolPanel extends Widget {
       return null;
     }
     const buttons: HTMLElement[] = [];
-    const add = (action: 'pause' | 'resume' | 'cancel', label: string): void => {
+    const add = (action: 'pause' | 'resume' | 'cancel', label: string, title?: string): void => {
       const b = h(
         'button',
         {
           class: `jp-gpupool-button jp-gpupool-${action}`,
           type: 'button',
-          'aria-label': `${label} job ${job.id}`
+          'aria-label': `${label} job ${job.id}`,
+          title
         },
         label
       );
@@ -559,7 +560,12 @@ export class GpuPoolPanel extends Widget {
     if (job.state === 'paused') {
       add('resume', 'Resume');
     }
-    add('cancel', 'Cancel');
+    if (job.kind === 'build') {
+      // A kernel's share: cancelling gives the GPU back; the kernel itself is not stopped.
+      add('cancel', 'Release', "Give this kernel's GPU share back to the pool (shut the kernel down to stop it)");
+    } else {
+      add('cancel', 'Cancel');
+    }
     return h('div', { class: 'jp-gpupool-actions' }, ...buttons);
   }
 
