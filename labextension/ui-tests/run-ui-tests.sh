@@ -16,7 +16,7 @@ if [ ! -x "$CHROMIUM" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
     echo "ui-tests: installing Debian's chromium"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
   else
     echo "ui-tests: $CHROMIUM is missing and cannot be installed here (run 'apt-get install chromium' as root)" >&2
     exit 1
