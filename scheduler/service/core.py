@@ -9,6 +9,7 @@ Authorization lives here, not in the HTTP layer, so every caller gets it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import fcntl
 import importlib.util
 import logging
@@ -92,6 +93,9 @@ _WORKLOAD_FIELDS = frozenset({"state", "assignment", "started_at", "attempts", "
                               "project", "kind", "submitted_at"})
 """Job fields the policy's Workload is built from; other changes (reason, pid...) keep the cached one."""
 COALESCE_ABOVE_S = 0.02  # cycles cheaper than this always run at once
+WAIT_FOR_STOPPING = "waiting for stopping jobs to release their GPUs"
+STOPPING_PROJECT = "\x00stopping"
+"""Pseudo-project of stopping jobs in the held view: not a valid project name, so never a real one."""
 
 PolicyFn = Callable[[Snapshot], Decisions]
 
@@ -342,18 +346,33 @@ class SchedulerCore:
             log.exception("policy engine failed; using the first-fit fallback for this cycle")
             return fallback_policy.schedule(snapshot)
 
-    def _snapshot(self, live: list[JobRecord]) -> Snapshot:
+    def _snapshot(self, live: list[JobRecord], hold_stopping: bool = False) -> Snapshot:
+        """The policy's input. User-paused jobs (sticky) are left out.
+
+        Jobs already being stopped are left out too (``hold_stopping=False``, the
+        view the cycle decides on): they are leaving, and showing them as running
+        would make the policy preempt a second victim for the same waiting job
+        during the grace period. With ``hold_stopping=True`` they are shown as
+        running in a project the snapshot does not list, which the engine treats
+        as capacity held by no project: it places around them and never pauses
+        them. The cycle asks for that view only to re-place a start that landed
+        on a GPU a stopping job still holds.
+        """
         projects = tuple(
             Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
             for p in self._store.projects()
         )
-        # Left out: user-paused jobs (sticky) and jobs already being stopped. The latter are
-        # leaving; showing them as running would make the policy preempt a second victim for
-        # the same waiting job during the grace period. Their GPUs stay guarded by
-        # _check_fits until their processes are gone.
-        workloads = tuple(self._workload(r) for r in live
-                          if not (r.state == "paused" and r.user_paused) and r.stop_intent is None)
-        return Snapshot(self._nodes, projects, workloads, time.time(), self._policy_config())
+        workloads: list[Workload] = []
+        for r in live:
+            if r.state == "paused" and r.user_paused:
+                continue
+            if r.stop_intent is None:
+                workloads.append(self._workload(r))
+            elif hold_stopping:
+                w = self._workload(r)
+                if w.assignment is not None:
+                    workloads.append(dataclasses.replace(w, project=STOPPING_PROJECT))
+        return Snapshot(self._nodes, projects, tuple(workloads), time.time(), self._policy_config())
 
     def _cycle(self) -> None:
         """One scheduling cycle: snapshot -> policy -> preempt, start, reject, wait."""
@@ -375,11 +394,21 @@ class SchedulerCore:
             self._begin_stop(rec, "preempt", p.reason)
         running = [r for r in live if r.state == "running"]
         used = self._allocations(running)
+        around_stopping: dict[str, Start] | None = None  # the policy's starts with stopping jobs' GPUs held
         for s in decisions.starts:
             rec = by_id.get(s.workload_id)
             if rec is None or rec.state not in ("queued", "paused") or (rec.state == "paused" and rec.user_paused):
                 continue
             problem = self._check_fits(s, used)
+            if problem == WAIT_FOR_STOPPING:
+                # Placed on a GPU a stopping job still holds: ask the policy (once per cycle) where it
+                # would go with those GPUs taken; other free GPUs may fit it now.
+                if around_stopping is None:
+                    held = self._schedule(self._snapshot(live, hold_stopping=True))
+                    around_stopping = {x.workload_id: x for x in held.starts}
+                alt = around_stopping.get(rec.id)
+                if alt is not None and self._check_fits(alt, used) is None:
+                    s, problem = alt, None
             if problem:
                 self._set_reason(rec, problem)
                 continue
@@ -434,7 +463,7 @@ class SchedulerCore:
             if gid not in self._gpus:
                 return f"policy placed it on unknown GPU {gid}"
             if m <= 0 or used.get(gid, 0) + m > MILLI:
-                return "waiting for stopping jobs to release their GPUs"
+                return WAIT_FOR_STOPPING
         return None
 
     def _set_reason(self, rec: JobRecord, reason: str) -> None:

@@ -386,3 +386,36 @@ async def test_build_share_freed_by_a_stopping_job_is_granted_in_the_submit_repl
     kernel, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpus": 1})
     assert kernel["state"] == "running" and kernel["env"]["CUDA_VISIBLE_DEVICES"]
     assert (await cancelling)["state"] == "cancelled"
+
+
+IGNORES_SIGTERM = r"""
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open("ready", "w").close()
+time.sleep(120)
+"""
+
+
+async def test_work_goes_to_a_free_gpu_not_to_one_a_stopping_job_still_holds(make_core, tmp_path):
+    core = await make_core(pause_grace_s=30.0, reply_wait_s=0.1)
+    core.set_project(ADMIN, "p", {"train_guarantee": 2})
+    wd = tmp_path / "w"
+    wd.mkdir()
+    slow, _ = await core.submit(BOB, {"project": "p", "gpus": 1, "workdir": str(wd),
+                                      "command": [PY, "-c", IGNORES_SIGTERM]})
+    await wait_for(lambda: (wd / "ready").exists())
+    held = core.get_job(ADMIN, slow["id"])["assignment"]["gpus"][0]["id"]
+    try:
+        stopping = await core.pause(BOB, slow["id"])
+        assert stopping["state"] == "running"  # it ignores SIGTERM: stopping until the grace ends
+        job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "command": [PY, "-c", "import time; time.sleep(30)"]})
+        await wait_for(lambda: _state(core, job["id"]) == "running", timeout=10, what="the job on the free GPU")
+        got = core.get_job(ADMIN, job["id"])["assignment"]["gpus"][0]["id"]
+        assert got != held
+        assert _state(core, slow["id"]) == "running"  # still stopping: its GPU was never handed out twice
+        await core.cancel(ALICE, job["id"])
+    finally:
+        handle = core._procs.get(slow["id"])
+        if handle is not None:
+            core.executor.signal_group(handle, 9)  # end the grace now: the test need not wait 30 s
+    await wait_for(lambda: _state(core, slow["id"]) == "paused", what="the slow job paused")
