@@ -28,6 +28,8 @@ interface ITracked {
   kind: string;
   name: string;
   output: string | null;
+  /** Paused since it last ran: its next start is a resume (it may requeue in between). */
+  wasPaused: boolean;
 }
 
 const AUTO_CLOSE_MS = 8000;
@@ -57,7 +59,8 @@ export class JobNotifier {
       state: job.state,
       kind: job.kind,
       name: job.name,
-      output: job.output_notebook ?? null
+      output: job.output_notebook ?? null,
+      wasPaused: job.state === 'paused'
     });
     const where = job.state === 'running' ? 'is running' : `is ${job.state}`;
     Notification.success(
@@ -85,11 +88,17 @@ export class JobNotifier {
         }
       }
       const previous = tracked.state;
+      const resumed = tracked.wasPaused && event.state === 'running';
       tracked.state = event.state;
+      if (event.state === 'paused') {
+        tracked.wasPaused = true;
+      } else if (event.state === 'running') {
+        tracked.wasPaused = false;
+      }
       if (tracked.kind !== 'train' || previous === event.state) {
         continue;
       }
-      this._announce(event, tracked, previous);
+      this._announce(event, tracked, resumed);
     }
   }
 
@@ -100,7 +109,8 @@ export class JobNotifier {
         state: known?.state ?? 'queued',
         kind: job.kind,
         name: job.name,
-        output: job.output_notebook ?? known?.output ?? null
+        output: job.output_notebook ?? known?.output ?? null,
+        wasPaused: known?.wasPaused ?? job.state === 'paused'
       };
       this._jobs.set(id, tracked);
       return tracked;
@@ -112,7 +122,7 @@ export class JobNotifier {
     }
   }
 
-  private _announce(event: IGpupoolEvent, job: ITracked, previous: JobState): void {
+  private _announce(event: IGpupoolEvent, job: ITracked, resumed: boolean): void {
     const id = event.job_id as string;
     const label = `Job ${id} (${job.name})`;
     const reason = event.reason ? `: ${event.reason}` : '';
@@ -122,7 +132,7 @@ export class JobNotifier {
     }
     switch (event.state) {
       case 'running':
-        Notification.info(previous === 'paused' ? `${label} resumed.` : `${label} started.`, {
+        Notification.info(resumed ? `${label} resumed.` : `${label} started.`, {
           autoClose: AUTO_CLOSE_MS,
           actions
         });
