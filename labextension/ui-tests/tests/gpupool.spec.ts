@@ -188,6 +188,22 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(job).toHaveAttribute('data-state', 'succeeded', { timeout: 120000 });
   });
 
+  test('a failing run is announced with a link to its output notebook', async ({ page, tmpPath }) => {
+    const nb = JSON.parse(trainingNotebook());
+    nb.cells.push({ cell_type: 'code', execution_count: null, metadata: {}, outputs: [], source: 'raise RuntimeError("diverged")' });
+    await page.contents.uploadContent(JSON.stringify(nb), 'text', `${tmpPath}/bad.ipynb`);
+    const reply = await page.request.post('/gpupool/api/promote', { data: { path: `${tmpPath}/bad.ipynb` } });
+    expect(reply.status()).toBe(201);
+    const id = (await reply.json()).id as string;
+
+    const toast = page.locator('.Toastify__toast', { hasText: `Job ${id}` }).filter({ hasText: 'failed' });
+    await expect(toast).toBeVisible({ timeout: 120000 });
+    await press(toast.getByRole('button', { name: 'Open output notebook' }));
+    await expect(
+      page.locator('.jp-NotebookPanel:visible .jp-OutputArea-output', { hasText: 'RuntimeError: diverged' }).first()
+    ).toBeVisible({ timeout: 30000 });
+  });
+
   test('pause, resume and cancel an own job from the panel, with notifications', async ({ page, tmpPath }) => {
     await page.contents.uploadContent(trainingNotebook(400), 'text', `${tmpPath}/long.ipynb`);
     const reply = await page.request.post('/gpupool/api/promote', {
@@ -231,6 +247,9 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(training).toHaveClass(/jp-mod-over/);
     await expect(training).toHaveAttribute('title', /may be paused when another project claims its share/);
     await expect(training.locator('[role="meter"]')).toHaveAttribute('aria-valuetext', '4 of 2 GPU');
+    // The history chart draws vision's shares once the scheduler has sampled them.
+    await expect(panel.locator('svg.jp-gpupool-chart polygon[data-project="vision"]')).toHaveCount(1, { timeout: 40000 });
+    await expect(panel.locator('svg.jp-gpupool-chart')).toHaveAttribute('aria-label', /vision 4 GPU/);
     await page.screenshot({ path: path.join(SHOTS, 'over-quota.png') });
     for (const id of ids) {
       const reply = await page.request.post(`/gpupool/api/jobs/${id}/cancel`);
