@@ -33,12 +33,31 @@ class Ledger:
         self.cpu = {n.name: n.cpu_milli for n in nodes}
         self.mem = {n.name: n.memory_mib for n in nodes}
         self.gpu = {n.name: {g.id: g.capacity_milli for g in n.gpus} for n in nodes}
+        self.capacity = {g.id: g.capacity_milli for n in nodes for g in n.gpus}
+        # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
+        self.whole: dict[str, int] = {}
         self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
         self._ever: dict[tuple[str, int], tuple[Request, bool]] = {}
         self._room: dict[tuple[str, int], tuple[Request, int, tuple[int, int, int, int]]] = {}
+        # the running work, in one pass (the same sums as take() without its per-call bookkeeping)
+        cpu, mem, gpu = self.cpu, self.mem, self.gpu
         for w in running:
-            if w.assignment is not None:
-                self.take(w.assignment, w.request)
+            a = w.assignment
+            if a is None:
+                continue
+            free = gpu.get(a.node)
+            if free is None:
+                continue
+            r = w.request
+            cpu[a.node] -= r.cpu_milli
+            mem[a.node] -= r.memory_mib
+            for gid, milli in a.gpus:
+                if gid in free:
+                    free[gid] -= milli
+        capacity = self.capacity
+        self.whole = {
+            name: sum(1 for gid, left in free.items() if left >= capacity[gid] > 0) for name, free in gpu.items()
+        }
 
     def take(self, assignment: Assignment, request: Request) -> None:
         self._add(assignment, request, -1)
@@ -54,9 +73,17 @@ class Ledger:
         self.version[name] = self.version.get(name, 0) + 1
         self.cpu[name] += sign * request.cpu_milli
         self.mem[name] += sign * request.memory_mib
+        capacity = self.capacity
+        whole = 0
         for gid, milli in assignment.gpus:
-            if gid in free:
-                free[gid] += sign * milli
+            before = free.get(gid)
+            if before is not None:
+                after = free[gid] = before + sign * milli
+                cap = capacity[gid]
+                if cap > 0:
+                    whole += (after >= cap) - (before >= cap)
+        if whole:
+            self.whole[name] += whole
 
     def _gpus(self, name: str, request: Request) -> Sequence[Gpu]:
         models = request.gpu_models
@@ -70,6 +97,8 @@ class Ledger:
             return False
         free = self.gpu[name]
         if request.gpus:
+            if not request.gpu_models:
+                return self.whole[name] >= request.gpus
             whole = sum(1 for g in self._gpus(name, request) if free[g.id] >= g.capacity_milli > 0)
             return whole >= request.gpus
         if request.gpu_milli:
@@ -134,6 +163,8 @@ class Ledger:
 
     def _headroom(self, name: str, request: Request) -> tuple[int, int, int, int]:
         free = self.gpu[name]
+        if not request.gpu_models:
+            return (self.whole[name], max(free.values(), default=0), self.cpu[name], self.mem[name])
         gpus = self._gpus(name, request)
         whole = sum(1 for g in gpus if free[g.id] >= g.capacity_milli > 0)
         share = max((free[g.id] for g in gpus), default=0)

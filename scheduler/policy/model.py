@@ -89,7 +89,10 @@ class Assignment:
 
     @property
     def total_milli(self) -> int:
-        return sum(m for _, m in self.gpus)
+        gpus = self.gpus
+        if len(gpus) == 1:  # the common case, read for every running job every cycle
+            return gpus[0][1]
+        return sum(m for _, m in gpus)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from scheduler.policy.model import Workload
 
@@ -20,6 +21,11 @@ from scheduler.policy.model import Workload
 def job_order(w: Workload) -> tuple[int, float, str]:
     """Within one project: higher priority, then earlier submission, then id."""
     return (-w.priority, w.submitted_at, w.id)
+
+
+_by_id = attrgetter("id")
+_by_submission = attrgetter("submitted_at")
+_by_priority = attrgetter("priority")
 
 
 class FairQueue:
@@ -30,7 +36,11 @@ class FairQueue:
         for w in jobs:
             per_project.setdefault(w.project, []).append(w)
         for queue in per_project.values():
-            queue.sort(key=job_order)
+            # job_order as three stable C-level sorts (last key first): several times faster than
+            # one sort calling job_order for each of ten thousand jobs
+            queue.sort(key=_by_id)
+            queue.sort(key=_by_submission)
+            queue.sort(key=_by_priority, reverse=True)  # reverse keeps equal keys in order
         self._jobs = per_project
         self._pos = dict.fromkeys(per_project, 0)
         self._version = dict.fromkeys(per_project, 0)

@@ -64,6 +64,8 @@ class ReclaimMixin:
         self.reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
         self._victims: dict[str, tuple[list[Workload], list[Workload], int]] | None = None
         self.smallest_over: dict[str, int] = {}
+        # per project: GPUs its candidates hold on each node (all of them, and the over-guarantee ones)
+        self._gpus_on: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
 
     def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]:
         """Per project: (its over-guarantee jobs, all its jobs, how many are protected by min runtime).
@@ -83,6 +85,7 @@ class ReclaimMixin:
                 cand.sort(key=lambda v: (v.priority, -(v.started_at if v.started_at is not None else -math.inf), v.id))
                 over = [v for v in cand if v.id in self.over_at_start]
                 lists[name] = (over, cand, len(young))
+                self._gpus_on[name] = (_gpus_per_node(cand), _gpus_per_node(over))
                 # a lower bound for the rest of the cycle: pausing only removes jobs from the list
                 self.smallest_over[name] = min((self.milli[v.id] for v in over), default=0)
             self._victims = lists
@@ -135,6 +138,8 @@ class ReclaimMixin:
                     names.append(name)
                 protected += young
         names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n], n))
+        if req.gpus > 1 and not self._gang_reachable(req.gpus, p.name, names):
+            return (protected, bool(names))
         node_ok: dict[str, bool] = {}
         room_on: dict[str, tuple[int, int, int, int]] = {}
         per_node: dict[str, list[tuple[int, Workload]]] = {}
@@ -186,6 +191,26 @@ class ReclaimMixin:
         if best is None:
             return (protected, bool(per_node))
         return self.apply_reclaim(w, req, p, best[3], best[4])
+
+    def _gang_reachable(self, gpus: int, own: str, names: list[str]) -> bool:
+        """Upper bound: could pausing every candidate of ``names`` free ``gpus`` whole GPUs on one node?
+
+        Counts, per node, the GPUs wholly free now plus every GPU a candidate
+        holds there (as if each became whole). Candidates only leave during a
+        cycle and free GPUs only grow by their pauses, so a False here is safe.
+        A gang rarely finds one node with enough of one project's jobs on a
+        big busy pool; this turns those failures into one pass over a
+        per-node count instead of a victim-by-victim search.
+        """
+        whole = self.cap.ledger.whole
+        if len(names) == 1:
+            counts = self._gpus_on[names[0]][0 if names[0] == own else 1]
+            return any(n + whole[node] >= gpus for node, n in counts.items())
+        total: dict[str, int] = {}
+        for name in names:
+            for node, n in self._gpus_on[name][0 if name == own else 1].items():
+                total[node] = total.get(node, 0) + n
+        return any(n + whole[node] >= gpus for node, n in total.items())
 
     def victims_on_node(self, req: Request, p: Project, node: str, victims: list[Workload]) -> list[Workload] | None:
         """Fewest victims on ``node`` (taken in victim order) whose pause lets ``req`` fit there, or None."""
@@ -265,6 +290,16 @@ class ReclaimMixin:
         if ledger.grew(node, before_free):
             self.cap.generation += 1  # leftover room: shapes that failed before may fit now
         return None
+
+
+def _gpus_per_node(jobs: list[Workload]) -> dict[str, int]:
+    """GPUs the jobs hold per node (a GPU shared by two jobs counts twice: an upper bound)."""
+    out: dict[str, int] = {}
+    for v in jobs:
+        a = v.assignment
+        if a is not None and a.gpus:
+            out[a.node] = out.get(a.node, 0) + len(a.gpus)
+    return out
 
 
 def _could_help(room: tuple[int, int, int, int], gpus, freed: Request, req: Request) -> bool:
