@@ -142,7 +142,8 @@ class CapacityModel(FragModel):
         if self._w_age <= 0:
             self._w = self._weights()
             self._w_age = self.WEIGHT_REFRESH
-        return -((usable - self.usable_now[rows]) @ self._w)
+            self._value_now = self.usable_now @ self._w
+        return self._value_now[rows] - usable @ self._w
 
     def _weights(self) -> np.ndarray:
         """p_m * (pool free share / share usable by m) ** SCARCITY_EXP."""
@@ -162,6 +163,8 @@ class CapacityModel(FragModel):
         self.total += new - self.usable_now[i]
         self._w_age -= 1
         self.usable_now[i] = new
+        if self._w_age > 0:
+            self._value_now[i] = new @ self._w
 
     def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
         st = self.state
