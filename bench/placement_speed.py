@@ -19,6 +19,7 @@ Prints a table; timings are wall-clock on this machine.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.placement_speed: policies are {', '.join(POLICIES)}; counts must be positive", file=sys.stderr)
         return 2
     nodes = pool(args.nodes)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{args.nodes} nodes, {8 * args.nodes} GPUs; fill = {3 * args.pending} requests into an empty pool; "
-          f"full cycle = {args.pending} pending on the full pool")
+          f"full cycle = {args.pending} pending on the full pool; load average {load:.1f} on {os.cpu_count()} CPUs")
     print(f"{'policy':<10} {'build ms':>9} {'fill placements/s':>18} {'placed':>7} {'full cycle ms':>14}")
     for policy in policies:
         build_ms, rate, cycle_ms, placed = measure(nodes, policy, args.pending)
