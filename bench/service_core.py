@@ -92,7 +92,7 @@ async def submit_latency(pending: int, samples: int = 50) -> tuple[float, float]
             await core.submit(Actor("alice"), {"project": "train", "gpus": 1, "command": ["true"]})
             lat.append(time.perf_counter() - t)
             await asyncio.sleep(0.001)  # let the loop run deferred cycles, as between HTTP requests
-        while core._cycle_scheduled:
+        while core.cycle_pending:
             await asyncio.sleep(0.001)
         amortized = (time.perf_counter() - t0 - 0.001 * samples) / samples
         await core.stop()

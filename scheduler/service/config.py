@@ -75,7 +75,9 @@ class ServiceConfig:
     starvation_s: float = 300.0
     placement: str = "default"
     max_list: int = 1000  # most jobs a list call returns
-    sqlite_synchronous: str = "FULL"  # "NORMAL": faster commits, still safe against kill -9 (not power loss)
+    # NORMAL (WAL): commits are not fsynced one by one; a killed or crashed service loses nothing,
+    # an OS crash or power loss may lose the last commits. FULL: every commit survives power loss too.
+    sqlite_synchronous: str = "NORMAL"
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()

@@ -185,7 +185,7 @@ class SchedulerCore:
         self._reload_live()
         self._last_cycle = 0.0
         self._last_cycle_s = 0.0
-        self._cycle_scheduled = False
+        self._cycle_handle: asyncio.Handle | None = None  # a deferred cycle waiting to run
         self._mps_checked: tuple[float, bool] | None = None
 
     # ================================================================ lifecycle
@@ -209,6 +209,9 @@ class SchedulerCore:
         if self._closing:
             return
         self._closing = True
+        if self._cycle_handle is not None:
+            self._cycle_handle.cancel()
+            self._cycle_handle = None
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -378,6 +381,9 @@ class SchedulerCore:
         """One scheduling cycle: snapshot -> policy -> preempt, start, reject, wait."""
         if not self._started or self._closing:
             return
+        if self._cycle_handle is not None:  # this cycle covers whatever asked for that one
+            self._cycle_handle.cancel()
+            self._cycle_handle = None
         t0 = time.perf_counter()
         self._last_cycle = time.monotonic()
         live = self._live_jobs()
@@ -433,29 +439,40 @@ class SchedulerCore:
         self._update_gauges()
 
     def _request_cycle(self, urgent: bool = False) -> None:
-        """Run a cycle now, or at most ``cycle_min_interval_s`` after the last one.
+        """Run a cycle now (``urgent``), else soon: one deferred cycle covers every request made before it.
 
-        Coalescing only kicks in when cycles are expensive (a long queue: the last
-        one took over ``COALESCE_ABOVE_S``), so small pools answer a submit with
-        the job already started, and big ones do not run the policy per submit.
+        Train submits and process exits only ask for a cycle; it runs on the next
+        loop iteration, so a burst of requests (everything that reached the loop
+        meanwhile) shares one policy run whatever the queue length. When cycles
+        are expensive (over ``COALESCE_ABOVE_S``) they run at most once every
+        max(``cycle_min_interval_s``, 2 x the last cycle), so the loop keeps most
+        of its time for requests.
         """
-        # Spend at most about a third of the loop's time in cycles when they are slow.
-        interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
-        wait = interval - (time.monotonic() - self._last_cycle)
-        if urgent or wait <= 0 or self._last_cycle_s < COALESCE_ABOVE_S:
+        if urgent:
             self._cycle()
-        elif not self._cycle_scheduled:
-            self._cycle_scheduled = True
+            return
+        if self._cycle_handle is not None:
+            return
+        wait = 0.0
+        if self._last_cycle_s >= COALESCE_ABOVE_S:
+            interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
+            wait = interval - (time.monotonic() - self._last_cycle)
+        loop = asyncio.get_running_loop()
+        self._cycle_handle = (loop.call_later(wait, self._deferred_cycle) if wait > 0
+                              else loop.call_soon(self._deferred_cycle))
 
-            def deferred() -> None:
-                self._cycle_scheduled = False
-                try:
-                    self._cycle()
-                except Exception:
-                    log.exception("deferred scheduling cycle failed")
-                    self._reload_live()
+    @property
+    def cycle_pending(self) -> bool:
+        """Whether a deferred cycle is scheduled and has not run yet."""
+        return self._cycle_handle is not None
 
-            asyncio.get_running_loop().call_later(wait, deferred)
+    def _deferred_cycle(self) -> None:
+        self._cycle_handle = None
+        try:
+            self._cycle()
+        except Exception:
+            log.exception("deferred scheduling cycle failed")
+            self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
 
     def _check_fits(self, s: Start, used: dict[str, int]) -> str | None:
         """Our own guard against double-booking, whatever the policy says."""
@@ -901,7 +918,11 @@ class SchedulerCore:
         )
 
     async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Validate, store as queued, run a cycle; ``(job, created)`` (created False for a client_key match)."""
+        """Validate, store as queued, decide; ``(job, created)`` (created False for a client_key match).
+
+        A build job is decided in the call (the reply says running, or why it waits);
+        a train job is returned queued and decided by the cycle that runs next.
+        """
         self._check_open()
         names = {p.name for p in self._store.projects()}
         js = validate_spec(spec, names, self._limits())
@@ -929,8 +950,9 @@ class SchedulerCore:
             self._live[job_id] = rec
             self._emit_job(job_id)  # same transaction: one disk sync per submit
         self._metrics.submitted.labels(js.kind).inc()
-        # A kernel waits on its build share: decide now. A burst of train submits
-        # shares cycles instead of running the policy once per job.
+        # A kernel waits on its build share: decide now. A train submit returns at once
+        # (queued) and the next loop iteration's cycle decides every train job submitted
+        # meanwhile, so a burst runs the policy once, not once per job.
         self._request_cycle(urgent=js.kind == "build")
         if js.kind == "build":
             await self._await_grant(job_id)

@@ -61,3 +61,10 @@ async def wait_for(pred: Callable[[], Any], timeout: float = 30.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def started(core: Any, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The job once its first cycle decided it running (a train submit returns it queued)."""
+    admin = Actor("admin", True)
+    await wait_for(lambda: core.get_job(admin, job_id)["state"] != "queued", timeout, f"{job_id} to be decided")
+    return core.get_job(admin, job_id)

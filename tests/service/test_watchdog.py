@@ -7,7 +7,7 @@ import pytest
 from scheduler.inventory import GpuInfo, GpuSample
 from scheduler.service.core import SchedulerCore
 from scheduler.service.watchdog import MIB, Reading, Watchdog, over_limit
-from tests.service.helpers import ADMIN, ALICE, PY, fast_config, wait_for
+from tests.service.helpers import ADMIN, ALICE, PY, fast_config, started, wait_for
 
 GIB = 1024**3
 
@@ -73,7 +73,7 @@ async def test_core_stops_a_job_over_its_share(nvml_core):
     assert core.simulated is False and core.pool()["simulated"] is False
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     job, _ = await core.submit(ALICE, {"project": "p", "gpu_fraction": 0.25, "command": [PY, "-c", "import time; time.sleep(60)"]})
-    assert job["state"] == "running"
+    assert (await started(core, job["id"]))["state"] == "running"
     pid = core._store.job(job["id"]).pid  # the job's session leader; NVML would list its CUDA processes
     inv.usage = {pid: 40 * GIB}  # a quarter of 80 GiB is 20 GiB
     await wait_for(lambda: core.get_job(ALICE, job["id"])["state"] == "failed", what="watchdog stop")
