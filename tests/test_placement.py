@@ -215,14 +215,43 @@ def check_assignment(state: FreeState, a: Assignment, req: Request) -> None:
         assert milli * by_id[gid].memory_mib >= req.gpu_memory_mib * 1000
 
 
+def fits_somewhere(nodes: list[Node], placed: list[tuple[Assignment, Request]], req: Request) -> bool:
+    """Brute force, independent of FreeState: does ``req`` fit on any node right now?"""
+    for nd in nodes:
+        mine = [(a, r) for a, r in placed if a.node == nd.name]
+        if nd.cpu_milli - sum(r.cpu_milli for _, r in mine) < req.cpu_milli:
+            continue
+        if nd.memory_mib - sum(r.memory_mib for _, r in mine) < req.memory_mib:
+            continue
+        used = {g.id: 0 for g in nd.gpus}
+        for a, _ in mine:
+            for gid, milli in a.gpus:
+                used[gid] += milli
+        gpus = [g for g in nd.gpus if not req.gpu_models or g.model in req.gpu_models]
+        if req.gpus:
+            if sum(1 for g in gpus if used[g.id] == 0) >= req.gpus:
+                return True
+        elif req.gpu_milli:
+            if any(g.capacity_milli - used[g.id] >= req.gpu_milli for g in gpus):
+                return True
+        elif req.gpu_memory_mib:
+            if any(g.capacity_milli - used[g.id] >= -(-req.gpu_memory_mib * 1000 // g.memory_mib) for g in gpus):
+                return True
+        else:
+            return True
+    return False
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(requests, min_size=1, max_size=30))
 def test_never_over_capacity_and_constraints_hold(policy: str, reqs: list[Request]) -> None:
-    state = FreeState.from_nodes(cluster(), (), policy=policy)
-    placed = []
+    nodes = cluster()
+    state = FreeState.from_nodes(nodes, (), policy=policy)
+    placed: list[tuple[Assignment, Request]] = []
     for req in reqs:
         a = state.find(req)
+        assert (a is not None) == fits_somewhere(nodes, placed, req), "a fit was missed or invented"
         if a is None:
             continue
         check_assignment(state, a, req)
@@ -316,3 +345,15 @@ def test_default_learns_the_mix_from_running_work() -> None:
     assert state.frag.counts  # the running job's shape is in the learned mix
     a = state.find(Request(gpu_milli=500))
     assert a == Assignment("a", (("a-g0", 500),))  # completes the half-used GPU
+
+
+def test_found_place_is_not_reused_after_a_commit() -> None:
+    state = FreeState.from_nodes([node("a", 1), node("b", 1)], (), policy="default")
+    req = Request(gpu_milli=600)
+    first = state.find(req)
+    assert state.find(req) == first  # nothing changed: same answer
+    state.commit(first, req)
+    second = state.find(req)
+    assert second is not None and second.node != first.node  # 0.4 left there: the other node
+    state.commit(second, req)
+    assert state.find(req) is None
