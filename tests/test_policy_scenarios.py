@@ -468,3 +468,22 @@ def test_only_jobs_wholly_beyond_the_guarantee_are_preemptible() -> None:
     # pausing both one-GPU jobs takes E to 24, still at least its guarantee
     assert sorted(p.workload_id for p in d.preempts) == ["e-d", "e-e"]
     assert [st.workload_id for st in d.starts] == ["b0"]
+
+
+def test_gang_that_no_pause_can_seat_waits_with_the_reason() -> None:
+    """A's over-guarantee jobs are one per node beside C's guaranteed ones: no node can be freed for B's pair."""
+    nodes = [node(f"n{i}", 2) for i in range(3)]
+    running = [on(train(f"a{i}", "A", t=i), f"n{i}", 0, started=0) for i in range(3)]
+    running += [on(train(f"c{i}", "C", t=i), f"n{i}", 1, started=0) for i in range(3)]
+    s = snap(nodes, [project("A", 0), project("B", 2), project("C", 3)], running + [train("pair", "B", gpus=2, t=450)],
+             now=500)
+    d = schedule(s)
+    assert d.preempts == () and d.starts == ()
+    (w,) = d.waits
+    assert "would not free a node that fits it" in w.reason
+    # one more A job on n0 in place of c0 makes the pair possible: both A jobs on n0 are paused
+    running = [w for w in running if w.id != "c0"] + [on(train("a9", "A", t=9), "n0", 1, started=0)]
+    d = schedule(snap(nodes, [project("A", 0), project("B", 2), project("C", 2)],
+                      running + [train("pair", "B", gpus=2, t=450)], now=500))
+    assert sorted(p.workload_id for p in d.preempts) == ["a0", "a9"]
+    assert [st.workload_id for st in d.starts] == ["pair"]

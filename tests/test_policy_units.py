@@ -87,3 +87,46 @@ def test_reason_wording() -> None:
     assert describe(Request(gpus=2, gpu_models=frozenset({"A100"}))) == "2 whole GPUs on one node (A100)"
     assert describe(Request(gpu_milli=250, cpu_milli=2000)) == "0.25 of one GPU with 2 CPU"
     assert holders([("k1", 250)] * 10, limit=2) == "k1 (0.25 GPUs), k1 (0.25 GPUs) and 8 more"
+
+
+def test_schedule_leaves_the_garbage_collector_as_it_found_it() -> None:
+    """The cycle holds the cyclic GC off for speed; the caller's setting comes back, even on an error."""
+    import gc
+
+    from scheduler.policy import Snapshot, schedule
+
+    empty = Snapshot((), (), ())
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        schedule(empty)
+        assert gc.isenabled()
+        gc.disable()
+        schedule(empty)
+        assert not gc.isenabled()
+        gc.enable()
+        with pytest.raises(AttributeError):
+            schedule(None)  # type: ignore[arg-type]
+        assert gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
+
+
+def test_ledger_whole_gpu_counts_follow_takes_and_gives() -> None:
+    from scheduler.policy import Assignment, Gpu, Node
+    from scheduler.policy.capacity import Ledger
+
+    node = Node("n", 8_000, 8_000, tuple(Gpu(f"g{i}", i, "A100", 40_000) for i in range(4)))
+    half = Workload("h", "A", Kind.TRAIN, Request(gpu_milli=500), assignment=Assignment("n", (("g0", 500),)))
+    ledger = Ledger([node], [half])
+    assert ledger.whole["n"] == 3
+    two = Assignment("n", (("g1", 1000), ("g2", 1000)))
+    ledger.take(two, Request(gpus=2))
+    assert ledger.whole["n"] == 1 and not ledger.fits("n", Request(gpus=2))
+    ledger.give(half.assignment, half.request)  # type: ignore[arg-type]
+    assert ledger.whole["n"] == 2 and ledger.fits("n", Request(gpus=2))
+    ledger.give(two, Request(gpus=2))
+    assert ledger.whole["n"] == 4
