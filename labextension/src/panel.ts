@@ -24,6 +24,9 @@ const LOG_MS = 2000;
 const HISTORY_WINDOW_S = 3600;
 const MAX_LOG_CHARS = 200_000;
 const MAX_FINISHED_SHOWN = 15;
+/** A large queue is summarized past this many live rows (the DOM stays small). */
+const MAX_LIVE_SHOWN = 100;
+const STATE_ORDER: Record<string, number> = { running: 0, paused: 1, queued: 2 };
 
 export interface IPanelOptions {
   stream: EventStream;
@@ -42,6 +45,8 @@ export class GpuPoolPanel extends Widget {
   private _logEof = false;
   private _mineOnly = false;
   private _showKernels = false;
+  private _hiddenLive = 0;
+  private _moreNote = h('p', { class: 'jp-gpupool-help' });
   private _timer = 0;
   private _historyTimer = 0;
   private _logTimer = 0;
@@ -452,9 +457,18 @@ export class GpuPoolPanel extends Widget {
     if (this._mineOnly && me) {
       jobs = jobs.filter(j => j.user === me);
     }
-    const live = jobs.filter(j => !isFinal(j));
+    // Running first, then paused, then the queue in the order it is served (priority, then age).
+    const live = jobs
+      .filter(j => !isFinal(j))
+      .sort(
+        (a, b) =>
+          (STATE_ORDER[a.state] ?? 3) - (STATE_ORDER[b.state] ?? 3) ||
+          b.priority - a.priority ||
+          a.submitted_at - b.submitted_at
+      );
+    this._hiddenLive = Math.max(0, live.length - MAX_LIVE_SHOWN);
     const finished = jobs.filter(j => isFinal(j)).slice(0, MAX_FINISHED_SHOWN);
-    return [...live, ...finished];
+    return [...live.slice(0, MAX_LIVE_SHOWN), ...finished];
   }
 
   private _renderQueue(): void {
@@ -468,8 +482,11 @@ export class GpuPoolPanel extends Widget {
       return;
     }
     if (this._jobList.parentNode !== this._queueBody) {
-      replaceChildren(this._queueBody, this._jobList);
+      replaceChildren(this._queueBody, this._jobList, this._moreNote);
     }
+    this._moreNote.textContent = this._hiddenLive
+      ? `…and ${this._hiddenLive} more live jobs further back in the queue.`
+      : '';
     keepFocus(this._jobList, () => {
       const rows = jobs.map(job => {
         const sig = JSON.stringify([job, job.id === this._selected, this._canControl(job)]);

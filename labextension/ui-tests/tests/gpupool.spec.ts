@@ -323,6 +323,30 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await page.keyboard.press('Escape');
   });
 
+  test('a long queue is shown in serving order and summarized past 100 rows', async ({ page }) => {
+    const job = (i: number, state: string, priority: number) => ({
+      id: `j-${String(i).padStart(6, '0')}`, name: `sweep ${i}`, project: 'vision', user: 'someone', kind: 'train', state,
+      request: { gpus: 1, gpu_fraction: null, gpu_memory: null, gpu_model: null, cpu: null, memory: null },
+      priority, submitted_at: 1000 + i, started_at: null, finished_at: null, attempts: 0, preemptible: false,
+      reason: 'waiting for a GPU', assignment: null, exit_code: null, workdir: null, command: null, labels: {},
+      lease_expires_at: null
+    }); // prettier-ignore
+    const jobs = [job(1, 'running', 0), ...Array.from({ length: 1200 }, (_, i) => job(i + 2, 'queued', i === 500 ? 5 : 0))];
+    await page.route(/\/gpupool\/api\/jobs(\?|$)/, route =>
+      route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(jobs.reverse()) })
+    );
+    const panel = await openPoolPanel(page);
+    const rows = panel.locator('.jp-gpupool-job');
+    await expect(rows).toHaveCount(100);
+    await expect(rows.nth(0)).toHaveAttribute('data-state', 'running');
+    await expect(rows.nth(1)).toHaveAttribute('data-job-id', 'j-000502'); // priority 5 is served first
+    await expect(rows.nth(2)).toHaveAttribute('data-job-id', 'j-000002');
+    await expect(panel.locator('.jp-gpupool-queue')).toContainText('and 1101 more live jobs');
+    // Another user's job: the embedded scheduler's user is an admin, who may act on any job.
+    await expect(rows.nth(1).getByRole('button', { name: 'Cancel job j-000502' })).toBeVisible();
+    await page.unroute(/\/gpupool\/api\/jobs(\?|$)/);
+  });
+
   test('an admin edits a project quota from the panel', async ({ page }) => {
     const panel = await openPoolPanel(page);
     const row = panel.locator('tr[data-project="vision"]');
