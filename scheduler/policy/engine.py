@@ -4,8 +4,9 @@ The rules are written down for users in docs/policy.md; in short:
 
 * **Build** work (interactive kernels) runs on the build pool, only within its
   project's fixed build quota, and is never paused. Over the quota it is
-  rejected; within it but with no room (the admin gave out more quota than the
-  pool holds) it waits.
+  rejected; within it but with no room it may pause training on nodes shared
+  with the train pool (:mod:`scheduler.policy.build_reclaim`), and waits only
+  when that cannot make room (the admin gave out more quota than the pool holds).
 * **Training** work runs on the train pool in two passes. Pass 1 takes the
   jobs of projects below their guarantee (the job may take its project past
   it: a project claims its guarantee with its next job, whatever its size,
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.build_reclaim import BuildReclaimMixin
 from scheduler.policy.capacity import Capacity
 from scheduler.policy.fairshare import ShareInput, fair_shares
 from scheduler.policy.memo import FailureMemo
@@ -121,7 +123,7 @@ class _Started:
     note: str  # what is specific to this start (e.g. "on GPUs freed by pausing j1")
 
 
-class _Cycle(ReclaimMixin):
+class _Cycle(ReclaimMixin, BuildReclaimMixin):
     """The mutable working state of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot) -> None:
@@ -311,13 +313,10 @@ class _Cycle(ReclaimMixin):
             return
         a = self.place(BUILD_POOL, req)
         if a is None:
-            self.waits.append(Wait(
-                w.id,
-                f"project {p.name} has {txt.gpus(p.build_quota_milli - used)} of its "
-                f"{txt.gpus(p.build_quota_milli)} build quota left, but the build pool has no room for "
-                f"{txt.describe(req)} now (more build quota is handed out than the pool holds); "
-                "it starts when build work elsewhere ends",
-            ))
+            # training on nodes shared with the build pool gives way (scheduler/policy/build_reclaim.py)
+            why = self.claim_build_room(w, req, p)
+            if why is not None:
+                self.waits.append(Wait(w.id, why))
             return
         if used + a.total_milli > p.build_quota_milli:
             self.waits.append(Wait(
@@ -558,7 +557,7 @@ class _Cycle(ReclaimMixin):
                 reason = (
                     f"granted on {s.assignment.node} within project {p.name}'s build quota "
                     f"({txt.gpus(self.build_used[p.name])} of {txt.gpus(p.build_quota_milli)} held)"
-                )
+                ) + (" " + s.note if s.note else "")
                 starts.append(Start(w.id, s.assignment, False, reason))
                 continue
             pre = w.id in flagged
