@@ -347,6 +347,31 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await page.unroute(/\/gpupool\/api\/jobs(\?|$)/);
   });
 
+  test('a non-admin sees no quota editing and controls only their own jobs', async ({ page }) => {
+    await page.route(/\/gpupool\/api\/status/, async route => {
+      const response = await route.fetch();
+      const status = await response.json();
+      await route.fulfill({ response, json: { ...status, admin: false } });
+    });
+    const job = (id: string, user: string) => ({
+      id, name: id, project: 'vision', user, kind: 'train', state: 'running',
+      request: { gpus: 1, gpu_fraction: null, gpu_memory: null, gpu_model: null, cpu: null, memory: null },
+      priority: 0, submitted_at: 1, started_at: 2, finished_at: null, attempts: 1, preemptible: true, reason: '',
+      assignment: null, exit_code: null, workdir: null, command: null, labels: {}, lease_expires_at: null
+    }); // prettier-ignore
+    await page.route(/\/gpupool\/api\/jobs(\?|$)/, route =>
+      route.fulfill({ status: 200, json: [job('j-000101', 'someone'), job('j-000100', 'root')] })
+    );
+    const panel = await openPoolPanel(page);
+    await expect(panel.locator('.jp-gpupool-job')).toHaveCount(2);
+    await expect(panel.getByRole('button', { name: /Edit quotas/ })).toHaveCount(0);
+    await expect(panel.getByRole('button', { name: 'Add a project' })).toHaveCount(0);
+    await expect(panel.getByRole('button', { name: 'Pause job j-000100' })).toBeVisible();
+    await expect(panel.getByRole('button', { name: /job j-000101$/ })).toHaveCount(0);
+    await page.unroute(/\/gpupool\/api\/jobs(\?|$)/);
+    await page.unroute(/\/gpupool\/api\/status/);
+  });
+
   test('an admin edits a project quota from the panel', async ({ page }) => {
     const panel = await openPoolPanel(page);
     const row = panel.locator('tr[data-project="vision"]');
