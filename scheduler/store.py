@@ -14,7 +14,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,8 @@ _COLS = [f.name for f in fields(JobRecord)]
 
 
 def _encode(rec: JobRecord) -> dict[str, Any]:
-    row = asdict(rec)
+    """A row for INSERT. Field by field, not ``asdict``: asdict deep-copies every nested value."""
+    row = {k: getattr(rec, k) for k in _COLS}
     for k in _JSON_COLS:
         row[k] = None if row[k] is None else json.dumps(row[k])
     for k in _BOOL_COLS:

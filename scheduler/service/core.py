@@ -167,6 +167,8 @@ class SchedulerCore:
         self._gpus: dict[str, GpuInfo] = {g.id: g for g in self._inventory.gpus()}
         self._gpu_node: dict[str, str] = {}
         self._nodes = self._build_nodes()
+        self._pool_limits: PoolLimits | None = None
+        self._project_cache: dict[str, ProjectRecord] | None = None
         self._procs: dict[str, ProcessHandle] = {}
         # Keyed by (job, attempt): a stop of an attempt that already ended must never hide
         # the stop of the job's next attempt (pause, resume, cancel in quick succession).
@@ -308,7 +310,19 @@ class SchedulerCore:
         return (node(f"{cfg.node_name}-build", gpus[:n], frozenset({BUILD_POOL})),
                 node(cfg.node_name, gpus[n:], frozenset({TRAIN_POOL})))
 
+    def _projects(self) -> dict[str, ProjectRecord]:
+        """Projects by name, in name order: read from the store once, dropped whenever one changes."""
+        if self._project_cache is None:
+            self._project_cache = {p.name: p for p in self._store.projects()}
+        return self._project_cache
+
     def _limits(self) -> PoolLimits:
+        """What a request may ask for; fixed for the core's life (the inventory is read once), so built once."""
+        if self._pool_limits is None:
+            self._pool_limits = self._build_limits()
+        return self._pool_limits
+
+    def _build_limits(self) -> PoolLimits:
         models: dict[str, int] = {}
         for g in self._gpus.values():
             models[g.model] = max(models.get(g.model, 0), g.memory)
@@ -363,7 +377,7 @@ class SchedulerCore:
         """
         projects = tuple(
             Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
-            for p in self._store.projects()
+            for p in self._projects().values()
         )
         workloads: list[Workload] = []
         for r in live:
@@ -736,7 +750,7 @@ class SchedulerCore:
 
     def _record_history(self, now: float) -> None:
         self._last_history = now
-        sample = history_sample(now, (p.name for p in self._store.projects()), self._gpus,
+        sample = history_sample(now, list(self._projects()), self._gpus,
                                 self._live_jobs(("running",)), self._sample)
         self._store.add_history(now, sample, self.config.history_max_rows)
 
@@ -831,7 +845,7 @@ class SchedulerCore:
     def list_projects(self) -> list[dict[str, Any]]:
         usage, pending = self._project_usage()
         out = []
-        for p in self._store.projects():
+        for p in self._projects().values():
             u = dict(usage.get(p.name, {}))
             u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
             out.append(project_to_wire(p, u, pending.get(p.name, 0)))
@@ -864,6 +878,7 @@ class SchedulerCore:
         cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)
+        self._project_cache = None
         self._store.upsert_project(cur)
         self._emit("project", project=name, reason=f"project {name} set by {actor.user}")
         self._cycle()
@@ -878,6 +893,7 @@ class SchedulerCore:
         live = self._store.count_live_jobs(name)
         if live:
             raise Conflict(f"project {name!r} still has {live} live job(s); cancel them first")
+        self._project_cache = None
         self._store.delete_project(name)
         self._emit("project", project=name, reason=f"project {name} deleted by {actor.user}")
 
@@ -924,14 +940,14 @@ class SchedulerCore:
         a train job is returned queued and decided by the cycle that runs next.
         """
         self._check_open()
-        names = {p.name for p in self._store.projects()}
+        projects = self._projects()
+        names = set(projects)
         js = validate_spec(spec, names, self._limits())
         if js.client_key is not None:
             existing = self._store.live_job_by_key(actor.user, js.client_key)
             if existing is not None:
                 return self._wire(actor, existing), False
-        project = self._store.project(js.project)
-        assert project is not None
+        project = projects[js.project]
         request = js.request()
         if js.kind == "build":
             self._check_build_quota(project, request)
@@ -1004,7 +1020,7 @@ class SchedulerCore:
         reason = f"cancelled by {actor.user}"
         if rec.state != "running" or rec.kind == "build":
             self._finish(rec, "cancelled", reason)
-            self._cycle()
+            self._request_cycle()  # what it frees is handed out by the next cycle (mass cancels share it)
         elif rec.stop_intent is None:
             self._begin_stop(rec, "cancel", reason)
         else:
