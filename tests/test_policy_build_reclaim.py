@@ -168,6 +168,20 @@ def test_embedded_default_kernel_pauses_its_own_projects_training() -> None:
     assert _ids(d.starts) == ["t2"] and d.preempts == ()
 
 
+def test_a_kernel_that_cannot_pause_anything_does_not_stop_another_projects_kernel() -> None:
+    """Same shape, two projects: X's kernel may not break P's guarantee and waits; P's own kernel
+    (asked later) pauses P's own job. What one project may pause is not what another may."""
+    s = snap([node("n1", 2, pools=BOTH)], [project("P", 2, build=1), project("X", build=1)],
+             [on(train("t0", "P"), "n1", 0, started=0), on(train("t1", "P"), "n1", 1, started=0),
+              build("kx", "X", milli=500, t=1), build("kp", "P", milli=500, t=2)], now=1000)
+    d = schedule(s)
+    assert _ids(d.starts) == ["kp"] and len(d.preempts) == 1
+    assert "of the same project P" in d.preempts[0].reason
+    # kx then fits beside kp on the half GPU left: one paused job seats both
+    s, d = cycle(apply(s, d), advance=1)
+    assert _ids(d.starts) == ["kx"] and d.preempts == ()
+
+
 def test_another_projects_job_within_its_guarantee_is_protected_by_minimum_run_time_only() -> None:
     """Y (guarantee 3) runs y0 (2 GPUs) and y2 (1 GPU, beyond the guarantee) on a train-only node, and
     y1, a 2-GPU job that crossed the guarantee, on the 2-GPU shared node: pausing y1 leaves Y at 3.

@@ -131,7 +131,7 @@ class BuildReclaimMixin:
         state = self._build_claims
         if state is None:
             state = self._build_claims = _ClaimState(self._claim_shares())
-        context: Hashable = None
+        context: Hashable = p.name  # who may be paused depends on the kernel's project (its own jobs)
         generation = self.cap.generation
         known = state.failed.get(context, req, generation)
         if known is not None:
