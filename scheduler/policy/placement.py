@@ -13,14 +13,16 @@ released, so a long queue on a full cluster costs one dictionary lookup per job.
 Policies (``FreeState.from_nodes(..., policy=...)``):
 
 ``default``
-    Ours: fragmentation-aware packing (see :mod:`scheduler.policy.placement_frag`).
-    It places each request where it least increases the expected fragmentation
-    of the pool w.r.t. the mix of requests seen (running plus asked for), so
-    whole GPUs and whole nodes stay free for large jobs, with CPU exhaustion
-    counted as fragmentation too; ties go to the node left fullest.
+    Ours (:mod:`scheduler.policy.placement_capacity`): a request goes where it
+    destroys the least GPU share that the coming work could still use, counting
+    the CPU left next to free GPUs and the remainders fractions leave, with the
+    request mix learned from running and requested work, plus the FGD term. It
+    keeps whole GPUs and whole nodes free for large jobs and stops CPU-heavy
+    work from stranding GPUs; ties go to the node left fullest.
 ``fgd``
-    Fragmentation Gradient Descent (Weng et al., ATC'23) as a baseline: the same
-    fragmentation measure, ties by node order, no packing tie-break.
+    Fragmentation Gradient Descent (Weng et al., ATC'23) as a baseline
+    (:mod:`scheduler.policy.placement_frag`): least increase of expected
+    fragmentation, ties by node order, no packing tie-break.
 ``bestfit``
     The FGD paper's BestFit baseline: node score
     ``int(100 * (1 - (0.5 * cpu_after / 128000 + 0.5 * gpu_after / 8000)))``,
