@@ -58,7 +58,7 @@ class ServiceConfig:
     admin_token: str | None = None  # default: generated into <state_dir>/admin_token
     admin_user: str = "admin"
     tick_s: float = 5.0  # periodic scheduling cycle, lease expiry, watchdog
-    cycle_min_interval_s: float = 0.05  # train submits and exits within this of a cycle share the next one
+    cycle_min_interval_s: float = 0.005  # train submits and exits within this of a cycle share the next one
     poll_s: float = 0.2  # how often running processes are checked for exit
     pause_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when pausing or cancelling
     reply_wait_s: float = 2.0  # pause/cancel calls wait this long for the process to stop

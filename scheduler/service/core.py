@@ -92,7 +92,6 @@ PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "s
 _WORKLOAD_FIELDS = frozenset({"state", "assignment", "started_at", "attempts", "paused_at", "priority", "request",
                               "project", "kind", "submitted_at"})
 """Job fields the policy's Workload is built from; other changes (reason, pid...) keep the cached one."""
-COALESCE_ABOVE_S = 0.02  # cycles cheaper than this always run at once
 WAIT_FOR_STOPPING = "waiting for stopping jobs to release their GPUs"
 STOPPING_PROJECT = "\x00stopping"
 """Pseudo-project of stopping jobs in the held view: not a valid project name, so never a real one."""
@@ -455,22 +454,21 @@ class SchedulerCore:
     def _request_cycle(self, urgent: bool = False) -> None:
         """Run a cycle now (``urgent``), else soon: one deferred cycle covers every request made before it.
 
-        Train submits and process exits only ask for a cycle; it runs on the next
+        Train submits and process exits only ask for a cycle; it runs on a later
         loop iteration, so a burst of requests (everything that reached the loop
-        meanwhile) shares one policy run whatever the queue length. When cycles
-        are expensive (over ``COALESCE_ABOVE_S``) they run at most once every
-        max(``cycle_min_interval_s``, 2 x the last cycle), so the loop keeps most
-        of its time for requests.
+        meanwhile) shares one policy run whatever the queue length. Cycles run at
+        most once every max(``cycle_min_interval_s``, 2 x the last cycle), so the
+        loop keeps at least half of its time for requests.
         """
         if urgent:
             self._cycle()
             return
         if self._cycle_handle is not None:
             return
-        wait = 0.0
-        if self._last_cycle_s >= COALESCE_ABOVE_S:
-            interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
-            wait = interval - (time.monotonic() - self._last_cycle)
+        # At most one cycle per max(cycle_min_interval_s, 2 x the last cycle): a quiet service
+        # decides at once, a busy one spends at most about half of the loop on cycles.
+        interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
+        wait = interval - (time.monotonic() - self._last_cycle)
         loop = asyncio.get_running_loop()
         self._cycle_handle = (loop.call_later(wait, self._deferred_cycle) if wait > 0
                               else loop.call_soon(self._deferred_cycle))
