@@ -55,8 +55,9 @@ capacity and records pauses and starts through it.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -70,21 +71,32 @@ if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cy
     from scheduler.policy.model import Assignment, PolicyConfig
 
 
-@dataclass
-class _Candidates:
-    """Possible victims for one build claim, each list in victim order."""
+_Key = tuple[int, int, float, int, float, str]
+_Entry = tuple[_Key, Workload]
 
-    first: list[Workload]  # preemptible jobs only
-    every: list[Workload]  # all that may be paused now
-    with_young: list[Workload]  # ``every`` plus jobs held back only by the minimum run time (empty if none)
-    guarded: int  # jobs left alone because pausing them would break another project's guarantee
+
+@dataclass
+class _ProjectJobs:
+    """One project's training jobs on build-pool nodes, classified at one use level, each list in victim order.
+
+    Kept per cycle and redone only when the project's use changes (a pause),
+    so a claim costs a merge of a few sorted lists, not a sort of every job.
+    """
+
+    usage: int  # the project's training use these were classified at
+    preemptible: list[_Entry]  # beyond the guarantee: pausing keeps the project at or above it
+    floor_old: list[_Entry]  # not preemptible, pausing keeps the floor, past the minimum run time
+    floor_young: list[_Entry]  # the same, within the minimum run time
+    breaks_floor: list[_Entry]  # pausing would take the project below its guarantee
 
 
 class _ClaimState:
-    """Per-cycle memory of build claims: fair shares (for victim order) and failed shapes."""
+    """Per-cycle memory of build claims: fair shares (for victim order), jobs by project, failed shapes."""
 
-    def __init__(self, shares: dict[str, float]) -> None:
+    def __init__(self, shares: dict[str, float], on_build_nodes: dict[str, list[Workload]]) -> None:
         self.shares = shares
+        self.on_build_nodes = on_build_nodes
+        self.classified: dict[str, _ProjectJobs] = {}
         self.failed: FailureMemo[str] = FailureMemo()
 
 
@@ -130,7 +142,12 @@ class BuildReclaimMixin:
             return head + "; a kernel asking no GPU does not pause training, it starts when room frees up"
         state = self._build_claims
         if state is None:
-            state = self._build_claims = _ClaimState(self._claim_shares())
+            build_nodes = set(self.cap.pool_nodes.get(BUILD_POOL, ()))
+            on_build_nodes = {
+                name: [v for v in jobs if v.assignment is not None and v.assignment.node in build_nodes]
+                for name, jobs in self.train_running.items()
+            }
+            state = self._build_claims = _ClaimState(self._claim_shares(), on_build_nodes)
         context: Hashable = p.name  # who may be paused depends on the kernel's project (its own jobs)
         generation = self.cap.generation
         known = state.failed.get(context, req, generation)
@@ -163,69 +180,75 @@ class BuildReclaimMixin:
         }
         return fair_shares(max(self.train_capacity, 0), inputs)
 
-    def _claim_candidates(self, p: Project, shares: dict[str, float]) -> _Candidates:
-        """Who may be paused for a kernel of project ``p``, in victim order (see the module docstring).
+    def _classify(self, state: _ClaimState, name: str) -> _ProjectJobs:
+        """Project ``name``'s jobs on build-pool nodes by how a kernel may pause them (see the module docstring).
 
-        Only running training jobs on build-pool nodes not yet paused this
-        cycle. Preemptible: flagged beyond the guarantee at the start of the
-        cycle, and pausing it still keeps the project at or above its
-        guarantee now (earlier pauses may have lowered the project's use).
+        Preemptible: flagged beyond the guarantee at the start of the cycle,
+        and pausing it still keeps the project at or above its guarantee now
+        (earlier pauses may have lowered the project's use).
         """
-        build_nodes = set(self.cap.pool_nodes.get(BUILD_POOL, ()))
+        used = self.usage[name]
+        known = state.classified.get(name)
+        if known is not None and known.usage == used:
+            return known
+        q = self.projects[name]
+        above = used - state.shares.get(name, 0.0)
         min_start = self.now - self.cfg.min_runtime_s
-        keyed: list[tuple[tuple[int, int, float, int, float, str], Workload]] = []
-        young: list[tuple[tuple[int, int, float, int, float, str], Workload]] = []
-        guarded = 0
-        for name, jobs in self.train_running.items():
-            q = self.projects[name]
-            used = self.usage[name]
-            above = used - shares.get(name, 0.0)
-            own = name == p.name
-            for v in jobs:
-                a = v.assignment
-                if a is None or v.id in self.preempted or a.node not in build_nodes:
-                    continue
-                keeps_floor = used - self.milli[v.id] >= q.train_guarantee_milli
-                preemptible = v.id in self.over_at_start and keeps_floor
-                started = v.started_at if v.started_at is not None else -math.inf
-                key = (0 if preemptible else 1, 0 if keeps_floor else 1, -above, v.priority, -started, v.id)
-                if not (preemptible or own):
-                    if not keeps_floor:
-                        guarded += 1  # another project's guarantee: never broken for a kernel
-                        continue
-                    if started > min_start:
-                        young.append((key, v))  # minimum run time
-                        continue
-                keyed.append((key, v))
-        keyed.sort(key=lambda kv: kv[0])
-        young.sort(key=lambda kv: kv[0])
-        return _Candidates(
-            first=[v for key, v in keyed if key[0] == 0],
-            every=[v for _, v in keyed],
-            with_young=[v for _, v in sorted(keyed + young, key=lambda kv: kv[0])] if young else [],
-            guarded=guarded,
-        )
+        out = _ProjectJobs(used, [], [], [], [])
+        for v in state.on_build_nodes.get(name, ()):
+            if v.id in self.preempted:
+                continue
+            keeps_floor = used - self.milli[v.id] >= q.train_guarantee_milli
+            preemptible = keeps_floor and v.id in self.over_at_start
+            started = v.started_at if v.started_at is not None else -math.inf
+            entry = ((0 if preemptible else 1, 0 if keeps_floor else 1, -above, v.priority, -started, v.id), v)
+            if preemptible:
+                out.preemptible.append(entry)
+            elif not keeps_floor:
+                out.breaks_floor.append(entry)
+            elif started > min_start:
+                out.floor_young.append(entry)
+            else:
+                out.floor_old.append(entry)
+        for lst in (out.preemptible, out.floor_old, out.floor_young, out.breaks_floor):
+            lst.sort(key=_entry_key)
+        state.classified[name] = out
+        return out
+
+    def _in_order(self, lists: list[list[_Entry]]) -> Iterator[Workload]:
+        """The jobs of several sorted lists in victim order, lazily (most claims need the first one only)."""
+        preempted = self.preempted
+        return (v for _, v in heapq.merge(*lists, key=_entry_key) if v.id not in preempted)
 
     def _claim(
         self, w: Workload, req: Request, p: Project, state: _ClaimState
     ) -> tuple[str, bool] | None:
         """Pause and start (None), or (why it waits, whether that holds for the rest of the generation)."""
-        c = self._claim_candidates(p, state.shares)
-        for victims in (c.first, c.every) if len(c.every) > len(c.first) else (c.first,):
-            found = self._fewest_victims(req, victims)
+        jobs = {name: self._classify(state, name) for name in sorted(state.on_build_nodes)}
+        own = jobs.get(p.name)
+        first = [j.preemptible for j in jobs.values()]
+        more = [j.floor_old for j in jobs.values()]
+        if own is not None:
+            more += [own.floor_young, own.breaks_floor]
+        stages = [first]
+        if any(more):
+            stages.append(first + more)
+        for lists in stages:
+            found = self._fewest_victims(req, self._in_order(lists))
             if found is not None:
                 node, chosen = found
                 problem = self._pause_and_start(w, req, p, node, chosen, state.shares)
                 if problem is None:
                     return None
                 return problem, False  # depends on the project's quota: not a fact about the shape
-        if c.with_young and self._fewest_victims(req, c.with_young) is not None:
+        young = [j.floor_young for name, j in jobs.items() if name != p.name]
+        if any(young) and self._fewest_victims(req, self._in_order(first + more + young)) is not None:
             return (
                 f"; making room would mean pausing another project's training job that started less than "
                 f"{txt.seconds(self.cfg.min_runtime_s)} ago (minimum run time): it starts once that has passed "
                 "or room frees up"
             ), True
-        if c.guarded:
+        if any(v.id not in self.preempted for name, j in jobs.items() if name != p.name for _, v in j.breaks_floor):
             return (
                 "; the training there runs within other projects' guarantees, which a kernel does not break "
                 "(more build quota and training guarantee is handed out than the build pool's nodes hold); "
@@ -235,14 +258,14 @@ class BuildReclaimMixin:
             " (more build quota is handed out than the pool holds); it starts when build work elsewhere ends"
         ), True
 
-    def _fewest_victims(self, req: Request, victims: list[Workload]) -> tuple[str, list[Workload]] | None:
+    def _fewest_victims(self, req: Request, candidates: Iterable[Workload]) -> tuple[str, list[Workload]] | None:
         """Where to make room and whom to pause: one victim if one suffices, else the fewest on one GPU or node."""
-        if not victims:
-            return None
         ledger = self.cap.ledger
         fractional = not req.gpus
         groups: dict[tuple[str, str], list[Workload]] = {}
-        for v in victims:
+        victims: list[Workload] = []  # those looked at, in order
+        for v in candidates:
+            victims.append(v)
             a = v.assignment
             assert a is not None
             if not ledger.could_ever_fit(a.node, req):
@@ -361,3 +384,7 @@ class BuildReclaimMixin:
         if ledger.grew(node, before_free):
             self.cap.generation += 1  # leftover room: shapes that failed before may fit now
         return None
+
+
+def _entry_key(entry: _Entry) -> _Key:
+    return entry[0]
