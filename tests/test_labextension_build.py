@@ -113,3 +113,24 @@ def test_wheel_ships_the_prebuilt_extension_and_installs_without_node(tmp_path: 
     assert here in lines, lines
     following = lines[lines.index(here) + 1]
     assert "jupyter-gpupool" in following and "enabled" in following and "OK" in following, lines
+
+
+def test_sdist_has_the_sources_and_the_build_but_no_node_installs(tmp_path: Path) -> None:
+    _require_built()
+    import tarfile
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        cwd=ROOT,
+        env=_no_node_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (sdist,) = tmp_path.glob("jupyter_gpupool-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
+    assert "labextension/src/index.ts" in names and "labextension/yarn.lock" in names
+    assert "jupyter_gpupool/labextension/package.json" in names
+    assert not [n for n in names if "node_modules" in n or "/.yarn/" in n]
