@@ -90,6 +90,21 @@ def build_job_env(job: dict[str, Any], simulated: bool | None = None) -> dict[st
     )
 
 
+def with_kernel_pythonpath(gpu_env: dict[str, str], kernel_pythonpath: str) -> dict[str, str]:
+    """``gpu_env`` with PYTHONPATH = this machine's torch-hook dir + the kernel's own PYTHONPATH.
+
+    The scheduler builds a build job's env with *its* PYTHONPATH (and its own hook
+    path, which need not exist here when it runs elsewhere); taken as-is it would
+    replace the kernel's. CPU-only envs carry no PYTHONPATH and are left alone.
+    """
+    if "PYTHONPATH" not in gpu_env:
+        return gpu_env
+    from scheduler.envbuilder import TORCH_HOOK_DIR
+
+    own = [p for p in kernel_pythonpath.split(os.pathsep) if p and p != TORCH_HOOK_DIR]
+    return {**gpu_env, "PYTHONPATH": os.pathsep.join([TORCH_HOOK_DIR, *own])}
+
+
 async def quota_message(client: Any, project: str, fallback: str) -> str:
     """'Project P has used its build quota of Q GPU: held by ...' naming the kernels.
 
@@ -215,7 +230,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         try:
             kwargs = await super().pre_launch(**kwargs)
             simulated = conn.embedded.core.simulated if conn.embedded is not None else None
-            kwargs["env"].update(build_job_env(job, simulated))
+            own_pythonpath = kwargs["env"].get("PYTHONPATH", "")
+            kwargs["env"].update(with_kernel_pythonpath(build_job_env(job, simulated), own_pythonpath))
             kwargs["env"].update(conn.kernel_env())
             kwargs["env"]["GPUPOOL_KERNEL_ID"] = str(self.kernel_id)
             root = self._server_root()

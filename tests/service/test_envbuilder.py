@@ -99,3 +99,16 @@ def test_hook_chains_to_other_sitecustomize(tmp_path):
     out = _run(tmp_path, 500, "import builtins; print(getattr(builtins, 'SITE_RAN', False))", extra_path=str(other))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_kernel_env_keeps_the_kernels_pythonpath_behind_the_local_hook():
+    from jupyter_gpupool.provisioner import with_kernel_pythonpath
+
+    # As a remote scheduler sends it: its own hook path and its own PYTHONPATH.
+    remote = {"CUDA_VISIBLE_DEVICES": "GPU-1", "PYTHONPATH": "/srv/gpupool/_torch_hook:/srv/service-only"}
+    env = with_kernel_pythonpath(remote, os.pathsep.join(["/home/alice/lib", TORCH_HOOK_DIR, ""]))
+    assert env["PYTHONPATH"].split(os.pathsep) == [TORCH_HOOK_DIR, "/home/alice/lib"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-1" and remote["PYTHONPATH"].startswith("/srv")  # input untouched
+    assert with_kernel_pythonpath(remote, "")["PYTHONPATH"] == TORCH_HOOK_DIR
+    cpu_only = {"CUDA_VISIBLE_DEVICES": ""}
+    assert with_kernel_pythonpath(cpu_only, "/home/alice/lib") == cpu_only  # the kernel's own stays as it is
