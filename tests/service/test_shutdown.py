@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.service.core import SchedulerCore
 from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, fast_config, wait_for
 
@@ -207,3 +209,38 @@ async def test_crash_during_a_cancel_still_ends_cancelled(tmp_path):
         assert done["state"] == "cancelled" and done["exit_code"] == 0
     finally:
         await again.stop()
+
+
+class _Recorded(Exception):
+    pass
+
+
+def test_serve_leaves_jobs_running_and_embedded_stops_them_by_default(tmp_path, monkeypatch):
+    import json
+
+    from scheduler import cli
+    from scheduler.service import embedded
+    from scheduler.service.config import ServiceConfig
+
+    seen: list[ServiceConfig] = []
+    original = embedded.EmbeddedScheduler
+
+    class Recording(embedded.EmbeddedScheduler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self.service_config())
+            raise _Recorded  # stop before anything listens
+
+    monkeypatch.setattr(embedded, "EmbeddedScheduler", Recording)
+    with pytest.raises(_Recorded):
+        cli.main(["serve", "--state-dir", str(tmp_path / "a"), "--port", "0", "--simulate", "1xA100-80GB"])
+    assert seen[-1].on_shutdown == "leave"  # `gpupool serve`: a restart or upgrade re-adopts running jobs
+    config = tmp_path / "settings.json"
+    config.write_text(json.dumps({"on_shutdown": "stop"}))
+    with pytest.raises(_Recorded):
+        cli.main(["serve", "--state-dir", str(tmp_path / "b"), "--port", "0", "--simulate", "1xA100-80GB",
+                  "--config", str(config)])
+    assert seen[-1].on_shutdown == "stop"  # a config file may still choose "stop"
+    # The embedded scheduler (Jupyter's default): processes never outlive the server.
+    assert original(tmp_path / "c").service_config().on_shutdown == "stop"
+    assert ServiceConfig(state_dir=tmp_path / "d").on_shutdown == "stop"
