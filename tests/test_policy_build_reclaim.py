@@ -145,6 +145,24 @@ def test_kernel_never_breaks_another_projects_guarantee() -> None:
     assert "within other projects' guarantees" in wait.reason and "build quota" in wait.reason
 
 
+def test_several_pauses_together_never_break_another_projects_guarantee() -> None:
+    """Y (guarantee 3) runs 6 GPUs: y0 and y3 on a train-only node; y1 (not preemptible, but pausing it
+    alone leaves Y at 4) and y2 (beyond the guarantee) fill the 4-GPU shared node. A 4-GPU kernel would
+    need both paused, leaving Y at 2: it waits. A 2-GPU kernel pauses y2 only."""
+    nodes = [node("n1", 4, pools=BOTH), node("n2", 4)]
+    jobs = [on(train("y0", "Y", gpus=1, prio=2), "n2", 0, started=0),
+            on(train("y1", "Y", gpus=2, prio=1), "n1", 0, 1, started=0),
+            on(train("y2", "Y", gpus=2, prio=0), "n1", 2, 3, started=0),
+            on(train("y3", "Y", gpus=1, prio=0), "n2", 1, started=0)]
+    s = snap(nodes, [project("Y", 3), project("K", build=4)], jobs + [build("k", "K", gpus=4)], now=1000)
+    assert sorted(schedule(snap(nodes, [project("Y", 3)], jobs)).preemptible) == ["y2", "y3"]
+    d = schedule(s)
+    assert d.preempts == () and d.starts == ()
+    assert "within other projects' guarantees" in d.waits[0].reason
+    d = schedule(snap(nodes, [project("Y", 3), project("K", build=4)], jobs + [build("k", "K", gpus=2)], now=1000))
+    assert _ids(d.preempts) == ["y2"] and _ids(d.starts) == ["k"]
+
+
 def test_embedded_default_kernel_pauses_its_own_projects_training() -> None:
     """The embedded default: one project whose guarantee is every GPU of a machine serving both pools.
     Its training is never preemptible, yet its kernel within quota starts at once, by pausing one of

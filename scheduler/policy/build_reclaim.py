@@ -234,7 +234,7 @@ class BuildReclaimMixin:
         if any(more):
             stages.append(first + more)
         for lists in stages:
-            found = self._fewest_victims(req, self._in_order(lists))
+            found = self._fewest_victims(p, req, self._in_order(lists))
             if found is not None:
                 node, chosen = found
                 problem = self._pause_and_start(w, req, p, node, chosen, state.shares)
@@ -242,13 +242,13 @@ class BuildReclaimMixin:
                     return None
                 return problem, False  # depends on the project's quota: not a fact about the shape
         young = [j.floor_young for name, j in jobs.items() if name != p.name]
-        if any(young) and self._fewest_victims(req, self._in_order(first + more + young)) is not None:
+        if any(young) and self._fewest_victims(p, req, self._in_order(first + more + young)) is not None:
             return (
                 f"; making room would mean pausing another project's training job that started less than "
                 f"{txt.seconds(self.cfg.min_runtime_s)} ago (minimum run time): it starts once that has passed "
                 "or room frees up"
             ), True
-        if any(v.id not in self.preempted for name, j in jobs.items() if name != p.name for _, v in j.breaks_floor):
+        if self._training_in_the_way(state, req):
             return (
                 "; the training there runs within other projects' guarantees, which a kernel does not break "
                 "(more build quota and training guarantee is handed out than the build pool's nodes hold); "
@@ -258,7 +258,9 @@ class BuildReclaimMixin:
             " (more build quota is handed out than the pool holds); it starts when build work elsewhere ends"
         ), True
 
-    def _fewest_victims(self, req: Request, candidates: Iterable[Workload]) -> tuple[str, list[Workload]] | None:
+    def _fewest_victims(
+        self, p: Project, req: Request, candidates: Iterable[Workload]
+    ) -> tuple[str, list[Workload]] | None:
         """Where to make room and whom to pause: one victim if one suffices, else the fewest on one GPU or node."""
         ledger = self.cap.ledger
         fractional = not req.gpus
@@ -284,7 +286,7 @@ class BuildReclaimMixin:
         for (node, _gid), members in groups.items():
             if len(members) < 2:
                 continue
-            chosen = self._victims_on(node, req, members)
+            chosen = self._victims_on(p, node, req, members)
             if chosen is None:
                 continue
             cand = (len(chosen), sorted(rank[v.id] for v in chosen), ledger.order[node], node, chosen)
@@ -292,13 +294,23 @@ class BuildReclaimMixin:
                 best = cand
         return None if best is None else (best[3], best[4])
 
-    def _victims_on(self, node: str, req: Request, members: list[Workload]) -> list[Workload] | None:
-        """Fewest of ``members`` (taken in order) whose pause lets ``req`` fit on ``node``; unneeded ones dropped."""
+    def _victims_on(self, p: Project, node: str, req: Request, members: list[Workload]) -> list[Workload] | None:
+        """Fewest of ``members`` (taken in order) whose pause lets ``req`` fit on ``node``; unneeded ones dropped.
+
+        Each candidate alone keeps another project at its guarantee; together
+        they might not, so the pauses are counted per project as they add up.
+        """
         ledger = self.cap.ledger
         chosen: list[Workload] = []
+        left: dict[str, int] = {}
         fits = False
         for v in members:
             assert v.assignment is not None
+            if v.project != p.name:
+                after = left.get(v.project, self.usage[v.project]) - self.milli[v.id]
+                if after < self.projects[v.project].train_guarantee_milli:
+                    continue  # never another project below its guarantee
+                left[v.project] = after
             chosen.append(v)
             ledger.give(v.assignment, v.request)
             if ledger.fits(node, req):
@@ -316,6 +328,26 @@ class BuildReclaimMixin:
             assert v.assignment is not None
             ledger.take(v.assignment, v.request)
         return chosen if fits else None
+
+    def _training_in_the_way(self, state: _ClaimState, req: Request) -> bool:
+        """Whether pausing every training job on some build-pool node would seat ``req`` (for the wait reason)."""
+        ledger = self.cap.ledger
+        per_node: dict[str, list[Workload]] = {}
+        for jobs in state.on_build_nodes.values():
+            for v in jobs:
+                if v.id not in self.preempted:
+                    per_node.setdefault(v.assignment.node, []).append(v)  # type: ignore[union-attr]
+        for node in sorted(per_node, key=ledger.order.__getitem__):
+            if not ledger.could_ever_fit(node, req):
+                continue
+            for v in per_node[node]:
+                ledger.give(v.assignment, v.request)  # type: ignore[arg-type]
+            fits = ledger.fits(node, req)
+            for v in per_node[node]:
+                ledger.take(v.assignment, v.request)  # type: ignore[arg-type]
+            if fits:
+                return True
+        return False
 
     # ------------------------------------------------------------ the pauses
 
