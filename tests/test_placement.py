@@ -327,6 +327,34 @@ def test_frag_cache_matches_a_fresh_rebuild(reqs: list[Request]) -> None:
     assert kept[1] == pytest.approx(frag.su)
 
 
+@pytest.mark.parametrize("probe_between", [False, True])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(requests, min_size=1, max_size=25))
+def test_default_rows_kept_from_choosing_match_a_rebuild(probe_between: bool, reqs: list[Request]) -> None:
+    """Commit reuses the row computed while choosing; it must equal a from-scratch row.
+
+    With ``probe_between`` another request is looked up between find and commit,
+    so the kept row belongs to the probe and commit must recompute instead.
+    """
+    state = FreeState.from_nodes(cluster(), (), policy="default", workload=reqs)
+    probe = Request(gpu_milli=250, cpu_milli=1000)
+    for req in reqs:
+        a = state.find(req)
+        if probe_between:
+            state.find(probe)
+        if a is not None:
+            state.commit(a, req)
+    model = state.frag
+    kept = model.usable_now.copy(), model.su.copy(), model.ftot.copy(), model.fgd.frag_now.copy(), model.fgd.su.copy()
+    model.rebuild()
+    model.fgd.rebuild()
+    assert kept[0] == pytest.approx(model.usable_now)
+    assert kept[1] == pytest.approx(model.su)
+    assert kept[2] == pytest.approx(model.ftot)
+    assert kept[3] == pytest.approx(model.fgd.frag_now)
+    assert kept[4] == pytest.approx(model.fgd.su)
+
+
 def test_default_keeps_cpu_next_to_free_gpus() -> None:
     """A CPU-heavy job goes where it strands no GPU; BestFit packs it where it does."""
     nodes = [node("lean", 2, cpu=16_000), node("rich", 2, cpu=64_000)]

@@ -236,11 +236,14 @@ class FreeState:
 
     def commit(self, assignment: Assignment, request: Request) -> None:
         """Take ``assignment``'s capacity (after :meth:`find` chose it)."""
+        hit = self._found.get(request)
+        fresh = hit is not None and hit[0] == self._version and hit[1] == assignment
         i = self._apply(assignment, request, sign=-1)
         self._version += 1
         self._refresh_row(i)
         if self.frag is not None:
-            self.frag.update_row(i)
+            # the place find() just chose: its scorer already knows the node's new row
+            self.frag.update_row(i, request if fresh else None)
 
     def release(self, assignment: Assignment, request: Request) -> None:
         """Give back what :meth:`commit` took (e.g. a job the engine pauses)."""

@@ -112,6 +112,7 @@ class CapacityModel(FragModel):
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
         self._w_age = 0  # weights are recomputed on first use
+        self._kept = None
         self._dirty = False
         self._seen_since = 0
 
@@ -135,10 +136,12 @@ class CapacityModel(FragModel):
     ) -> np.ndarray:
         """Loss of usable share against the current state (lower is better), per row."""
         if not self._shapes:
-            return np.zeros((len(rows), 0)) if self._init else np.zeros(len(rows))
+            self._last_usable = np.zeros((len(rows), 0))
+            return self._last_usable if self._init else np.zeros(len(rows))
         usable = self._usable(rows, su, whole, cpu)
         if self._init:
             return usable
+        self._last_usable = usable
         if self._w_age <= 0:
             self._w = self._weights()
             self._w_age = self.WEIGHT_REFRESH
@@ -150,16 +153,25 @@ class CapacityModel(FragModel):
         scarcity = float(self.ftot.sum()) / np.maximum(self.total, self.t_vol)
         return self.p * scarcity**self.SCARCITY_EXP
 
-    def update_row(self, i: int) -> None:
+    def update_row(self, i: int, request: Request | None = None) -> None:
         if self.fgd is not None:
-            self.fgd.update_row(i)
-        if self._dirty:
-            return
+            self.fgd.update_row(i, request)
+        super().update_row(i, request)
+
+    def _keep(self, k: int, i: int, request: Request) -> None:
+        super()._keep(k, i, request)
+        if self.fgd is not None:
+            self.fgd._keep(k, i, request)
+
+    def _compute_row(self, i: int) -> None:
         st = self.state
         self.su[i] = self._packable(st.free[i : i + 1], st.valid[i : i + 1], self.demand[i : i + 1])[0]
         self.ftot[i] = float(np.where(st.valid[i], st.free[i], 0).sum())
         rows = np.array([i])
-        new = self._usable(rows, self.su[rows], st.whole_free[rows], st.cpu_free[rows])[0]
+        self._set_row(i, self._usable(rows, self.su[rows], st.whole_free[rows], st.cpu_free[rows])[0])
+
+    def _set_row(self, i: int, after: np.ndarray | float) -> None:
+        new = np.asarray(after)
         self.total += new - self.usable_now[i]
         self._w_age -= 1
         self.usable_now[i] = new
@@ -174,6 +186,7 @@ class CapacityModel(FragModel):
         su = self.su[cand] - n * self.full_pack[cand] if n else self.su[cand]
         self._ftot_after = ftot
         after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
+        self._after = (su, ftot, self._last_usable)
         return after - self.frag_now[cand]
 
     def _delta_fraction(
@@ -187,4 +200,5 @@ class CapacityModel(FragModel):
         ftot = self.ftot[rows] - need
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - request.cpu_milli)
+        self._after = (su, ftot, self._last_usable)
         return rows, jj, after - self.frag_now[rows]

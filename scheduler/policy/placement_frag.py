@@ -183,6 +183,7 @@ class FragModel:
         self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
+        self._kept = None
         self._dirty = False
         self._seen_since = 0
 
@@ -209,10 +210,26 @@ class FragModel:
         pc = self.cpu_table[np.searchsorted(self.cpu_levels, cpu, side="right")]
         return ftot * self.p_total + (np.where(fits, pc, 0.0) * (su - ftot[:, None])).sum(axis=1)
 
-    def update_row(self, i: int) -> None:
-        """Refresh node ``i`` after a commit or release."""
+    def update_row(self, i: int, request: Request | None = None) -> None:
+        """Refresh node ``i`` after a commit or release.
+
+        ``request``: the request just committed there at the place :meth:`choose`
+        last found for it; the node's new row was computed then (the chosen
+        candidate's "after" state) and is reused instead of recomputed.
+        """
         if self._dirty:
             return  # rebuilt before the next choice anyway
+        st = self.state
+        kept = self._kept
+        self._kept = None
+        if request is not None and kept is not None and kept[0] == st._version - 1 and kept[1] == i \
+                and kept[2] == request:
+            self.su[i], self.ftot[i] = kept[3], kept[4]
+            self._set_row(i, kept[5])
+            return
+        self._compute_row(i)
+
+    def _compute_row(self, i: int) -> None:
         st = self.state
         self.su[i] = self._unusable(st.free[i : i + 1], st.valid[i : i + 1], self.demand[i : i + 1])[0]
         self.ftot[i] = float(np.where(st.valid[i], st.free[i], 0).sum())
@@ -220,6 +237,15 @@ class FragModel:
         self.frag_now[i] = self._frag(
             rows, self.su[rows], self.ftot[rows], st.whole_free[rows], st.max_share[rows], st.cpu_free[rows]
         )[0]
+
+    def _set_row(self, i: int, after: np.ndarray | float) -> None:
+        """Store the measure of node ``i``'s new state (computed while choosing)."""
+        self.frag_now[i] = after
+
+    def _keep(self, k: int, i: int, request: Request) -> None:
+        """Remember candidate ``k``'s after-state (node ``i``) for the commit that usually follows."""
+        su, ftot, after = self._after
+        self._kept = (self.state._version, i, request, su[k].copy(), float(ftot[k]), after[k].copy())
 
     # ------------------------------------------------------------ choosing
 
@@ -237,6 +263,7 @@ class FragModel:
         keys.append(np.round(delta, 6))
         k = int(np.lexsort(tuple(keys))[0])
         i = int(rows[k])
+        self._keep(k, i, request)
         if ok is None:
             return i, []
         if slot is None:
@@ -260,13 +287,17 @@ class FragModel:
         n = request.gpus
         whole = st.whole_free[cand] - n
         ftot = self.ftot[cand] - n * self.node_cap[cand]
+        su = self.su[cand]
         if n:
             part = np.where(st.valid[cand] & (st.free[cand] < st.cap[cand]), st.free[cand], 0).max(axis=1)
             maxfree = np.where(whole > 0, self.node_cap[cand], part)
+            cap = self.node_cap[cand][:, None]
+            su = su - n * np.where(cap < self.demand[cand], cap, 0)  # a GPU too small for a shape leaves its Su
         else:
             maxfree = st.max_share[cand]
         self._ftot_after = ftot
-        after = self._frag(cand, self.su[cand], ftot, whole, maxfree, st.cpu_free[cand] - request.cpu_milli)
+        after = self._frag(cand, su, ftot, whole, maxfree, st.cpu_free[cand] - request.cpu_milli)
+        self._after = (su, ftot, after)
         return after - self.frag_now[cand]
 
     def _delta_fraction(
@@ -292,4 +323,5 @@ class FragModel:
         maxfree = np.maximum(maxexcl, f_new)
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, maxfree, st.cpu_free[rows] - request.cpu_milli)
+        self._after = (su, ftot, after)
         return rows, jj, after - self.frag_now[rows]
