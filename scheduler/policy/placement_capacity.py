@@ -75,8 +75,8 @@ class CapacityModel(FragModel):
         shapes = sorted({k[0] for k in keys}, key=repr)
         self._shapes = shapes
         sidx = {s: k for k, s in enumerate(shapes)}
-        weights = np.array([self.counts[k] for k in keys], dtype=np.float64)
-        self.p = weights / weights.sum() if len(keys) else weights
+        self._keys = keys
+        self._weigh()
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
         self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
         self.t_vol = np.array([_volume(k[0]) for k in keys], dtype=np.float64)
@@ -112,6 +112,19 @@ class CapacityModel(FragModel):
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
         self._w_age = 0  # weights are recomputed on first use
+        self._kept = None
+        self._dirty = self._new_type = False
+        self._seen_since = 0
+
+    def _weigh(self) -> None:
+        """p: how often each request type is asked for (types in ``_keys`` order)."""
+        weights = np.array([self.counts[k] for k in self._keys], dtype=np.float64)
+        self.p = weights / weights.sum() if len(self._keys) else weights
+
+    def reweigh(self) -> None:
+        """Same types, new proportions: usable share per node does not depend on them."""
+        self._weigh()
+        self._w_age = 0
         self._kept = None
         self._dirty = False
         self._seen_since = 0

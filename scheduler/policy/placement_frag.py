@@ -107,7 +107,8 @@ class FragModel:
         self.fixed = fixed is not None
         self._seen_since = 0
         self._total = 0.0
-        self._dirty = True
+        self._dirty = True  # the mix moved: weights (and maybe tables) are out of date
+        self._new_type = True  # a request type the tables lack was seen: full rebuild needed
         self._shapes: list[Shape] = []
         if fixed is not None:
             for r in fixed:
@@ -132,7 +133,9 @@ class FragModel:
             return
         new = self._count(request)
         self._seen_since += 1
-        if new or self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
+        if new:
+            self._dirty = self._new_type = True
+        elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
             self._dirty = True
 
     def observe_many(self, requests: Iterable[Request]) -> None:
@@ -149,15 +152,8 @@ class FragModel:
         self._shapes = shapes
         s_count = len(shapes)
         sidx = {s: k for k, s in enumerate(shapes)}
-        cpus = sorted({c for (_, c) in self.counts})
-        self.cpu_levels = np.asarray(cpus, dtype=np.int64)
-        table = np.zeros((len(cpus) + 1, s_count))
-        total = sum(self.counts.values()) or 1.0
-        for (shape, cpu), cnt in sorted(self.counts.items(), key=repr):
-            level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
-            table[level:, sidx[shape]] += cnt / total
-        self.cpu_table = table
-        self.p_total = float(table[-1].sum()) if s_count else 0.0
+        self._sidx = sidx
+        self._weigh()
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([s[1] if s[0] == "w" else 0 for s in shapes], dtype=np.int64)
         node_model = st.model_id[:, 0] if n else np.zeros(0, dtype=np.int64)
@@ -184,8 +180,41 @@ class FragModel:
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
         self._kept = None
+        self._dirty = self._new_type = False
+        self._seen_since = 0
+
+    def _weigh(self) -> None:
+        """cpu_table[level, s]: weight of shape-s types whose CPU need is within ``cpu_levels[level-1]``."""
+        cpus = sorted({c for (_, c) in self.counts})
+        self.cpu_levels = np.asarray(cpus, dtype=np.int64)
+        table = np.zeros((len(cpus) + 1, len(self._shapes)))
+        total = sum(self.counts.values()) or 1.0
+        for (shape, cpu), cnt in sorted(self.counts.items(), key=repr):
+            level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
+            table[level:, self._sidx[shape]] += cnt / total
+        self.cpu_table = table
+        self.p_total = float(table[-1].sum()) if self._shapes else 0.0
+
+    def reweigh(self) -> None:
+        """Only the mix's proportions moved (no new type): new weights, same per-node tables.
+
+        Cheaper than :meth:`rebuild` (no pass over every GPU of every node); the
+        node rows kept by :meth:`update_row` are exact, so the result is the same.
+        """
+        st = self.state
+        self._weigh()
+        self.frag_now = self._frag(np.arange(len(st.names)), self.su, self.ftot, st.whole_free, st.max_share,
+                                   st.cpu_free)
+        self._kept = None
         self._dirty = False
         self._seen_since = 0
+
+    def refresh(self) -> None:
+        """Bring weights and tables up to date with the observed mix, as cheaply as possible."""
+        if self._new_type:
+            self.rebuild()
+        elif self._dirty:
+            self.reweigh()
 
     @staticmethod
     def _unusable(free: np.ndarray, valid: np.ndarray, demand: np.ndarray) -> np.ndarray:
@@ -217,7 +246,7 @@ class FragModel:
         last found for it; the node's new row was computed then (the chosen
         candidate's "after" state) and is reused instead of recomputed.
         """
-        if self._dirty:
+        if self._new_type:
             return  # rebuilt before the next choice anyway
         st = self.state
         kept = self._kept
@@ -275,8 +304,7 @@ class FragModel:
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """(candidate rows, GPU slot per row or None, increase of fragmentation per row)."""
-        if self._dirty:
-            self.rebuild()
+        self.refresh()
         if request.gpus or ok is None:
             return cand, None, self._delta_node(cand, request)
         return self._delta_fraction(cand, ok, request)
