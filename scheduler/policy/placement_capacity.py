@@ -139,10 +139,17 @@ class CapacityModel(FragModel):
     def _usable(self, rows: np.ndarray, su: np.ndarray, whole: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         """usable[row, type]: GPU share each request type could still consume on the node."""
         wide = (whole[:, None] // self.n_whole) * self.n_whole * self.node_cap[rows][:, None]
-        gpu_side = (np.where(self.whole, wide, su) * self.allowed[rows])[:, self.t_shape]
-        # floor(cpu / cpu_m) requests fit by CPU; the epsilon keeps exact multiples exact
-        cpu_side = np.floor(cpu[:, None] * self.t_inv_cpu + 1e-9) * self.t_vol + self.t_no_cpu
-        return np.minimum(gpu_side, cpu_side)
+        per_shape = np.where(self.whole, wide, su)
+        per_shape *= self.allowed[rows]
+        gpu_side = per_shape.take(self.t_shape, axis=1)
+        # floor(cpu / cpu_m) requests fit by CPU; the epsilon keeps exact multiples exact.
+        # In place: on hundreds of candidates x ~50-90 types, fresh temporaries cost more than the math.
+        cpu_side = np.multiply(cpu[:, None], self.t_inv_cpu)
+        cpu_side += 1e-9
+        np.floor(cpu_side, out=cpu_side)
+        cpu_side *= self.t_vol
+        cpu_side += self.t_no_cpu
+        return np.minimum(gpu_side, cpu_side, out=gpu_side)
 
     def _frag(  # type: ignore[override]
         self, rows: np.ndarray, su: np.ndarray, ftot: np.ndarray, whole: np.ndarray, maxfree: None, cpu: np.ndarray
