@@ -126,7 +126,6 @@ class FreeState:
         if rank.shape != (n,):
             raise InvalidRequest("tie_rank must give one rank per node")
         self.tie_rank = rank
-        self._rank_order = np.argsort(rank, kind="stable")
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._failed: dict[Request, int] = {}
         self._release_version = 0
@@ -349,13 +348,16 @@ class FreeState:
         """
         if cand.size < 16:
             return cand
-        in_cand = np.zeros(len(self.names), dtype=bool)
-        in_cand[cand] = True
-        ordered = self._rank_order[in_cand[self._rank_order]]
-        _, first = np.unique(self.state_key[ordered], return_index=True)
-        if first.size == cand.size:
+        keys = self.state_key[cand]
+        # by state, then tie rank, then node order (lexsort is stable and cand is ascending)
+        order = np.lexsort((self.tie_rank[cand], keys))
+        by_state = keys[order]
+        first = np.empty(by_state.size, dtype=bool)
+        first[0] = True
+        np.not_equal(by_state[1:], by_state[:-1], out=first[1:])
+        if first.all():
             return cand
-        return np.sort(ordered[first])
+        return np.sort(cand[order[first]])
 
     def _gpu_ok_rows(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Usable GPU slots on the candidate rows only (cheaper than all rows)."""
