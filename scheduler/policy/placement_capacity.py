@@ -51,11 +51,15 @@ class CapacityModel(FragModel):
         fixed = list(fixed) if fixed is not None else None
         self.fgd = FragModel(state, fixed=fixed) if self.LAMBDA else None
         super().__init__(state, fixed=fixed)
+        if self.fgd is not None and fixed is None:
+            self.fgd.counts = self.counts  # one learned mix, counted once (both start empty)
 
     def observe(self, request: Request) -> None:
         super().observe(request)
-        if self.fgd is not None:
-            self.fgd.observe(request)
+        if self.fgd is not None and not self.fixed:
+            # the FGD term shares our counts, so it is stale exactly when we are
+            self.fgd._dirty |= self._dirty
+            self.fgd._new_type |= self._new_type
 
     def deltas(
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
@@ -207,7 +211,7 @@ class CapacityModel(FragModel):
         self._ftot_after = ftot
         after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
         self._after = (su, ftot, self._last_usable)
-        return after - self.frag_now[cand]
+        return after  # _frag already measures against the current state
 
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
@@ -221,4 +225,4 @@ class CapacityModel(FragModel):
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - request.cpu_milli)
         self._after = (su, ftot, self._last_usable)
-        return rows, jj, after - self.frag_now[rows]
+        return rows, jj, after
