@@ -92,6 +92,11 @@ class GPUPool(ExtensionApp):
     train_guarantee = Float(
         -1.0, config=True, help="Embedded scheduler: the project's training guarantee in GPUs (-1 = all GPUs)."
     )
+    projects = Dict(
+        config=True,
+        help="Embedded scheduler: projects created at first start, {name: {build_quota, train_guarantee, "
+        "train_limit, weight}} in GPUs. Projects that exist keep their quotas (an admin changes them later).",
+    )
     scheduler_config = Dict(
         config=True, help="Embedded scheduler: other service settings (scheduler.service.config.ServiceConfig)."
     )
@@ -117,6 +122,8 @@ class GPUPool(ExtensionApp):
         if not self.scheduler_url:
             config = {"lease_s": self.lease_seconds, **self.scheduler_config}
             extra["config"] = config
+            if self.projects:
+                extra["projects"] = {name: dict(fields) for name, fields in self.projects.items()}
         return PoolSettings(
             scheduler_url=self.scheduler_url,
             scheduler_token=self.scheduler_token,

@@ -206,8 +206,12 @@ class PoolConnection:
         }
         state_dir = self.settings.state_dir
         os.makedirs(state_dir, exist_ok=True)
-        kwargs: dict[str, Any] = {"simulate": simulate, "projects": {self.project: project}}
-        kwargs.update(self.settings.extra)
+        extra = dict(self.settings.extra)
+        # c.GPUPool.projects adds (or, for the user's own project, overrides) projects
+        # created at first start; existing projects keep the quotas an admin set since.
+        projects = {self.project: project, **extra.pop("projects", {})}
+        kwargs: dict[str, Any] = {"simulate": simulate, "projects": projects}
+        kwargs.update(extra)
         self.embedded = EmbeddedScheduler(state_dir, **kwargs)
         await self.embedded.start()
         self.url = self.embedded.url.rstrip("/")

@@ -102,6 +102,28 @@ async def test_embedded_connection_keeps_one_user_token(tmp_path: Any) -> None:
         await conn.client()
 
 
+async def test_configured_projects_are_created_with_their_quotas(tmp_path: Any) -> None:
+    """c.GPUPool.projects seeds the embedded scheduler with the admin's projects beside the user's."""
+    from jupyter_gpupool.app import GPUPool
+
+    app = GPUPool()
+    app.state_dir = str(tmp_path / "state")
+    app.simulate = "4xA100-80GB"
+    app.project = "vision"
+    app.projects = {"vision": {"build_quota": 1.5, "train_guarantee": 2}, "nlp": {"build_quota": 1, "train_guarantee": 2}}
+    from jupyter_gpupool.connection import PoolConnection
+
+    conn = PoolConnection(app.pool_settings())
+    try:
+        client = await conn.client()
+        projects = {p["name"]: p for p in await client.projects()}
+        assert set(projects) == {"vision", "nlp"}
+        assert projects["vision"]["build_quota"] == 1.5 and projects["vision"]["train_guarantee"] == 2
+        assert projects["nlp"]["build_quota"] == 1
+    finally:
+        await conn.close()
+
+
 def test_renewal_follows_the_granted_lease() -> None:
     import time as _time
 
