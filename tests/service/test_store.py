@@ -98,3 +98,30 @@ def test_commit_visible_to_another_process(tmp_path):
     other.execute("select count(*) from jobs").fetchone()
     s.update_job("j-000001", state="running")
     assert other.execute("select state from jobs").fetchone()[0] == "running"
+
+
+def test_synchronous_normal_by_default_full_on_request(tmp_path):
+    from scheduler.service.config import ServiceConfig
+
+    assert ServiceConfig(state_dir=tmp_path).sqlite_synchronous == "NORMAL"
+    normal, full = Store(tmp_path / "n.db"), Store(tmp_path / "f.db", synchronous="FULL")
+    try:
+        # PRAGMA synchronous answers 1 for NORMAL and 2 for FULL.
+        assert normal._db.execute("PRAGMA synchronous").fetchone()[0] == 1
+        assert full._db.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert normal.journal_mode == "wal"
+    finally:
+        normal.close()
+        full.close()
+    with pytest.raises(ValueError):
+        Store(tmp_path / "x.db", synchronous="OFF")
+
+
+def test_event_rows_written_before_seq_in_body_still_read(tmp_path):
+    s = Store(tmp_path / "s.db")
+    with s.transaction() as db:  # an event as the previous schema wrote it: seq and t inside the body too
+        db.execute("INSERT INTO events(t, body) VALUES (5.0, '{\"seq\": 1, \"t\": 5.0, \"type\": \"pool\"}')")
+    s.add_event(6.0, {"type": "job", "job_id": "j-000001"})
+    assert s.events_since(0) == [{"seq": 1, "t": 5.0, "type": "pool"},
+                                 {"seq": 2, "t": 6.0, "type": "job", "job_id": "j-000001"}]
+    s.close()
