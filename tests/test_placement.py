@@ -355,6 +355,29 @@ def test_default_rows_kept_from_choosing_match_a_rebuild(probe_between: bool, re
     assert kept[4] == pytest.approx(model.fgd.su)
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(requests, min_size=1, max_size=30), cpu=st.sampled_from([0, 1000, 6000]))
+def test_default_cpu_only_shortcut_equals_full_scoring(reqs: list[Request], cpu: int) -> None:
+    """CPU-only work skips scoring when a node has no free GPU share; the answer must not change."""
+    import numpy as np
+
+    state = FreeState.from_nodes(cluster(), (), policy="default")
+    for req in reqs:
+        a = state.find(req)
+        if a is not None:
+            state.commit(a, req)
+    probe = Request(cpu_milli=cpu)
+    found = state.find(probe)
+    cand = np.flatnonzero((state.cpu_free >= cpu) & (state.mem_free >= 0))
+    if cand.size == 0:
+        assert found is None
+        return
+    model = state.frag
+    rows, _, delta = model.deltas(cand, None, probe)
+    keys = (state.tie_rank[rows], state.cpu_free[rows] - cpu, model._ftot_after, np.round(delta, 6))
+    assert found is not None and found.node == state.names[int(rows[np.lexsort(keys)[0]])]
+
+
 def test_default_keeps_cpu_next_to_free_gpus() -> None:
     """A CPU-heavy job goes where it strands no GPU; BestFit packs it where it does."""
     nodes = [node("lean", 2, cpu=16_000), node("rich", 2, cpu=64_000)]

@@ -61,6 +61,11 @@ class CapacityModel(FragModel):
             self.fgd._dirty |= self._dirty
             self.fgd._new_type |= self._new_type
 
+    def refresh(self) -> None:
+        super().refresh()
+        if self.fgd is not None:
+            self.fgd.refresh()
+
     def deltas(
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -166,11 +171,15 @@ class CapacityModel(FragModel):
         if self._init:
             return usable
         self._last_usable = usable
-        if self._w_age <= 0:
+        self.age_weights()
+        return self._value_now[rows] - usable @ self._w
+
+    def age_weights(self) -> None:
+        """Recompute the scarcity weights when due (every WEIGHT_REFRESH commits, on the next choice)."""
+        if self._w_age <= 0 and self._shapes:
             self._w = self._weights()
             self._w_age = self.WEIGHT_REFRESH
             self._value_now = self.usable_now @ self._w
-        return self._value_now[rows] - usable @ self._w
 
     def _weights(self) -> np.ndarray:
         """p_m * (pool free share / share usable by m) ** SCARCITY_EXP."""

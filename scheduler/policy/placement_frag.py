@@ -271,6 +271,9 @@ class FragModel:
         """Store the measure of node ``i``'s new state (computed while choosing)."""
         self.frag_now[i] = after
 
+    def age_weights(self) -> None:
+        """Hook for measures whose weights refresh lazily on the next choice (none here)."""
+
     def _keep(self, k: int, i: int, request: Request) -> None:
         """Remember candidate ``k``'s after-state (node ``i``) for the commit that usually follows."""
         su, ftot, after = self._after
@@ -283,6 +286,17 @@ class FragModel:
     ) -> tuple[int, list[int]]:
         """(node, GPU slots) that raise expected fragmentation least among ``cand``."""
         st = self.state
+        if pack_ties and ok is None and not request.gpus:
+            self.refresh()
+            # CPU-only work never lowers either measure (less CPU fits fewer types), and
+            # on a node with no free GPU share both stay 0 with no GPU left after: such a
+            # node wins every tie-break that follows, so no scoring is needed.
+            idle = cand[st.max_share[cand] == 0]
+            if idle.size:
+                self.age_weights()  # keep the weight schedule as if we had scored
+                k = int(np.lexsort((st.tie_rank[idle], st.cpu_free[idle]))[0])
+                self._kept = None
+                return int(idle[k]), []
         rows, slot, delta = self.deltas(cand, ok, request)
         gpu_after = self._ftot_after
         keys: list[np.ndarray] = [st.tie_rank[rows]]
