@@ -405,6 +405,33 @@ time.sleep(120)
 
 async def test_work_goes_to_a_free_gpu_not_to_one_a_stopping_job_still_holds(make_core, tmp_path):
     core = await make_core(pause_grace_s=30.0, reply_wait_s=0.1)
+    await _free_gpu_not_the_stopping_jobs(core, tmp_path)
+
+
+async def test_first_fit_start_on_a_stopping_jobs_gpu_is_placed_again_around_it(tmp_path):
+    """First fit always picks the first GPU: the one the stopping job holds, in the view without it."""
+    from scheduler.service import fallback_policy
+    from scheduler.service.core import STOPPING_PROJECT, SchedulerCore
+    from tests.service.helpers import fast_config
+
+    held_views = []
+
+    def first_fit(snapshot):
+        if any(w.project == STOPPING_PROJECT for w in snapshot.workloads):
+            held_views.append(snapshot)
+        return fallback_policy.schedule(snapshot)
+
+    core = SchedulerCore(fast_config(tmp_path / "s", pause_grace_s=30.0, reply_wait_s=0.1), policy=first_fit)
+    await core.start()
+    try:
+        await _free_gpu_not_the_stopping_jobs(core, tmp_path)
+    finally:
+        await core.stop()
+    assert held_views  # the second view was asked for, and only in cycles where a start collided
+    assert all(sum(w.project == STOPPING_PROJECT for w in v.workloads) == 1 for v in held_views)
+
+
+async def _free_gpu_not_the_stopping_jobs(core, tmp_path) -> None:
     core.set_project(ADMIN, "p", {"train_guarantee": 2})
     wd = tmp_path / "w"
     wd.mkdir()
