@@ -487,3 +487,15 @@ async def test_a_burst_of_train_submits_shares_one_cycle(tmp_path):
             other.close()
     finally:
         await core.stop()
+
+
+async def test_cancel_right_after_resume_stops_the_new_attempt(make_core):
+    core = await make_core(pause_grace_s=2.0)
+    core.set_project(ADMIN, "p", {"train_guarantee": 2})
+    for _ in range(4):
+        job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "command": [PY, "-c", "import time; time.sleep(60)"]})
+        await started(core, job["id"])
+        assert (await core.pause(ALICE, job["id"]))["state"] == "paused"
+        assert (await core.resume(ALICE, job["id"]))["state"] == "running"  # attempt 2, while attempt 1's stop winds down
+        assert (await core.cancel(ALICE, job["id"]))["state"] == "cancelled"
+        assert not core._procs
