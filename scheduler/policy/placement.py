@@ -75,6 +75,8 @@ class FreeState:
     widest node are padded with slots of capacity 0 that never fit anything.
     """
 
+    DISTINCT_MIN = 96  # fewer candidates: scoring duplicate states costs less than finding them
+
     def __init__(
         self,
         nodes: Sequence[Node],
@@ -346,7 +348,7 @@ class FreeState:
         rank, so dropping the others changes no answer and saves most of the
         scoring work on large, uniform clusters.
         """
-        if cand.size < 16:
+        if cand.size < self.DISTINCT_MIN:
             return cand
         keys = self.state_key[cand]
         # by state, then tie rank, then node order (lexsort is stable and cand is ascending)
