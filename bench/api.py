@@ -359,17 +359,19 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8, help="simulated A100s")
     parser.add_argument("--trials", type=int, default=10, help="reclaim repetitions")
     parser.add_argument("--history", type=int, default=100_000)
-    parser.add_argument("--sync", choices=["FULL", "NORMAL"], default="FULL",
-                        help="SQLite synchronous mode of the service (NORMAL: safe against kill -9, not power loss)")
+    parser.add_argument("--sync", choices=["FULL", "NORMAL"], default=None,
+                        help="SQLite synchronous mode of the service (default: the service's own default, NORMAL; "
+                        "NORMAL is safe against kill -9, not power loss)")
     parser.add_argument("--skip-memory", action="store_true", help="leave out the history/RSS measurement")
     parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks.md")
     args = parser.parse_args()
-    SETTINGS["sqlite_synchronous"] = args.sync
+    if args.sync:
+        SETTINGS["sqlite_synchronous"] = args.sync
     rows = asyncio.run(run(args))
     table = render(rows)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = (f"{stamp}, {machine()}; `bench/api.py --jobs {args.jobs} --concurrency {args.concurrency} "
-              f"--gpus {args.gpus} --history {args.history} --sync {args.sync}"
+              f"--gpus {args.gpus} --history {args.history} --sync {args.sync or 'service default'}"
               f"{' --skip-memory' if args.skip_memory else ''}`")
     print(header)
     print(table)
