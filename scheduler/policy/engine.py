@@ -403,21 +403,26 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             jobs = now_jobs
         queue = FairQueue(jobs, self.ratio)
         self.queue = queue
-        verdicts, waits, cap = self.verdicts, self.waits, self.cap
+        pop, touch = queue.pop, queue.touch
+        verdicts, waits, cap, reserved, now = self.verdicts, self.waits, self.cap, self.reserved, self.now
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
-        while (w := queue.pop()) is not None:
+        guarantee = {name: p.train_guarantee_milli for name, p in projects.items()}
+        # (the loop runs once per pending job, most of them answered from the verdict memo: locals only)
+        while (w := pop()) is not None:
             name = w.project
-            p = projects[name]
             req = req_of[w.id]
             need = needs[id(req)]
             used = usage[name]
+            g = guarantee[name]
             # A project below its guarantee claims it with its next job, even one that takes it past
             # the guarantee (a gang bigger than what is left); see over_guarantee for why that job is
             # then protected.
-            within = used < p.train_guarantee_milli or used + need <= p.train_guarantee_milli
-            if first and not within and (w.paused_at if w.paused_at is not None else w.submitted_at) > starving_from:
+            within = used < g or used + need <= g
+            paused = w.paused_at
+            since = paused if paused is not None else w.submitted_at
+            if first and not within and since > starving_from:
                 deferred.append(w)
-                queue.touch(name)
+                touch(name)
                 continue
             # (a starving job is served at its place in the order even beyond its guarantee, so that
             # within-guarantee jobs behind it cannot keep taking the room it waits for)
@@ -425,24 +430,19 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             # waits for the same reason; only a starving job must still try for a reservation.
             key = (id(req), name, within, w.priority)
             seen = verdicts.get(key)
-            paused = w.paused_at
+            n_reserved = len(reserved)
+            settled = within or paused is None or now - paused >= backoff
             if (
-                seen is not None and seen[0] == cap.generation and seen[1] == used
-                and seen[2] == len(self.reserved)
-                and (len(self.reserved) >= max_reservations
-                     or (paused if paused is not None else w.submitted_at) > starving_from)
-                and (within or paused is None or self.now - paused >= backoff)
+                seen is not None and seen[0] == cap.generation and seen[1] == used and seen[2] == n_reserved
+                and (n_reserved >= max_reservations or since > starving_from) and settled
             ):
                 waits.append(Wait(w.id, seen[3]))
             else:
-                before, reservations = len(waits), len(self.reserved)
-                self.schedule_train(w, req, p, need, within)
-                if (
-                    len(waits) > before and len(self.reserved) == reservations
-                    and (within or paused is None or self.now - paused >= backoff)
-                ):
-                    verdicts[key] = (cap.generation, usage[name], len(self.reserved), waits[-1].reason)
-            queue.touch(name)
+                before = len(waits)
+                self.schedule_train(w, req, projects[name], need, within)
+                if len(waits) > before and len(reserved) == n_reserved and settled:
+                    verdicts[key] = (cap.generation, usage[name], n_reserved, waits[-1].reason)
+            touch(name)
         if first:
             # pass 2 starts push projects above their guarantee, which changes who may be paused
             self.reclaim_failed = FailureMemo()
