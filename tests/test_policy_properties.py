@@ -20,6 +20,7 @@ from test_policy_helpers import apply, violations
 from scheduler.policy import (
     BUILD_POOL,
     TRAIN_POOL,
+    Assignment,
     Gpu,
     Kind,
     Node,
@@ -251,3 +252,44 @@ def test_project_below_guarantee_gets_its_job_in_the_same_cycle(s: Snapshot) -> 
         if pending and used[p.name] + 1000 <= p.train_guarantee_milli and (over - {p.name}):
             assert any(w.id in started for w in pending), f"project {p.name} under its guarantee got nothing"
     assert violations(apply(s, d)) == []
+
+
+@st.composite
+def gang_worlds(draw: st.DrawFn) -> Snapshot:
+    """Full train-only nodes of one-GPU jobs of several projects, and pending gangs that may reclaim."""
+    n_nodes = draw(st.integers(1, 4))
+    ns = tuple(
+        Node(f"n{i}", 1_000_000, 1_000_000, tuple(Gpu(f"n{i}-g{j}", j, "A100", 40_000) for j in range(4)),
+             frozenset({TRAIN_POOL}))
+        for i in range(n_nodes)
+    )
+    names = ("A", "B", "C")
+    guarantees = draw(st.lists(st.integers(0, 4), min_size=3, max_size=3))
+    ps = tuple(Project(n, train_guarantee_milli=g * 1000) for n, g in zip(names, guarantees, strict=True))
+    running = []
+    for node in ns:
+        for g in node.gpus:
+            if draw(st.booleans()) or draw(st.booleans()):
+                running.append(Workload(f"r-{g.id}", draw(st.sampled_from(names)), Kind.TRAIN, Request(gpus=1),
+                                        priority=draw(st.integers(0, 1)), assignment=Assignment(node.name, ((g.id, 1000),)),
+                                        started_at=float(draw(st.sampled_from([0, 90]))), submitted_at=0.0))
+    pending = [Workload(f"p{i}", draw(st.sampled_from(names)), Kind.TRAIN, Request(gpus=draw(st.integers(2, 4))),
+                        priority=draw(st.integers(0, 2)), submitted_at=float(draw(st.integers(0, 99))))
+               for i in range(draw(st.integers(1, 6)))]
+    return Snapshot(ns, ps, tuple(running + pending), now=100.0, config=PolicyConfig(min_runtime_s=30.0))
+
+
+@SETTINGS
+@given(gang_worlds())
+def test_gang_reclaim_bound_only_skips_searches_that_would_fail(s: Snapshot) -> None:
+    """The upper bound in front of a gang's victim search (reclaim._gang_reachable) changes no decision."""
+    from scheduler.policy.reclaim import ReclaimMixin
+
+    with_bound = schedule(s)
+    original = ReclaimMixin._gang_reachable
+    try:
+        ReclaimMixin._gang_reachable = lambda self, gpus, own, names: True  # type: ignore[method-assign]
+        without = schedule(s)
+    finally:
+        ReclaimMixin._gang_reachable = original  # type: ignore[method-assign]
+    assert with_bound == without
