@@ -286,48 +286,13 @@ class BuildReclaimMixin:
         for (node, _gid), members in groups.items():
             if len(members) < 2:
                 continue
-            chosen = self._victims_on(p, node, req, members)
+            chosen = self.victims_on_node(req, p, node, members)  # shared with training reclaim
             if chosen is None:
                 continue
             cand = (len(chosen), sorted(rank[v.id] for v in chosen), ledger.order[node], node, chosen)
             if best is None or cand[:3] < best[:3]:
                 best = cand
         return None if best is None else (best[3], best[4])
-
-    def _victims_on(self, p: Project, node: str, req: Request, members: list[Workload]) -> list[Workload] | None:
-        """Fewest of ``members`` (taken in order) whose pause lets ``req`` fit on ``node``; unneeded ones dropped.
-
-        Each candidate alone keeps another project at its guarantee; together
-        they might not, so the pauses are counted per project as they add up.
-        """
-        ledger = self.cap.ledger
-        chosen: list[Workload] = []
-        left: dict[str, int] = {}
-        fits = False
-        for v in members:
-            assert v.assignment is not None
-            if v.project != p.name:
-                after = left.get(v.project, self.usage[v.project]) - self.milli[v.id]
-                if after < self.projects[v.project].train_guarantee_milli:
-                    continue  # never another project below its guarantee
-                left[v.project] = after
-            chosen.append(v)
-            ledger.give(v.assignment, v.request)
-            if ledger.fits(node, req):
-                fits = True
-                break
-        if fits:
-            for v in reversed(chosen[:-1]):  # least preferred first
-                assert v.assignment is not None
-                ledger.take(v.assignment, v.request)
-                if ledger.fits(node, req):
-                    chosen.remove(v)
-                else:
-                    ledger.give(v.assignment, v.request)
-        for v in chosen:
-            assert v.assignment is not None
-            ledger.take(v.assignment, v.request)
-        return chosen if fits else None
 
     def _training_in_the_way(self, state: _ClaimState, req: Request) -> bool:
         """Whether pausing every training job on some build-pool node would seat ``req`` (for the wait reason)."""
