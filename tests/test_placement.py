@@ -408,3 +408,18 @@ def test_found_place_is_not_reused_after_a_commit() -> None:
     assert second is not None and second.node != first.node  # 0.4 left there: the other node
     state.commit(second, req)
     assert state.find(req) is None
+
+
+def test_default_weighs_the_fgd_term_by_the_gang_share_of_the_mix() -> None:
+    """The FGD term's weight follows the learned share of GPU volume in multi-GPU gangs."""
+    from scheduler.policy.placement_capacity import CapacityModel
+
+    singles = FreeState.from_nodes(cluster(), (), policy="default", workload=[Request(gpus=1)] * 3)
+    gangs = FreeState.from_nodes(cluster(), (), policy="default", workload=[Request(gpus=4)] * 3)
+    half = FreeState.from_nodes(cluster(), (), policy="default",
+                                workload=[Request(gpus=2), Request(gpu_milli=500)] * 2 + [Request(gpus=1)] * 3)
+    base, gain, exp = CapacityModel.LAMBDA, CapacityModel.GANG_GAIN, CapacityModel.GANG_EXP
+    assert singles.frag.lam == pytest.approx(base)
+    assert gangs.frag.lam == pytest.approx(base * (1 + gain))
+    # gang volume 2 x 2000 of 2 x 2000 + 2 x 500 + 3 x 1000 = 8000 milli
+    assert half.frag.lam == pytest.approx(base * (1 + gain * 0.5**exp))

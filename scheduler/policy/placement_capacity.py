@@ -21,9 +21,14 @@ weights ``p_m * sqrt(free share of the pool / usable_m over the pool)``: ``p_m``
 is how often ``m`` is asked for (learned from running and requested work) and
 the square-root factor makes share that few nodes can offer a type (whole
 8-GPU nodes with many cores, a scarce model) dearer than share every node has.
-The FGD fragmentation increase is added to that cost (``LAMBDA``; on the trace
-the sum beats either alone, see docs/benchmarks.md). Equal costs go to the node
-left with the least free CPU and GPU, then by node order.
+The FGD fragmentation increase is added to that cost (on the trace the sum
+beats either alone, see docs/benchmarks.md), weighted by
+``LAMBDA * (1 + GANG_GAIN * g ** GANG_EXP)`` where ``g`` is the share of the
+learned mix's GPU volume asked for in multi-GPU gangs: FGD's one-request
+lookahead is what keeps whole 8-GPU nodes free, and that matters in proportion
+to how much of the work needs them (``g`` is ~0.07 on the openb default mix, so
+the weight stays near 1 there, and ~0.3 on the gang-heavy mix). Equal costs go
+to the node left with the least free CPU and GPU, then by node order.
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ if TYPE_CHECKING:
 class CapacityModel(FragModel):
     """Expected usable share per node, cached per GPU shape; drives ``default``."""
 
-    LAMBDA = 1.0  # weight of the FGD term (one-request fragmentation) added to ours
+    LAMBDA = 1.0  # weight of the FGD term (one-request fragmentation) added to ours ...
+    GANG_GAIN = 300.0  # ... times 1 + this x (share of GPU volume asked for in multi-GPU gangs) ** GANG_EXP
+    GANG_EXP = 3.0
     SCARCITY_EXP = 0.5  # exponent of the pool-level scarcity factor in a type's weight
     WEIGHT_REFRESH = 8  # scarcity weights move slowly: recompute them every this many commits
 
@@ -73,7 +80,7 @@ class CapacityModel(FragModel):
         if self.fgd is not None:
             ftot = self._ftot_after
             _, _, extra = self.fgd.deltas(cand, ok, request)
-            delta = delta + self.LAMBDA * extra
+            delta = delta + self.lam * extra
             self._ftot_after = ftot
         return rows, slot, delta
 
@@ -129,6 +136,10 @@ class CapacityModel(FragModel):
         """p: how often each request type is asked for (types in ``_keys`` order)."""
         weights = np.array([self.counts[k] for k in self._keys], dtype=np.float64)
         self.p = weights / weights.sum() if len(self._keys) else weights
+        volume = np.array([self.counts[k] * _volume(k[0]) for k in self._keys], dtype=np.float64)
+        gang = np.array([k[0][0] == "w" and k[0][1] > 1 for k in self._keys], dtype=bool)
+        share = float(volume[gang].sum() / volume.sum()) if volume.sum() > 0 else 0.0
+        self.lam = self.LAMBDA * (1.0 + self.GANG_GAIN * share**self.GANG_EXP)
 
     def reweigh(self) -> None:
         """Same types, new proportions: usable share per node does not depend on them."""
