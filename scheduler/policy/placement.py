@@ -16,8 +16,9 @@ Policies (``FreeState.from_nodes(..., policy=...)``):
     Ours (:mod:`scheduler.policy.placement_capacity`): a request goes where it
     destroys the least GPU share that the coming work could still use, counting
     the CPU left next to free GPUs and the remainders fractions leave, with the
-    request mix learned from running and requested work, plus the FGD term. It
-    keeps whole GPUs and whole nodes free for large jobs and stops CPU-heavy
+    request mix learned from running and requested work, plus the FGD term
+    (weighted up as the learned share of GPU volume in multi-GPU gangs grows).
+    It keeps whole GPUs and whole nodes free for large jobs and stops CPU-heavy
     work from stranding GPUs; ties go to the node left fullest.
 ``fgd``
     Fragmentation Gradient Descent (Weng et al., ATC'23) as a baseline
