@@ -68,6 +68,12 @@ class CapacityModel(FragModel):
             self.fgd._dirty |= self._dirty
             self.fgd._new_type |= self._new_type
 
+    def observe_counts(self, counts: dict[Request, int]) -> None:
+        super().observe_counts(counts)
+        if self.fgd is not None and not self.fixed:
+            self.fgd._dirty |= self._dirty
+            self.fgd._new_type |= self._new_type
+
     def refresh(self) -> None:
         super().refresh()
         if self.fgd is not None:

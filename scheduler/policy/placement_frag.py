@@ -117,14 +117,14 @@ class FragModel:
 
     # ------------------------------------------------------------ the request mix
 
-    def _count(self, request: Request) -> bool:
+    def _count(self, request: Request, times: int = 1) -> bool:
         shape = request_shape(request)
         if shape is None:
             return False
         key = (shape, request.cpu_milli)
         new = key not in self.counts
-        self.counts[key] = self.counts.get(key, 0.0) + 1.0
-        self._total += 1.0
+        self.counts[key] = self.counts.get(key, 0.0) + float(times)
+        self._total += float(times)
         return new
 
     def observe(self, request: Request) -> None:
@@ -141,6 +141,26 @@ class FragModel:
     def observe_many(self, requests: Iterable[Request]) -> None:
         for r in requests:
             self.observe(r)
+
+    def observe_counts(self, counts: dict[Request, int]) -> None:
+        """Learn ``counts[r]`` requests like ``r`` at once (no-op when the mix was given).
+
+        Counts and flags end exactly as after that many :meth:`observe` calls:
+        whole numbers added to floats are exact, and the refresh test
+        (``seen - 0.05 * total``) only grows call by call, so testing it after
+        each group sets the same flags as testing it after each call.
+        """
+        if self.fixed:
+            return
+        for r, times in counts.items():
+            if times <= 0:
+                continue
+            new = self._count(r, times)
+            self._seen_since += times
+            if new:
+                self._dirty = self._new_type = True
+            elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
+                self._dirty = True
 
     # ------------------------------------------------------------ tables
 
