@@ -241,7 +241,10 @@ class FreeState:
         mem: list[int] = []
         cells: list[int] = []
         milli: list[int] = []
-        by_obj: dict[int, list] = {}  # id(request) -> [request, count]
+        # (bound methods: this loop runs once per running workload, every cycle)
+        add_row, add_cpu, add_mem, add_cell, add_milli = rows.append, cpu.append, mem.append, cells.append, milli.append
+        counts: dict[int, int] = {}  # id(request) -> workloads holding it
+        objs: dict[int, Request] = {}
         for w in running:
             a = w.assignment
             if a is None:
@@ -250,29 +253,32 @@ class FreeState:
             if i is None:
                 continue
             r = w.request
-            rows.append(i)
-            cpu.append(r.cpu_milli)
-            mem.append(r.memory_mib)
+            add_row(i)
+            add_cpu(r.cpu_milli)
+            add_mem(r.memory_mib)
             for gid, m in a.gpus:
                 slot = gpu_slot(gid)
                 if slot is None:
                     continue  # a GPU gone from the inventory holds nothing we hand out
                 if slot[0] != i:
                     raise InvalidRequest(f"GPU {gid!r} is not on node {a.node!r}")
-                cells.append(i * width + slot[1])
-                milli.append(m)
-            seen = by_obj.get(id(r))
+                add_cell(i * width + slot[1])
+                add_milli(m)
+            key = id(r)
+            seen = counts.get(key)
             if seen is None:
-                by_obj[id(r)] = [r, 1]
+                counts[key] = 1
+                objs[key] = r
             else:
-                seen[1] += 1
+                counts[key] = seen + 1
         if rows:
             np.subtract.at(self.cpu_free, np.array(rows, dtype=np.int64), np.array(cpu, dtype=np.int64))
             np.subtract.at(self.mem_free, np.array(rows, dtype=np.int64), np.array(mem, dtype=np.int64))
         if cells:
             np.subtract.at(self.free.reshape(-1), np.array(cells, dtype=np.int64), np.array(milli, dtype=np.int64))
         held: dict[Request, int] = {}
-        for r, count in by_obj.values():
+        for key, count in counts.items():
+            r = objs[key]
             held[r] = held.get(r, 0) + count
         return held
 

@@ -88,9 +88,18 @@ class FairQueue:
 
     def touch(self, name: str) -> None:
         """The project's usage changed (or its head was taken): re-rank it."""
-        if name not in self._version:
+        version = self._version
+        v = version.get(name)
+        if v is None:
             return
-        self._version[name] += 1
+        v = version[name] = v + 1
         if self._carry is not None:
             heapq.heappush(self._heap, self._carry)
-        self._carry = self._entry(name)
+        # _entry inlined: this runs once per pending job
+        pos = self._pos[name]
+        queue = self._jobs[name]
+        if pos >= len(queue):
+            self._carry = None
+            return
+        head = queue[pos]
+        self._carry = (-head.priority, self._ratio(name), head.submitted_at, head.id, name, v)
