@@ -53,6 +53,7 @@ from scheduler.policy.model import (
     Assignment,
     Decisions,
     Kind,
+    Node,
     Preempt,
     Project,
     Reject,
@@ -62,6 +63,7 @@ from scheduler.policy.model import (
     Wait,
     Workload,
 )
+from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.queue import FairQueue, job_order
 from scheduler.policy.reclaim import ReclaimMixin
 
@@ -115,6 +117,30 @@ def request_problem(req: Request) -> str | None:
     return None
 
 
+def _node_facts(nodes: tuple[Node, ...]) -> tuple[dict[str, dict[str, int]], int]:
+    """(largest GPU memory per model, per pool; GPU share on train nodes): what the nodes alone fix.
+
+    The memory table turns memory requests into an estimated share.
+    """
+    model_memory: dict[str, dict[str, int]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
+    train_capacity = 0
+    train_names = {n.name for n in nodes if TRAIN_POOL in n.pools}
+    for node in nodes:
+        if node.name in train_names:
+            train_capacity += sum(g.capacity_milli for g in node.gpus)
+        sizes: dict[str, int] = {}
+        for g in node.gpus:
+            if g.memory_mib > sizes.get(g.model, 0):
+                sizes[g.model] = g.memory_mib
+        for pool in node.pools:
+            table = model_memory.get(pool)
+            if table is not None:
+                for model, size in sizes.items():
+                    if size > table.get(model, 0):
+                        table[model] = size
+    return model_memory, train_capacity
+
+
 @dataclass
 class _Started:
     workload: Workload
@@ -162,21 +188,10 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 self.usage[w.project] += milli
                 self.train_running[w.project].append(w)
 
-        # largest GPU memory per model and pool, to turn memory requests into an estimated share
-        self.model_memory: dict[str, dict[str, int]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
-        for node in snap.nodes:
-            if node.name in self.train_nodes:
-                self.train_capacity += sum(g.capacity_milli for g in node.gpus)
-            sizes: dict[str, int] = {}
-            for g in node.gpus:
-                if g.memory_mib > sizes.get(g.model, 0):
-                    sizes[g.model] = g.memory_mib
-            for pool in node.pools:
-                table = self.model_memory.get(pool)
-                if table is not None:
-                    for model, size in sizes.items():
-                        if size > table.get(model, 0):
-                            table[model] = size
+        # largest GPU memory per model and pool (read-only: shared by cycles over the same nodes)
+        facts = for_nodes("engine node facts", snap.nodes, _node_facts)
+        self.model_memory: dict[str, dict[str, int]] = facts[0]
+        self.train_capacity += facts[1]
 
         self.started: list[_Started] = []
         self.preempted: dict[str, str] = {}  # workload id -> reason, in decision order

@@ -46,6 +46,7 @@ import numpy as np
 
 from scheduler.errors import InvalidRequest
 from scheduler.policy.model import Assignment, Node, Request, Workload
+from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.placement_capacity import CapacityModel
 from scheduler.policy.placement_frag import FragModel, request_shape
 
@@ -73,9 +74,9 @@ class _Layout:
     """What a pool's hardware fixes: names, GPU slots, capacities, models, topology.
 
     Built from the node list alone and never written to after (the arrays are
-    read-only), so states over the same node objects share one: the service
-    and the benchmarks pass the same nodes cycle after cycle, and building
-    this for thousands of GPUs cost a tenth of a steady cycle.
+    read-only), so states over the same node objects share one
+    (:mod:`scheduler.policy.nodecache`): building this for thousands of GPUs
+    cost a tenth of a steady cycle.
     """
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
@@ -124,19 +125,11 @@ class _Layout:
 
 
 _gpu_order = attrgetter("index", "id")
-_LAYOUTS: list[tuple[tuple[Node, ...], _Layout]] = []  # the last few, newest last
-_LAYOUTS_KEPT = 4
 
 
 def _layout(nodes: tuple[Node, ...]) -> _Layout:
-    """The layout of exactly these node objects (by identity: nodes are frozen), built or reused."""
-    for known, lay in _LAYOUTS:
-        if len(known) == len(nodes) and all(a is b for a, b in zip(known, nodes, strict=True)):
-            return lay
-    lay = _Layout(nodes)
-    _LAYOUTS.append((nodes, lay))
-    del _LAYOUTS[:-_LAYOUTS_KEPT]
-    return lay
+    """The layout of these node objects, built or reused (:mod:`scheduler.policy.nodecache`)."""
+    return for_nodes("placement layout", nodes, _Layout)
 
 
 class FreeState:
