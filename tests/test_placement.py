@@ -423,3 +423,24 @@ def test_default_weighs_the_fgd_term_by_the_gang_share_of_the_mix() -> None:
     assert gangs.frag.lam == pytest.approx(base * (1 + gain))
     # gang volume 2 x 2000 of 2 x 2000 + 2 x 500 + 3 x 1000 = 8000 milli
     assert half.frag.lam == pytest.approx(base * (1 + gain * 0.5**exp))
+
+
+def test_layout_reused_only_for_the_same_node_objects() -> None:
+    """States over the same node objects share the hardware layout; equal-named new nodes get their own."""
+    nodes = cluster()
+    first = FreeState.from_nodes(nodes, [])
+    again = FreeState.from_nodes(list(nodes), [])
+    assert again.cap is first.cap and again.gpu_slot is first.gpu_slot
+    assert not first.cap.flags.writeable  # shared, so nobody may write to it
+    # same names, one node rebuilt with a smaller GPU: a fresh layout with the new capacity
+    changed = [Node("d", 8000, 16_000, (Gpu("d-g0", 0, "T4", 16_000, capacity_milli=500),)) if n.name == "d" else n
+               for n in nodes]
+    other = FreeState.from_nodes(changed, [])
+    assert other.cap is not first.cap
+    d = other.node_index["d"]
+    assert int(other.cap[d, 0]) == 500 and int(first.cap[d, 0]) == 1000
+    # and the running work of one state never leaks into another over the same nodes
+    busy = FreeState.from_nodes(nodes, [Workload("w", "p", Kind.TRAIN, Request(gpus=1),
+                                                 assignment=Assignment("d", (("d-g0", 1000),)))])
+    assert busy.free_gpu_milli() == first.free_gpu_milli() - 1000
+    assert FreeState.from_nodes(nodes, []).free_gpu_milli() == first.free_gpu_milli()
