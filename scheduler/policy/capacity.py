@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from scheduler.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
+from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.placement import FreeState
 
 
@@ -24,16 +25,27 @@ def memory_milli(memory_mib: int, gpu: Gpu) -> int:
     return -(-memory_mib * MILLI // gpu.memory_mib)
 
 
-class Ledger:
-    """Free CPU, memory and per-GPU share of every node, updated in place."""
+class _EmptyLedger:
+    """The ledger of an idle pool: what :class:`Ledger` starts from (shared, never written to)."""
 
-    def __init__(self, nodes: Sequence[Node], running: Iterable[Workload]) -> None:
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.order = {n.name: i for i, n in enumerate(nodes)}
         self.cpu = {n.name: n.cpu_milli for n in nodes}
         self.mem = {n.name: n.memory_mib for n in nodes}
         self.gpu = {n.name: {g.id: g.capacity_milli for g in n.gpus} for n in nodes}
         self.capacity = {g.id: g.capacity_milli for n in nodes for g in n.gpus}
+
+
+class Ledger:
+    """Free CPU, memory and per-GPU share of every node, updated in place."""
+
+    def __init__(self, nodes: Sequence[Node], running: Iterable[Workload]) -> None:
+        empty = for_nodes("ledger", nodes, _EmptyLedger)
+        self.nodes, self.order, self.capacity = empty.nodes, empty.order, empty.capacity  # read-only
+        self.cpu = dict(empty.cpu)
+        self.mem = dict(empty.mem)
+        self.gpu = {name: dict(free) for name, free in empty.gpu.items()}
         # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
         self.whole: dict[str, int] = {}
         self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
