@@ -444,3 +444,32 @@ def test_layout_reused_only_for_the_same_node_objects() -> None:
                                                  assignment=Assignment("d", (("d-g0", 1000),)))])
     assert busy.free_gpu_milli() == first.free_gpu_milli() - 1000
     assert FreeState.from_nodes(nodes, []).free_gpu_milli() == first.free_gpu_milli()
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_mix_learned_in_groups_matches_one_by_one(policy: str) -> None:
+    """observe_counts (used for the running work) ends in the same counts and flags as observe per request."""
+    shared = Request(gpus=1, cpu_milli=4_000)
+    seq = [shared] * 40 + [Request(gpu_milli=500, cpu_milli=2_000) for _ in range(30)] + [Request(cpu_milli=1_000)] * 5
+    seq += [Request(gpus=2, cpu_milli=8_000), shared, Request(gpu_milli=500, cpu_milli=2_000)] * 7
+    state = FreeState.from_nodes(cluster(), [], policy=policy)
+    grouped, one_by_one = type(state.frag)(state), type(state.frag)(state)
+    pairs: dict[int, list] = {}
+    for r in seq:
+        pairs.setdefault(id(r), [r, 0])[1] += 1
+    grouped.observe_counts((r, n) for r, n in pairs.values())
+    for r in seq:
+        one_by_one.observe(r)
+    for a, b in ((grouped, one_by_one), (getattr(grouped, "fgd", None), getattr(one_by_one, "fgd", None))):
+        if a is None:
+            continue
+        assert list(a.counts.items()) == list(b.counts.items())
+        assert (a._dirty, a._new_type, a._seen_since, a._total) == (b._dirty, b._new_type, b._seen_since, b._total)
+    # a few more of known types after a rebuild: not yet due for a re-weigh, either way
+    grouped.rebuild()
+    one_by_one.rebuild()
+    grouped.observe_counts([(shared, 10)])
+    for _ in range(10):
+        one_by_one.observe(shared)
+    assert (grouped._dirty, grouped._new_type, grouped._seen_since) == (False, False, 10)
+    assert (one_by_one._dirty, one_by_one._new_type, one_by_one._seen_since) == (False, False, 10)

@@ -218,14 +218,14 @@ class FreeState:
             state.frag.rebuild()
         return state
 
-    def _subtract_all(self, running: Iterable[Workload]) -> dict[Request, int]:
+    def _subtract_all(self, running: Iterable[Workload]) -> list[tuple[Request, int]]:
         """Subtract every running workload at once; how many of each request held capacity.
 
         The same sums as :meth:`_apply` per workload (and the same errors), but
         gathered in Python lists and added to the arrays in one call each: at
         ~8k running workloads a cycle, per-element numpy updates cost most of
-        building the state. Requests are grouped (by object first, so a shared
-        request is hashed once) for the fragmentation model's mix.
+        building the state. Requests are grouped by object (no hashing) for the
+        fragmentation model's mix, in order of first appearance.
         """
         node_index, gpu_slot = self.node_index.get, self.gpu_slot.get
         width = self.free.shape[1]
@@ -269,11 +269,8 @@ class FreeState:
             np.subtract.at(self.mem_free, np.array(rows, dtype=np.int64), np.array(mem, dtype=np.int64))
         if cells:
             np.subtract.at(self.free.reshape(-1), np.array(cells, dtype=np.int64), np.array(milli, dtype=np.int64))
-        held: dict[Request, int] = {}
-        for key, count in counts.items():
-            r = objs[key]
-            held[r] = held.get(r, 0) + count
-        return held
+        # (equal requests held by distinct objects stay separate pairs: merging them would hash each)
+        return [(objs[key], count) for key, count in counts.items()]
 
     # ------------------------------------------------------------ bookkeeping
 

@@ -68,7 +68,7 @@ class CapacityModel(FragModel):
             self.fgd._dirty |= self._dirty
             self.fgd._new_type |= self._new_type
 
-    def observe_counts(self, counts: dict[Request, int]) -> None:
+    def observe_counts(self, counts: Iterable[tuple[Request, int]]) -> None:
         super().observe_counts(counts)
         if self.fgd is not None and not self.fixed:
             self.fgd._dirty |= self._dirty

@@ -142,17 +142,18 @@ class FragModel:
         for r in requests:
             self.observe(r)
 
-    def observe_counts(self, counts: dict[Request, int]) -> None:
-        """Learn ``counts[r]`` requests like ``r`` at once (no-op when the mix was given).
+    def observe_counts(self, counts: Iterable[tuple[Request, int]]) -> None:
+        """Learn ``times`` requests like ``r`` for each ``(r, times)`` (no-op when the mix was given).
 
-        Counts and flags end exactly as after that many :meth:`observe` calls:
-        whole numbers added to floats are exact, and the refresh test
-        (``seen - 0.05 * total``) only grows call by call, so testing it after
-        each group sets the same flags as testing it after each call.
+        Counts and flags end exactly as after observing the requests one by one
+        in order of first appearance: whole numbers added to floats are exact,
+        a type is new at its first appearance whatever the grouping, and the
+        refresh test (``seen - 0.05 * total``) only grows call by call, so
+        testing it after each group sets the same flags as after each call.
         """
         if self.fixed:
             return
-        for r, times in counts.items():
+        for r, times in counts:
             if times <= 0:
                 continue
             new = self._count(r, times)
