@@ -38,6 +38,15 @@ def _reject_constant(name: str) -> Any:
     raise InvalidRequest(f"malformed JSON: {name} is not a JSON number")
 
 
+def _within(name: str, value: Any, minimum: Any, maximum: Any) -> Any:
+    """``value`` of query parameter ``name``, or InvalidRequest when it is outside [minimum, maximum]."""
+    if minimum is not None and value < minimum:
+        raise InvalidRequest(f"query parameter {name} must be at least {minimum}, not {value}")
+    if maximum is not None and value > maximum:
+        raise InvalidRequest(f"query parameter {name} must be at most {maximum}, not {value}")
+    return value
+
+
 class ApiHandler(tornado.web.RequestHandler):
     """JSON handler bound to the scheduler core, authenticated unless ``public``."""
 
@@ -102,11 +111,7 @@ class ApiHandler(tornado.web.RequestHandler):
             value = int(raw)
         except ValueError:
             raise InvalidRequest(f"query parameter {name} must be an integer, not {raw[:40]!r}") from None
-        if minimum is not None and value < minimum:
-            raise InvalidRequest(f"query parameter {name} must be at least {minimum}, not {value}")
-        if maximum is not None and value > maximum:
-            raise InvalidRequest(f"query parameter {name} must be at most {maximum}, not {value}")
-        return value
+        return _within(name, value, minimum, maximum)
 
     def query_float(self, name: str, default: float | None, *, minimum: float | None = None,
                     maximum: float | None = None) -> float | None:
@@ -119,11 +124,7 @@ class ApiHandler(tornado.web.RequestHandler):
             raise InvalidRequest(f"query parameter {name} must be a number, not {raw[:40]!r}") from None
         if not math.isfinite(value):
             raise InvalidRequest(f"query parameter {name} must be a finite number")
-        if minimum is not None and value < minimum:
-            raise InvalidRequest(f"query parameter {name} must be at least {minimum}, not {value}")
-        if maximum is not None and value > maximum:
-            raise InvalidRequest(f"query parameter {name} must be at most {maximum}, not {value}")
-        return value
+        return _within(name, value, minimum, maximum)
 
     def query_str(self, name: str) -> str | None:
         value = self.get_query_argument(name, None)
