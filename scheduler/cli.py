@@ -205,6 +205,20 @@ def _print_json(value: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _print_job_line(job: dict[str, Any], args: argparse.Namespace) -> None:
+    """A job after submit or an action: JSON with --json, else 'ID STATE[: reason]'."""
+    if args.json:
+        _print_json(job)
+    else:
+        reason = f": {job['reason']}" if job.get("reason") else ""
+        print(f"{job['id']} {job['state']}{reason}")
+
+
+def _who(me: dict[str, Any]) -> str:
+    """'alice' or 'admin (admin)', from a whoami reply."""
+    return f"{me['user']}{' (admin)' if me.get('admin') else ''}"
+
+
 # ------------------------------------------------------------------ commands
 def cmd_status(client: GpupoolClient, args: argparse.Namespace) -> None:
     status = client.status()
@@ -213,7 +227,7 @@ def cmd_status(client: GpupoolClient, args: argparse.Namespace) -> None:
 
 def cmd_whoami(client: GpupoolClient, args: argparse.Namespace) -> None:
     me = client.whoami()
-    _print_json(me) if args.json else print(f"{me['user']}{' (admin)' if me.get('admin') else ''} at {client.url}")
+    _print_json(me) if args.json else print(f"{_who(me)} at {client.url}")
 
 
 def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -267,12 +281,7 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
 
 
 def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> None:
-    job = client.submit(submit_spec(args, command))
-    if args.json:
-        _print_json(job)
-    else:
-        reason = f": {job['reason']}" if job.get("reason") else ""
-        print(f"{job['id']} {job['state']}{reason}")
+    _print_job_line(client.submit(submit_spec(args, command)), args)
 
 
 def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -296,12 +305,7 @@ def cmd_describe(client: GpupoolClient, args: argparse.Namespace) -> None:
 
 
 def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> None:
-    job = getattr(client, args.command)(args.job)
-    if args.json:
-        _print_json(job)
-    else:
-        reason = f": {job['reason']}" if job.get("reason") else ""
-        print(f"{job['id']} {job['state']}{reason}")
+    _print_job_line(getattr(client, args.command)(args.job), args)
 
 
 def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.5) -> None:
@@ -365,7 +369,7 @@ def cmd_login(client: GpupoolClient, args: argparse.Namespace) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"url": client.url, "token": client.token}, f)
     os.replace(tmp, path)
-    print(f"logged in to {client.url} as {me['user']}{' (admin)' if me.get('admin') else ''}; saved in {path}")
+    print(f"logged in to {client.url} as {_who(me)}; saved in {path}")
 
 
 def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
