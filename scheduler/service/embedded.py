@@ -58,21 +58,16 @@ class EmbeddedScheduler:
 
     def service_config(self) -> ServiceConfig:
         """The core's configuration: explicit arguments win over ``config``."""
-        if isinstance(self._config, ServiceConfig):
-            cfg = self._config
-            cfg.state_dir = self.state_dir
-            if self.simulate is not None:
-                cfg.simulate = self.simulate
-            if self._admin_token is not None:
-                cfg.admin_token = self._admin_token
-            return cfg
-        data = dict(self._config or {})
-        data["state_dir"] = self.state_dir
+        overrides: dict[str, Any] = {"state_dir": self.state_dir}
         if self.simulate is not None:
-            data["simulate"] = self.simulate
+            overrides["simulate"] = self.simulate
         if self._admin_token is not None:
-            data["admin_token"] = self._admin_token
-        return ServiceConfig.from_dict(data)
+            overrides["admin_token"] = self._admin_token
+        if isinstance(self._config, ServiceConfig):
+            for key, value in overrides.items():
+                setattr(self._config, key, value)
+            return self._config
+        return ServiceConfig.from_dict({**(self._config or {}), **overrides})
 
     async def start(self) -> None:
         """Start the core (recovering its state), create missing projects, then listen."""
@@ -96,7 +91,7 @@ class EmbeddedScheduler:
         try:
             await core.start()
             self.admin_token = self._find_admin_token(core, cfg)
-            await self._ensure_projects(core, cfg)
+            self._ensure_projects(core, cfg)
             self.app = make_app(core)
             self._server = HTTPServer(self.app, max_body_size=MAX_BODY, idle_connection_timeout=120)
             self._server.add_sockets(sockets)
@@ -155,13 +150,11 @@ class EmbeddedScheduler:
         except OSError:
             return None
 
-    async def _ensure_projects(self, core: Any, cfg: ServiceConfig) -> None:
+    def _ensure_projects(self, core: Any, cfg: ServiceConfig) -> None:
         if not self.projects:
             return
         existing = {p["name"] for p in core.list_projects()}
         admin = Actor(cfg.admin_user, admin=True)
         for name, fields in self.projects.items():
             if name not in existing:
-                result = core.set_project(admin, name, dict(fields))
-                if asyncio.iscoroutine(result):
-                    await result
+                core.set_project(admin, name, dict(fields))
