@@ -114,16 +114,24 @@ class JobRecord:
 
 _JSON_COLS = {"request", "assignment", "command", "env", "job_env", "labels"}
 _BOOL_COLS = {"preemptible", "user_paused"}
+_CODED_COLS = _JSON_COLS | _BOOL_COLS
 _COLS = [f.name for f in fields(JobRecord)]
+
+
+def _column(k: str, v: Any) -> Any:
+    """One field's value as stored: JSON columns as text, booleans as 0/1."""
+    if k in _JSON_COLS:
+        return None if v is None else json.dumps(v)
+    if k in _BOOL_COLS:
+        return int(bool(v))
+    return v
 
 
 def _encode(rec: JobRecord) -> dict[str, Any]:
     """A row for INSERT. Field by field, not ``asdict``: asdict deep-copies every nested value."""
     row = {k: getattr(rec, k) for k in _COLS}
-    for k in _JSON_COLS:
-        row[k] = None if row[k] is None else json.dumps(row[k])
-    for k in _BOOL_COLS:
-        row[k] = int(bool(row[k]))
+    for k in _CODED_COLS:
+        row[k] = _column(k, row[k])
     return row
 
 
@@ -256,11 +264,7 @@ class Store:
         for k, v in changes.items():
             if k not in _COLS or k in ("id", "num"):
                 raise KeyError(k)
-            if k in _JSON_COLS:
-                v = None if v is None else json.dumps(v)
-            elif k in _BOOL_COLS:
-                v = int(bool(v))
-            enc[k] = v
+            enc[k] = _column(k, v)
         sets = ", ".join(f"{k}=?" for k in enc)
         with self.transaction() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE id=?", (*enc.values(), job_id))
