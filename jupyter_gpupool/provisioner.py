@@ -135,6 +135,12 @@ async def quota_message(client: Any, project: str, fallback: str) -> str:
     )
 
 
+def server_root(provisioner: Any) -> str | None:
+    """The Jupyter server's root dir (the provisioner's kernel manager's parent knows it)."""
+    root = getattr(getattr(provisioner.parent, "parent", None), "root_dir", None)
+    return str(root) if root else None
+
+
 class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
     """A local kernel that runs on a GPU share granted by the gpupool scheduler."""
 
@@ -152,15 +158,10 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         return conn
 
-    def _server_root(self) -> str | None:
-        """The Jupyter server's root dir (the kernel manager's parent knows it)."""
-        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
-        return str(root) if root else None
-
     def _notebook_path(self, env: dict[str, str]) -> str:
         """The kernel's notebook relative to the server root (absolute if outside)."""
         path = env.get("JPY_SESSION_NAME", "")
-        root = self._server_root()
+        root = server_root(self)
         if path and root and os.path.isabs(path):
             try:
                 rel = os.path.relpath(path, root)
@@ -234,7 +235,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             kwargs["env"].update(with_kernel_pythonpath(build_job_env(job, simulated), own_pythonpath))
             kwargs["env"].update(conn.kernel_env())
             kwargs["env"]["GPUPOOL_KERNEL_ID"] = str(self.kernel_id)
-            root = self._server_root()
+            root = server_root(self)
             if root:
                 kwargs["env"]["GPUPOOL_SERVER_ROOT"] = root
         except BaseException:
@@ -306,9 +307,9 @@ class GpuFreeProvisioner(LocalProvisioner):  # type: ignore[misc]
         conn = current()
         if conn is not None and conn.token:
             env.update(conn.kernel_env())
-        root = getattr(getattr(self.parent, "parent", None), "root_dir", None)
+        root = server_root(self)
         if root:
-            env["GPUPOOL_SERVER_ROOT"] = str(root)
+            env["GPUPOOL_SERVER_ROOT"] = root
 
 
 def make_plain_kernels_gpu_free(factory: Any) -> str:
