@@ -45,20 +45,22 @@ def base_kernel(name: str, metadata: dict[str, Any] | None = None) -> str:
 
 
 def _base_spec(kernel_spec_manager: Any, base: str) -> tuple[dict[str, Any], str | None]:
-    """(kernel.json dict, resource dir) of the base kernel, or ipykernel's defaults."""
-    try:
-        spec = kernel_spec_manager.get_kernel_spec(base)
-        return spec.to_dict(), spec.resource_dir
-    except Exception:
-        return (
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3 (ipykernel)",
-                "language": "python",
-                "metadata": {"debugger": True},
-            },
-            None,
-        )
+    """(kernel.json dict, resource dir) of the base kernel, or ipykernel's defaults (also without a manager)."""
+    if kernel_spec_manager:
+        try:
+            spec = kernel_spec_manager.get_kernel_spec(base)
+            return spec.to_dict(), spec.resource_dir
+        except Exception:
+            pass
+    return (
+        {
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+            "metadata": {"debugger": True},
+        },
+        None,
+    )
 
 
 def write_kernelspecs(
@@ -77,7 +79,7 @@ def write_kernelspecs(
     for old in root.glob(f"{PREFIX}*"):
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
-    spec, resources = _base_spec(kernel_spec_manager, base) if kernel_spec_manager else _base_spec(None, base)
+    spec, resources = _base_spec(kernel_spec_manager, base)
     names = []
     for fraction in fractions:
         share_request(fraction)  # reject bad fractions with a clear message
