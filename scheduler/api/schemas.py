@@ -18,20 +18,20 @@ from typing import Any
 import jsonschema
 
 from scheduler.errors import InvalidRequest
+from scheduler.service.validation import ENV_KEY_RE, MAX_PRIORITY
 
 # Largest values the API accepts. Beyond these a request is a mistake, not a plan.
 MAX_GPUS = 4096
 MAX_GPU_MEMORY = 2**50  # 1 PiB of GPU memory on one GPU
 MAX_HOST_MEMORY = 2**60
 MAX_CPU = 100_000
-MAX_PRIORITY = 1_000_000
 MAX_QUOTA = 1_000_000  # GPUs
 MAX_NAME = 256
 MAX_STRING = 65_536
 MAX_ITEMS = 4096
 
 NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
-ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (MAX_PRIORITY too), so the two cannot drift apart
 
 JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled", "rejected"]
 JOB_KINDS = ["train", "build"]
