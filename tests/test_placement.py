@@ -473,3 +473,23 @@ def test_mix_learned_in_groups_matches_one_by_one(policy: str) -> None:
         one_by_one.observe(shared)
     assert (grouped._dirty, grouped._new_type, grouped._seen_since) == (False, False, 10)
     assert (one_by_one._dirty, one_by_one._new_type, one_by_one._seen_since) == (False, False, 10)
+
+
+@pytest.mark.parametrize("policy", ["fgd", "default"])
+def test_given_mix_scores_running_work_like_committed_work(policy: str) -> None:
+    """With a given mix, work running at build time weighs as if committed after it (FGD term included)."""
+    import numpy as np
+
+    mix = [Request(gpus=1), Request(gpu_milli=500), Request(gpus=2)]
+    held = [(Request(gpu_milli=600), Assignment("a", (("a-g0", 600),))),
+            (Request(gpus=2), Assignment("c", (("c-g0", 1000), ("c-g1", 1000))))]
+    built = FreeState.from_nodes(cluster(), [running(f"w{k}", r, a) for k, (r, a) in enumerate(held)],
+                                 policy=policy, workload=mix)
+    later = FreeState.from_nodes(cluster(), (), policy=policy, workload=mix)
+    for r, a in held:
+        later.commit(a, r)
+    cand = np.arange(len(built.names))
+    for probe in (Request(gpus=1), Request(gpus=2)):
+        _, _, got = built.frag.deltas(cand, None, probe)
+        _, _, want = later.frag.deltas(cand, None, probe)
+        assert np.allclose(got, want)

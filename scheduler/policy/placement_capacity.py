@@ -56,10 +56,12 @@ class CapacityModel(FragModel):
 
     def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
         fixed = list(fixed) if fixed is not None else None
-        self.fgd = FragModel(state, fixed=fixed) if self.LAMBDA else None
+        self.fgd: FragModel | None = None  # built after our tables (its own __init__ builds its own)
         super().__init__(state, fixed=fixed)
-        if self.fgd is not None and fixed is None:
-            self.fgd.counts = self.counts  # one learned mix, counted once (both start empty)
+        if self.LAMBDA:
+            self.fgd = FragModel(state, fixed=fixed)
+            if fixed is None:
+                self.fgd.counts = self.counts  # one learned mix, counted once (both start empty)
 
     def observe(self, request: Request) -> None:
         super().observe(request)
@@ -91,6 +93,9 @@ class CapacityModel(FragModel):
         return rows, slot, delta
 
     def rebuild(self) -> None:
+        if self.fgd is not None:
+            # the FGD term measures the same state: rebuilt at its next refresh, as after a new type
+            self.fgd._new_type = True
         st = self.state
         n = len(st.names)
         keys = sorted(self.counts, key=repr)
