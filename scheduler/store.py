@@ -22,6 +22,7 @@ SCHEMA_VERSION = 1
 
 LIVE_STATES = ("queued", "running", "paused")
 FINAL_STATES = ("succeeded", "failed", "cancelled", "rejected")
+_LIVE_SQL = ", ".join(f"'{s}'" for s in LIVE_STATES)  # for "state IN (...)"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -154,6 +155,10 @@ class ProjectRecord:
     created_at: float = 0.0
 
 
+def _project_of(row: sqlite3.Row) -> ProjectRecord:
+    return ProjectRecord(**{k: row[k] for k in row.keys()})
+
+
 class Store:
     """SQLite-backed state. Open once per service; close at stop."""
 
@@ -235,11 +240,11 @@ class Store:
 
     def projects(self) -> list[ProjectRecord]:
         rows = self._db.execute("SELECT * FROM projects ORDER BY name").fetchall()
-        return [ProjectRecord(**{k: r[k] for k in r.keys()}) for r in rows]
+        return [_project_of(r) for r in rows]
 
     def project(self, name: str) -> ProjectRecord | None:
         r = self._db.execute("SELECT * FROM projects WHERE name=?", (name,)).fetchone()
-        return None if r is None else ProjectRecord(**{k: r[k] for k in r.keys()})
+        return None if r is None else _project_of(r)
 
     # ------------------------------------------------------------ jobs
     def next_job_number(self) -> int:
@@ -301,14 +306,14 @@ class Store:
 
     def live_job_by_key(self, user: str, client_key: str) -> JobRecord | None:
         r = self._db.execute(
-            "SELECT * FROM jobs WHERE user=? AND client_key=? AND state IN ('queued','running','paused') ORDER BY num DESC",
+            f"SELECT * FROM jobs WHERE user=? AND client_key=? AND state IN ({_LIVE_SQL}) ORDER BY num DESC",
             (user, client_key),
         ).fetchone()
         return None if r is None else _decode(r)
 
     def count_live_jobs(self, project: str) -> int:
         return int(self._db.execute(
-            "SELECT COUNT(*) FROM jobs WHERE project=? AND state IN ('queued','running','paused')", (project,)
+            f"SELECT COUNT(*) FROM jobs WHERE project=? AND state IN ({_LIVE_SQL})", (project,)
         ).fetchone()[0])
 
     # ------------------------------------------------------------ events
