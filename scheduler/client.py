@@ -111,8 +111,9 @@ def _query(params: Mapping[str, Any]) -> str:
 class _Endpoints:
     """One method per endpoint; ``_call`` does the transport (blocking or async)."""
 
-    url: str
-    token: str | None
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30) -> None:
+        self.url, self.token = resolve_connection(url, token)
+        self.timeout = timeout
 
     def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
               raw: bool = False, timeout: float | None = None) -> Any:
@@ -183,13 +184,18 @@ class _Endpoints:
         base = getattr(self, "timeout", None)
         return None if base is None else float(base) + float(wait or 0)
 
-    def _headers(self, has_body: bool) -> dict[str, str]:
+    def _request_parts(self, method: str, path: str, body: Any,
+                       query: Mapping[str, Any] | None) -> tuple[str, bytes | None, dict[str, str]]:
+        """URL, body bytes and headers of one request, the same for both transports."""
+        data = None if body is None else json.dumps(body).encode()
+        if method in ("POST", "PUT") and data is None:
+            data = b""
         headers = {"Accept": "application/json", "User-Agent": "gpupool-client/1"}
         if self.token:
             headers["Authorization"] = f"token {self.token}"
-        if has_body:
+        if body is not None:
             headers["Content-Type"] = "application/json"
-        return headers
+        return self.url + path + _query(query or {}), data, headers
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r})"
@@ -210,19 +216,10 @@ def _decode(data: bytes, raw: bool) -> Any:
 class GpupoolClient(_Endpoints):
     """Blocking client (urllib). Safe to share between threads: it keeps no connection state."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30) -> None:
-        self.url, self.token = resolve_connection(url, token)
-        self.timeout = timeout
-
     def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
               raw: bool = False, timeout: float | None = None) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        if method in ("POST", "PUT") and data is None:
-            data = b""
-        request = urllib.request.Request(
-            self.url + path + _query(query or {}), data=data, method=method,
-            headers=self._headers(body is not None),
-        )
+        url, data, headers = self._request_parts(method, path, body, query)
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with _OPENER.open(request, timeout=timeout or self.timeout) as reply:
                 return _decode(reply.read(), raw)
@@ -273,21 +270,14 @@ _OTHER_LOOPS: dict[int, Any] = {}
 class AsyncGpupoolClient(_Endpoints):
     """Asyncio client on tornado's AsyncHTTPClient; every method is a coroutine."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30) -> None:
-        self.url, self.token = resolve_connection(url, token)
-        self.timeout = timeout
-
     async def _call(self, method: str, path: str, *, body: Any = None,
                     query: Mapping[str, Any] | None = None, raw: bool = False,
                     timeout: float | None = None) -> Any:
         from tornado.httpclient import HTTPClientError, HTTPRequest
 
-        data: bytes | None = None if body is None else json.dumps(body).encode()
-        if method in ("POST", "PUT") and data is None:
-            data = b""
+        url, data, headers = self._request_parts(method, path, body, query)
         request = HTTPRequest(
-            self.url + path + _query(query or {}), method=method, body=data,
-            headers=self._headers(body is not None), request_timeout=timeout or self.timeout,
+            url, method=method, body=data, headers=headers, request_timeout=timeout or self.timeout,
             connect_timeout=min(self.timeout, 20), follow_redirects=False,
             allow_nonstandard_methods=True,
         )
