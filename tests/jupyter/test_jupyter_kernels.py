@@ -73,6 +73,7 @@ async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_
     assert env["GPUPOOL_SIMULATED"] == "1" and env["GPUPOOL_KERNEL_ID"] == kernel_id
     assert env["GPUPOOL_URL"] == gpupool_app.connection.url and env["GPUPOOL_TOKEN"]
     assert env["JPY_SESSION_NAME"].endswith(os.path.join("work", "nb1.ipynb"))
+    assert env["GPUPOOL_SERVER_ROOT"] == str(jp_serverapp.root_dir)  # the magics' promote paths start there
 
     # the magic, with the scoped token the provisioner handed the kernel
     user = gpupool_app.connection.user
@@ -163,6 +164,7 @@ async def test_plain_kernel_gpu_free_and_idle_gpu_kernel_shut_down(
     env = await kernel_env(jp_serverapp, plain)
     assert env["CUDA_VISIBLE_DEVICES"] == "" and "GPUPOOL_JOB_ID" not in env
     assert env["GPUPOOL_URL"] == gpupool_app.connection.url and env["GPUPOOL_TOKEN"]
+    assert env["GPUPOOL_SERVER_ROOT"] == str(jp_serverapp.root_dir)
     assert plain not in leases.held()
     job_id = leases.held()[kernel_id].job_id
     gpupool_app.idle_timeout, gpupool_app.idle_grace = 0.2, 0.0
