@@ -62,9 +62,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler.policy import reasons as txt
-from scheduler.policy.fairshare import ShareInput, fair_shares
 from scheduler.policy.memo import FailureMemo
-from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Kind, Project, Request, Workload
+from scheduler.policy.model import BUILD_POOL, Kind, Project, Request, Workload
 
 if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
     from scheduler.policy.capacity import Capacity
@@ -118,9 +117,8 @@ class BuildReclaimMixin:
         preempted: dict[str, str]
         touched: set[str]
         pending: list[Workload]
-        req_of: dict[str, Request]
 
-        def estimate(self, pool: str, req: Request) -> int: ...
+        def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]: ...
         def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
 
     _build_claims: _ClaimState | None = None  # made on the first build claim of the cycle
@@ -170,15 +168,8 @@ class BuildReclaimMixin:
         they are worked out here the same way: running plus pending training
         demand, train-pool GPUs not held by build work.
         """
-        demand = dict(self.usage)
-        for w in self.pending:
-            if w.kind is Kind.TRAIN and w.project in demand:
-                demand[w.project] += self.estimate(TRAIN_POOL, self.req_of[w.id])
-        inputs = {
-            name: ShareInput(q.train_guarantee_milli, q.train_limit_milli, q.weight, demand[name])
-            for name, q in self.projects.items()
-        }
-        return fair_shares(max(self.train_capacity, 0), inputs)
+        trains = (w for w in self.pending if w.kind is Kind.TRAIN and w.project in self.projects)
+        return self.train_shares(trains, self.train_capacity)
 
     def _classify(self, state: _ClaimState, name: str) -> _ProjectJobs:
         """Project ``name``'s jobs on build-pool nodes by how a kernel may pause them (see the module docstring).

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -379,19 +379,22 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         return kept
 
     def compute_shares(self, trains: list[Workload]) -> None:
-        demand = dict(self.usage)
-        estimates, req_of = self.estimates, self.req_of
-        for w in trains:  # (every request here was estimated by admissible_trains)
-            demand[w.project] += estimates[(TRAIN_POOL, id(req_of[w.id]))]
         capacity = self.train_capacity
         for s in self.started:  # build work started this cycle on train nodes
             if s.assignment.node in self.train_nodes:
                 capacity -= s.assignment.total_milli
+        self.shares = self.train_shares(trains, capacity)
+
+    def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]:
+        """Fair shares of ``capacity``; demand: training in use plus the estimated needs of ``trains``."""
+        demand = dict(self.usage)
+        for w in trains:
+            demand[w.project] += self.estimate(TRAIN_POOL, self.req_of[w.id])
         inputs = {
             name: ShareInput(p.train_guarantee_milli, p.train_limit_milli, p.weight, demand[name])
             for name, p in self.projects.items()
         }
-        self.shares = fair_shares(max(capacity, 0), inputs)
+        return fair_shares(max(capacity, 0), inputs)
 
     def train_pass(self, jobs: list[Workload], first: bool) -> None:
         """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
