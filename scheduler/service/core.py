@@ -853,7 +853,7 @@ class SchedulerCore:
         if not self.simulated and time.time() - self._sample_t > 2:
             self._refresh_sample()
         return pool_view(self._nodes, self._gpus, self._live_jobs(("running",)), self._sample,
-                         self.config.host_memory(), self.simulated)
+                         self._limits().memory, self.simulated)  # read once, not /proc/meminfo per call
 
     def status(self) -> dict[str, Any]:
         counts = {"pending": 0, "running": 0, "paused": 0}
