@@ -21,9 +21,8 @@ from typing import Any
 from tornado.iostream import StreamClosedError
 
 from scheduler.api.base import ApiHandler, maybe_await
+from scheduler.api.schemas import MAX_SEQ, MAX_WAIT_S
 
-MAX_WAIT_S = 60.0
-MAX_SEQ = 2**62  # sequence numbers are SQLite integers (int64)
 KEEPALIVE_S = 15.0
 
 

@@ -15,11 +15,8 @@ import prometheus_client
 
 from scheduler.api.base import ApiHandler, maybe_await
 from scheduler.api.openapi import build_document
-from scheduler.api.schemas import JOB_KINDS, JOB_STATES
+from scheduler.api.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
 from scheduler.errors import InvalidRequest
-
-MAX_LIST = 10_000
-MAX_LOG_CHUNK = 16 * 2**20
 
 
 class HealthHandler(ApiHandler):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from scheduler.api.schemas import COMPONENTS, JOB_KINDS
+from scheduler.api.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
 
 API_VERSION = "1.0.0"
 
@@ -92,7 +92,7 @@ def _paths() -> dict[str, Any]:
                            _query("user", {"type": "string"}, "Only this user's jobs"),
                            _query("state", {"type": "string"}, "Comma-separated states, e.g. queued,running"),
                            _query("kind", {"type": "string", "enum": JOB_KINDS}, "train or build"),
-                           _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "At most this many"),
+                           _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LIST}, "At most this many"),
                        ]),
             "post": _op("Submit job", _json(_ref("Job"), "The new job"), status="201",
                         errors=(400, 401, 404, 409), body="JobSpec",
@@ -107,14 +107,14 @@ def _paths() -> dict[str, Any]:
         "/api/v1/jobs/{job_id}/logs": {"parameters": [JOB_ID], "get": _op(
             "Read job log", _json(_ref("Logs"), "A chunk of the job's output"), errors=(400, 401, 403, 404),
             params=[_query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62}, "Byte offset to read from"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 16 * 2**20}, "Most bytes")])},
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_CHUNK}, "Most bytes")])},
         "/api/v1/events": {"get": _op(
             "Events", {**_json(_ref("Events"), "Events newer than since (long-poll)"),
                        "content": {"application/json": {"schema": _ref("Events")},
                                    "text/event-stream": {"schema": {"type": "string"}}}},
             errors=(400, 401),
-            params=[_query("since", {"type": "integer", "minimum": 0, "maximum": 2**62}, "Last seq seen"),
-                    _query("timeout", {"type": "number", "minimum": 0, "maximum": 60},
+            params=[_query("since", {"type": "integer", "minimum": 0, "maximum": MAX_SEQ}, "Last seq seen"),
+                    _query("timeout", {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
                            "Seconds to wait for an event (long-poll)")])},
         "/api/v1/history": {"get": _op(
             "Usage history", _json(_ref("History"), "Samples of use per project and GPU"), errors=(400, 401),

@@ -29,6 +29,11 @@ MAX_QUOTA = 1_000_000  # GPUs
 MAX_NAME = 256
 MAX_STRING = 65_536
 MAX_ITEMS = 4096
+# Query parameters: the handlers enforce these and the OpenAPI document states them.
+MAX_LIST = 10_000  # jobs in one GET /jobs
+MAX_LOG_CHUNK = 16 * 2**20  # bytes in one GET /jobs/{id}/logs
+MAX_SEQ = 2**62  # event sequence numbers are SQLite integers (int64)
+MAX_WAIT_S = 60.0  # longest long-poll of GET /events
 
 NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
 ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (MAX_PRIORITY too), so the two cannot drift apart
