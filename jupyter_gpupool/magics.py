@@ -18,7 +18,13 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 
-from jupyter_gpupool.promote import PromoteRequest, build_spec, claim_snapshot, run_paths
+from jupyter_gpupool.promote import (
+    PromoteRequest,
+    build_spec,
+    claim_snapshot,
+    run_paths,
+    snapshot_dropped_on_error,
+)
 from jupyter_gpupool.provisioner import fraction_label
 from scheduler.errors import GpupoolError
 
@@ -91,11 +97,8 @@ def promote_notebook(client: Any, notebook: str, request: PromoteRequest) -> dic
     request.path = os.path.relpath(full, root)
     project = request.project or os.environ.get("GPUPOOL_PROJECT") or os.environ.get("GPUPOOL_PROJECT_DEFAULT", "")
     spec, runs, staging, _ = build_spec(request, root, project)
-    try:
+    with snapshot_dropped_on_error(runs, staging):
         job = client.submit(spec)
-    except BaseException:
-        os.unlink(os.path.join(runs, staging))
-        raise
     claim_snapshot(runs, staging, job["id"])
     return {**job, **run_paths(job), "run_dir_abs": os.path.join(runs, job["id"])}
 

@@ -11,12 +11,14 @@ rename; the loser finds the file already in place).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +130,17 @@ def claim_snapshot(runs_dir: str, staging: str, job_id: str) -> str:
     return run_dir
 
 
+@contextlib.contextmanager
+def snapshot_dropped_on_error(runs_dir: str, staging: str) -> Iterator[None]:
+    """Around the submit: if it fails, remove the staged snapshot (no job will ever claim it)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(runs_dir, staging))
+        raise
+
+
 def build_spec(
     request: PromoteRequest, root_dir: str, default_project: str
 ) -> tuple[dict[str, Any], str, str, str]:
@@ -180,13 +193,7 @@ def run_paths(job: dict[str, Any]) -> dict[str, str]:
 async def promote(client: Any, root_dir: str, request: PromoteRequest, default_project: str) -> dict[str, Any]:
     """Snapshot the notebook, submit its training job, place the snapshot; returns Job + paths."""
     spec, runs, staging, _full = build_spec(request, root_dir, default_project)
-    try:
+    with snapshot_dropped_on_error(runs, staging):
         job = await client.submit(spec)
-    except BaseException:
-        try:
-            os.unlink(os.path.join(runs, staging))
-        except FileNotFoundError:
-            pass
-        raise
     claim_snapshot(runs, staging, job["id"])
     return {**job, **run_paths(job)}

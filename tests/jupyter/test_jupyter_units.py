@@ -191,3 +191,19 @@ def test_gpu_free_default_respects_a_chosen_default() -> None:
     factory.default_provisioner_name = "site-provisioner"
     assert make_plain_kernels_gpu_free(factory) == "site-provisioner"
     assert factory.default_provisioner_name == "site-provisioner"
+
+
+def test_magic_promote_refused_by_the_scheduler_leaves_nothing_behind(tmp_path: Any, monkeypatch: Any) -> None:
+    import nbformat
+
+    from jupyter_gpupool.magics import promote_notebook
+
+    class Refusing:
+        def submit(self, spec: dict[str, Any]) -> Any:
+            raise InvalidRequest("no such project")
+
+    nbformat.write(nbformat.v4.new_notebook(), str(tmp_path / "exp.ipynb"))
+    monkeypatch.setenv("GPUPOOL_SERVER_ROOT", str(tmp_path))
+    with pytest.raises(InvalidRequest):
+        promote_notebook(Refusing(), str(tmp_path / "exp.ipynb"), PromoteRequest(path="exp.ipynb"))
+    assert list((tmp_path / "exp.runs").iterdir()) == []
