@@ -25,27 +25,28 @@ from pathlib import Path
 from scheduler.errors import InvalidRequest
 
 
-def proc_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if gone/zombie."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
+    return data[data.rindex(")") + 2 :].split()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if gone/zombie."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 
 
 def proc_session(pid: int) -> int | None:
     """The session id of a process (field 6 of /proc/<pid>/stat), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(")") + 2 :].split()[3])
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[3])
 
 
 def group_members(pgid: int) -> list[int]:
@@ -56,13 +57,8 @@ def group_members(pgid: int) -> list[int]:
     except OSError:
         return out
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             out.append(pid)
     return out
 
