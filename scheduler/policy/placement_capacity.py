@@ -111,24 +111,9 @@ class CapacityModel(FragModel):
         self.t_no_cpu = np.where(self.t_cpu > 0, 0.0, np.inf)  # CPU-free types: no CPU limit
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([max(s[1], 1) if s[0] == "w" else 1 for s in shapes], dtype=np.int64)
-        node_model = st.model_id[:, 0] if n else np.zeros(0, dtype=np.int64)
-        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)
-        cap = st.cap.max(axis=1) if n else np.zeros(0, dtype=np.int64)
-        demand = np.ones((n, len(shapes)), dtype=np.int64)
-        allowed = np.ones((n, len(shapes)), dtype=bool)
-        for k, (kind, amount, models) in enumerate(shapes):
-            if kind == "w":
-                demand[:, k] = np.iinfo(np.int32).max  # never used by the fraction formula
-            elif kind == "f":
-                demand[:, k] = amount
-            else:
-                demand[:, k] = -(-amount * 1000 // np.maximum(gpu_mem, 1))
-            if models:
-                ids = [st.models[m] for m in models if m in st.models]
-                allowed[:, k] = np.isin(node_model, ids)
-        allowed &= st.valid[:, :1]
+        # whole-GPU types: a demand never used by the fraction formula
+        demand, self.allowed, cap = self._shape_tables(shapes, whole_demand=np.iinfo(np.int32).max)
         self.demand = np.maximum(demand, 1)
-        self.allowed = allowed
         self.node_cap = cap
         self.su = self._packable(st.free, st.valid, self.demand) if n else np.zeros((0, len(shapes)))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)

@@ -177,15 +177,35 @@ class FragModel:
         self._weigh()
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([s[1] if s[0] == "w" else 0 for s in shapes], dtype=np.int64)
+        # a whole-GPU type can use only untouched GPUs: its demand is the node's GPU capacity
+        demand, self.allowed, self.node_cap = self._shape_tables(shapes)
+        self.demand = demand
+        self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
+        self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
+        self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
+        self._kept = None
+        self._dirty = self._new_type = False
+        self._seen_since = 0
+
+    def _shape_tables(
+        self, shapes: list[Shape], whole_demand: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(demand, allowed, GPU capacity per node) for ``shapes``.
+
+        ``demand[node, s]``: share one request of shape s takes on a GPU of the
+        node (whole GPUs: ``whole_demand``, or the node's GPU capacity when None);
+        ``allowed[node, s]``: the shape's models allow the node (and it has GPUs).
+        """
+        st = self.state
+        n = len(st.names)
         node_model = st.model_id[:, 0] if n else np.zeros(0, dtype=np.int64)
-        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)
+        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)  # at least 1 (see _Layout)
         cap = st.cap.max(axis=1) if n else np.zeros(0, dtype=np.int64)
-        demand = np.zeros((n, s_count), dtype=np.int64)
-        allowed = np.ones((n, s_count), dtype=bool)
-        for k, s in enumerate(shapes):
-            kind, amount, models = s
+        demand = np.zeros((n, len(shapes)), dtype=np.int64)
+        allowed = np.ones((n, len(shapes)), dtype=bool)
+        for k, (kind, amount, models) in enumerate(shapes):
             if kind == "w":
-                demand[:, k] = cap  # a whole-GPU type can use only untouched GPUs
+                demand[:, k] = cap if whole_demand is None else whole_demand
             elif kind == "f":
                 demand[:, k] = amount
             else:
@@ -194,15 +214,7 @@ class FragModel:
                 ids = [st.models[m] for m in models if m in st.models]
                 allowed[:, k] = np.isin(node_model, ids)
         allowed &= st.valid[:, :1]
-        self.demand = demand
-        self.allowed = allowed
-        self.node_cap = cap
-        self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
-        self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
-        self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
-        self._kept = None
-        self._dirty = self._new_type = False
-        self._seen_since = 0
+        return demand, allowed, cap
 
     def _weigh(self) -> None:
         """cpu_table[level, s]: weight of shape-s types whose CPU need is within ``cpu_levels[level-1]``."""
