@@ -257,7 +257,8 @@ class ProjectHandler(GpupoolHandler):
         body = self.json_body()
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object of project fields")
-        client = await self.connection.admin_client() or await self.scheduler()
+        client = await self.scheduler()  # connects first: a failure is the same 503 as everywhere
+        client = await self.connection.admin_client() or client
         self.reply(await client.set_project(name, **body))
 
 

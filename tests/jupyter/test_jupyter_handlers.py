@@ -160,3 +160,14 @@ async def test_project_put_is_admin_and_events_forwarded(jp_fetch: Any, fake_poo
     assert code == 200 and events["events"][-1]["state"] == "running"
     code, reply = await fetch_json(jp_fetch, "gpupool", "api", "events", params={"since": "x"})
     assert code == 400 and "integer" in reply["error"]
+
+
+async def test_scheduler_that_cannot_start_is_503_on_every_endpoint(jp_fetch: Any, gpupool_app: Any) -> None:
+    """A connection failure that is not a scheduler error (embedded start fails) is a 503, the admin PUT too."""
+    async def broken() -> None:
+        raise OSError("no space left on device")
+
+    gpupool_app.connection._connect = broken
+    for method, path, body in (("GET", "status", None), ("PUT", "projects/vision", json.dumps({"build_quota": 2}))):
+        code, reply = await fetch_json(jp_fetch, "gpupool", "api", *path.split("/"), method=method, body=body)
+        assert code == 503 and "cannot reach the scheduler" in reply["error"], (path, code, reply)
