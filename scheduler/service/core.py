@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fcntl
-import importlib.util
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ from scheduler.envbuilder import gpu_environment, mps_running
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded, Unavailable
 from scheduler.executor.local import LocalExecutor, ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
+from scheduler.policy import schedule
 from scheduler.policy.model import (
     BUILD_POOL,
     MILLI,
@@ -126,8 +126,8 @@ class SchedulerCore:
 
     ``inventory`` and ``policy`` may be injected (tests, benchmarks); by
     default the inventory comes from NVML or the simulation spec, and the
-    policy is :func:`scheduler.policy.schedule` once the engine module exists,
-    else a first-fit fallback.
+    policy is :func:`scheduler.policy.schedule`, with the first-fit fallback
+    for any cycle where the engine raises.
     """
 
     def __init__(
@@ -161,8 +161,6 @@ class SchedulerCore:
         self.registry = self._metrics.registry
         self._metrics.simulated.set(1 if self.simulated else 0)
         self._policy_override = policy
-        self._engine: PolicyFn | None = None
-        self._engine_checked = 0.0
         self._gpus: dict[str, GpuInfo] = {g.id: g for g in self._inventory.gpus()}
         self._gpu_node: dict[str, str] = {}
         self._nodes = self._build_nodes()
@@ -342,18 +340,7 @@ class SchedulerCore:
 
     # ================================================================ scheduling cycle
     def _schedule(self, snapshot: Snapshot) -> Decisions:
-        fn: PolicyFn
-        if self._policy_override is not None:
-            fn = self._policy_override
-        else:
-            now = time.monotonic()
-            if self._engine is None and now - self._engine_checked > 10:
-                self._engine_checked = now
-                if importlib.util.find_spec("scheduler.policy.engine") is not None:
-                    from scheduler.policy import schedule
-
-                    self._engine = schedule
-            fn = self._engine or fallback_policy.schedule
+        fn: PolicyFn = self._policy_override or schedule
         try:
             return fn(snapshot)
         except Exception:

@@ -1,8 +1,7 @@
-"""A plain first-fit policy, used only while ``scheduler.policy.engine`` is absent.
+"""A plain first-fit policy, used only for a cycle where the policy engine fails.
 
 Same signature as :func:`scheduler.policy.schedule` (Snapshot -> Decisions) so
-the service can run before the real engine lands and can fall back to it if
-the engine fails to import. It never preempts: pending work, highest
+the service can fall back to it if the engine raises (or fails to import). It never preempts: pending work, highest
 priority then oldest first, takes the first GPUs with room; build work is
 held to its project's fixed quota and train work to its limit.
 """
