@@ -7,6 +7,8 @@ without authentication fails this test without anyone remembering to list it.
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -141,3 +143,16 @@ def test_parse_authorization_accepts(header, token):
 def test_parse_authorization_refuses(header):
     with pytest.raises(Unauthorized):
         parse_authorization(header)
+
+
+def test_401_names_the_scheme_and_replies_are_not_cached(server):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        opener.open(server.url + "/api/v1/whoami", timeout=30)
+    with refused.value as reply:
+        assert reply.code == 401
+        assert reply.headers["WWW-Authenticate"] == 'Bearer realm="gpupool"'
+        assert reply.headers["Cache-Control"] == "no-store"
+    request = urllib.request.Request(server.url + "/api/v1/whoami", headers={"Authorization": "token alice-token"})
+    with opener.open(request, timeout=30) as reply:
+        assert reply.headers["Cache-Control"] == "no-store"

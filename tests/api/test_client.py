@@ -199,3 +199,45 @@ async def test_async_long_polls_do_not_block_other_requests(server):
     for p in polls:
         p.cancel()
     await asyncio.gather(*polls, return_exceptions=True)
+
+
+async def test_redirects_are_not_followed_so_the_token_stays_home():
+    """Neither client follows a 302 to another host, so that host never sees the token."""
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Elsewhere(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+
+    class Redirecting(Elsewhere):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{other.server_address[1]}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    home = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    for srv in (other, home):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{home.server_address[1]}"
+    try:
+        with pytest.raises(errors.GpupoolError):
+            GpupoolClient(url, "secret", timeout=5).status()
+        await AsyncGpupoolClient(url, "secret", timeout=5).status()  # not followed (the 302 reads as an empty reply)
+        assert seen == []
+    finally:
+        for srv in (other, home):
+            srv.shutdown()
+            srv.server_close()
