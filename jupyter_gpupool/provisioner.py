@@ -22,7 +22,7 @@ from traitlets import Float, Unicode
 
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
-from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded, Unavailable
+from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 
 LIVE_STATES = ("queued", "running")
 
@@ -186,13 +186,9 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             spec["gpu_model"] = self.gpu_model
         try:
             job = await client.submit(spec)
-        except (QuotaExceeded, Conflict) as err:
-            if isinstance(err, QuotaExceeded) or "quota" in err.message:
-                raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
-            raise GpuShareUnavailable(409, f"No GPU share for this kernel: {err.message}") from err
-        except Unavailable as err:
-            raise GpuShareUnavailable(503, f"No GPU share for this kernel: {err.message}") from err
         except GpupoolError as err:
+            if isinstance(err, QuotaExceeded) or (isinstance(err, Conflict) and "quota" in err.message):
+                raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
             raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
         return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
 
