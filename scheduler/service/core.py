@@ -740,7 +740,7 @@ class SchedulerCore:
         self._store.add_history(now, sample, self.config.history_max_rows)
 
     def _update_gauges(self) -> None:
-        self._metrics.update(self._live_jobs(), self._gpus)
+        self._metrics.update(self._live.values(), self._gpus)  # order-free: no sorted copy of the live jobs
 
     # ================================================================ events
     def _emit(self, type_: str, **fields: Any) -> int:
