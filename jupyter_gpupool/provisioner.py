@@ -24,8 +24,6 @@ from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
 from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 
-LIVE_STATES = ("queued", "running")
-
 
 class GpuShareUnavailable(web.HTTPError):
     """The kernel cannot get its GPU share; the message reaches the user as is.
