@@ -81,14 +81,10 @@ class EmbeddedScheduler:
             sockets = bind_sockets(self.port, self.host, reuse_port=False)
         except OSError as e:
             raise GpupoolError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        core: SchedulerCore | None = None
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             core = SchedulerCore(cfg)
-        except BaseException:
-            for sock in sockets:
-                sock.close()
-            raise
-        try:
             await core.start()
             self.admin_token = self._find_admin_token(core, cfg)
             self._ensure_projects(core, cfg)
@@ -99,7 +95,8 @@ class EmbeddedScheduler:
             for sock in sockets:
                 sock.close()
             self._server = None
-            await core.stop()
+            if core is not None:
+                await core.stop()
             raise
         self.core = core
         port = sockets[0].getsockname()[1]
