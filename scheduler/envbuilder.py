@@ -14,10 +14,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from scheduler.policy.model import MILLI
+
 TORCH_HOOK_DIR = str(Path(__file__).resolve().parent / "_torch_hook")
 """Directory holding the ``sitecustomize`` that caps PyTorch's memory fraction."""
 
-MILLI = 1000
 _DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"
 
 
