@@ -18,7 +18,6 @@ import asyncio
 import getpass
 import logging
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,15 +49,13 @@ def nvml_gpu_count() -> int:
 
 
 def simulated_gpu_count(spec: str) -> int:
-    """GPUs in a simulation string like ``"4xA100-80GB"`` or ``"2xA100-80GB,1xV100"``."""
-    total = 0
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        match = re.match(r"^(\d+)\s*[xX]", part)
-        total += int(match.group(1)) if match else 1
-    return total
+    """GPUs in a simulation string like ``"4xA100-80GB"`` or ``"2xA100-80GB,1xV100"``.
+
+    Read with the embedded scheduler's own parser, so the count is the pool it will simulate.
+    """
+    from scheduler.inventory.simulated import parse_spec
+
+    return sum(count for count, _model in parse_spec(spec))
 
 
 @dataclass

@@ -124,6 +124,20 @@ async def test_configured_projects_are_created_with_their_quotas(tmp_path: Any) 
         await conn.close()
 
 
+async def test_default_training_guarantee_is_every_simulated_gpu(tmp_path: Any) -> None:
+    """No train_guarantee: the user's project is guaranteed the whole simulated pool, counted as the scheduler does."""
+    from jupyter_gpupool.connection import PoolConnection, PoolSettings
+
+    conn = PoolConnection(PoolSettings(state_dir=str(tmp_path / "state"), simulate="2*A100-80GB, T4"))
+    try:
+        client = await conn.client()
+        gpus = sum(len(node["gpus"]) for node in (await client.pool())["nodes"])
+        mine = next(p for p in await client.projects() if p["name"] == conn.project)
+        assert gpus == 3 and mine["train_guarantee"] == 3
+    finally:
+        await conn.close()
+
+
 def test_renewal_follows_the_granted_lease() -> None:
     import time as _time
 
