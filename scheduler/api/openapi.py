@@ -12,6 +12,9 @@ import copy
 from typing import Any
 
 from scheduler.api.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
+from scheduler.service.validation import MAX_PROJECT_NAME
+
+MAX_JOB_ID = 256  # ids are short (j-000042); this only bounds what a client may send
 
 API_VERSION = "1.0.0"
 
@@ -30,9 +33,9 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(_ref("Error"), text[c]) for c in codes}
 
 
-def _path_param(name: str, description: str) -> dict[str, Any]:
+def _path_param(name: str, description: str, max_length: int) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": {"type": "string", "minLength": 1, "maxLength": 256}}
+            "schema": {"type": "string", "minLength": 1, "maxLength": max_length}}
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -57,8 +60,8 @@ def _op(summary: str, reply: dict[str, Any], *, status: str = "200", errors: tup
     return op
 
 
-JOB_ID = _path_param("job_id", "The job's id, e.g. j-000042")
-PROJECT_NAME = _path_param("name", "The project's name")
+JOB_ID = _path_param("job_id", "The job's id, e.g. j-000042", MAX_JOB_ID)
+PROJECT_NAME = _path_param("name", "The project's name", MAX_PROJECT_NAME)
 
 
 def _paths() -> dict[str, Any]:

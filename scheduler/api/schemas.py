@@ -18,7 +18,18 @@ from typing import Any
 import jsonschema
 
 from scheduler.errors import InvalidRequest
-from scheduler.service.validation import ENV_KEY_RE, MAX_PRIORITY
+from scheduler.service.validation import (
+    ENV_KEY_RE,
+    MAX_CLIENT_KEY,
+    MAX_JOB_NAME,
+    MAX_MAP_ENTRIES,
+    MAX_MAP_KEY,
+    MAX_MAP_VALUE,
+    MAX_PRIORITY,
+    MAX_PROJECT_NAME,
+    MAX_USER_NAME,
+    USER_PATTERN,
+)
 
 # Largest values the API accepts. Beyond these a request is a mistake, not a plan.
 MAX_GPUS = 4096
@@ -26,8 +37,10 @@ MAX_GPU_MEMORY = 2**50  # 1 PiB of GPU memory on one GPU
 MAX_HOST_MEMORY = 2**60
 MAX_CPU = 100_000
 MAX_QUOTA = 1_000_000  # GPUs
-MAX_NAME = 256
-MAX_STRING = 65_536
+# The length limits of names, keys and map entries are the core's own (scheduler.service.validation),
+# imported above, so that the schema and the enforcement cannot differ. The ones below exist only here.
+MAX_MODEL_NAME = 256  # gpu_model (the core also checks the model is in the pool)
+MAX_STRING = 65_536  # a command argument or a workdir
 MAX_ITEMS = 4096
 # Query parameters: the handlers enforce these and the OpenAPI document states them.
 MAX_LIST = 10_000  # jobs in one GET /jobs
@@ -36,13 +49,13 @@ MAX_SEQ = 2**62  # event sequence numbers are SQLite integers (int64)
 MAX_WAIT_S = 60.0  # longest long-poll of GET /events
 
 NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
-ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (MAX_PRIORITY too), so the two cannot drift apart
+ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (the limits too), so the two cannot drift apart
 
 JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled", "rejected"]
 JOB_KINDS = ["train", "build"]
 
 
-def _str(max_length: int = MAX_NAME, *, min_length: int = 0, nullable: bool = False) -> dict[str, Any]:
+def _str(max_length: int, *, min_length: int = 0, nullable: bool = False) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
     if min_length:
         schema["minLength"] = min_length
@@ -51,15 +64,17 @@ def _str(max_length: int = MAX_NAME, *, min_length: int = 0, nullable: bool = Fa
     return schema
 
 
-def _string_map(max_properties: int, key_pattern: str | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {
-        "type": "object",
-        "maxProperties": max_properties,
-        "additionalProperties": _str(MAX_STRING),
-    }
+def _string_map(key_pattern: str | None = None) -> dict[str, Any]:
+    """env and labels: string to string, with the core's limits on keys, values and entries."""
+    names: dict[str, Any] = {"maxLength": MAX_MAP_KEY}
     if key_pattern:
-        schema["propertyNames"] = {"pattern": key_pattern, "maxLength": MAX_NAME}
-    return schema
+        names["pattern"] = key_pattern
+    return {
+        "type": "object",
+        "maxProperties": MAX_MAP_ENTRIES,
+        "propertyNames": names,
+        "additionalProperties": _str(MAX_MAP_VALUE),
+    }
 
 
 JOB_SPEC: dict[str, Any] = {
@@ -68,9 +83,9 @@ JOB_SPEC: dict[str, Any] = {
     "required": ["project"],
     "additionalProperties": False,
     "properties": {
-        "project": _str(min_length=1),
+        "project": _str(MAX_PROJECT_NAME, min_length=1),
         "kind": {"type": "string", "enum": JOB_KINDS, "default": "train"},
-        "name": _str(nullable=True),
+        "name": _str(MAX_JOB_NAME, nullable=True),
         "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "nullable": True,
                  "description": "Whole GPUs."},
         "gpu_fraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
@@ -78,16 +93,16 @@ JOB_SPEC: dict[str, Any] = {
                          "description": "A share of one GPU, 0 < f < 1."},
         "gpu_memory": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True,
                        "description": "Bytes of GPU memory on one GPU."},
-        "gpu_model": _str(nullable=True),
+        "gpu_model": _str(MAX_MODEL_NAME, nullable=True),
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
         "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
                     "items": _str(MAX_STRING)},
         "workdir": _str(MAX_STRING, nullable=True),
-        "env": _string_map(256, ENV_NAME),
+        "env": _string_map(ENV_NAME),
         "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
         "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
-        "labels": _string_map(256),
-        "client_key": _str(nullable=True),
+        "labels": _string_map(),
+        "client_key": _str(MAX_CLIENT_KEY, nullable=True),
     },
 }
 
@@ -108,8 +123,8 @@ TOKEN_REQUEST: dict[str, Any] = {
     "type": "object",
     "required": ["user"],
     "additionalProperties": False,
-    "properties": {"user": {"type": "string", "minLength": 1, "maxLength": 128,
-                            "pattern": "^[A-Za-z0-9][A-Za-z0-9._@-]*$"}},
+    "properties": {"user": {"type": "string", "minLength": 1, "maxLength": MAX_USER_NAME,
+                            "pattern": USER_PATTERN}},
 }
 
 # ------------------------------------------------------------------ replies

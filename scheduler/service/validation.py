@@ -21,10 +21,21 @@ SPEC_FIELDS = {
     "workdir", "env", "cpu", "memory", "labels", "client_key",
 }
 PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight"}
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-USER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Limits on wire fields, defined once: enforced below and published by the OpenAPI
+# schema (scheduler.api.schemas imports them), so the document cannot promise more
+# or less than the service accepts. Stored data respects these values.
+MAX_PROJECT_NAME = 64  # project names (also in paths and JobSpec.project)
+MAX_USER_NAME = 64  # user names (token requests)
+MAX_JOB_NAME = 200  # JobSpec.name
+MAX_CLIENT_KEY = 200  # JobSpec.client_key
+MAX_MAP_KEY = 256  # a key of env or labels
+MAX_MAP_VALUE = 65_536  # a value of env or labels
+MAX_MAP_ENTRIES = 256  # entries in env or labels
 MAX_PRIORITY = 1_000_000
+NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_PROJECT_NAME - 1}}}$")
+USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"  # with at most MAX_USER_NAME characters; the schema's pattern too
+USER_RE = re.compile(USER_PATTERN)
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -89,11 +100,12 @@ def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> di
             raise InvalidRequest(f"{what} must map strings to strings (bad entry {k!r})")
         if key_re is not None and not key_re.match(k):
             raise InvalidRequest(f"{what} has an invalid variable name {k!r}")
-        if len(k) > 256 or len(v) > 65536:
-            raise InvalidRequest(f"{what} entry {k[:40]!r} is too long")
+        if len(k) > MAX_MAP_KEY or len(v) > MAX_MAP_VALUE:
+            raise InvalidRequest(f"{what} entry {k[:40]!r} is too long (keys at most {MAX_MAP_KEY} characters, "
+                                 f"values at most {MAX_MAP_VALUE})")
         out[k] = v
-    if len(out) > 256:
-        raise InvalidRequest(f"{what} has too many entries (at most 256)")
+    if len(out) > MAX_MAP_ENTRIES:
+        raise InvalidRequest(f"{what} has too many entries (at most {MAX_MAP_ENTRIES})")
     return out
 
 
@@ -175,8 +187,8 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
     name = spec.get("name")
     if name is None:
         name = default_name(command, kind, project)
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise InvalidRequest("name must be a non-empty string of at most 200 characters")
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_JOB_NAME:
+        raise InvalidRequest(f"name must be a non-empty string of at most {MAX_JOB_NAME} characters")
 
     workdir = spec.get("workdir")
     if workdir is not None:
@@ -200,8 +212,9 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
             raise InvalidRequest(f"memory={memory} bytes is more than this machine has ({limits.memory})")
 
     client_key = spec.get("client_key")
-    if client_key is not None and (not isinstance(client_key, str) or not client_key or len(client_key) > 200):
-        raise InvalidRequest("client_key must be a non-empty string of at most 200 characters")
+    if client_key is not None and (not isinstance(client_key, str) or not client_key
+                                   or len(client_key) > MAX_CLIENT_KEY):
+        raise InvalidRequest(f"client_key must be a non-empty string of at most {MAX_CLIENT_KEY} characters")
 
     return JobSpec(
         project=project, kind=kind, name=name.strip(), gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
@@ -241,7 +254,8 @@ def _gpus_to_milli(value: Any, what: str, total_gpus: int, allow_none: bool = Fa
 def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
     """Check ``PUT /projects/{name}`` input; returns the changes in milli-GPU."""
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise InvalidRequest("project names are 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        raise InvalidRequest(f"project names are 1-{MAX_PROJECT_NAME} letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit")
     if not isinstance(fields, dict):
         raise InvalidRequest("project fields must be a JSON object")
     unknown = sorted(set(fields) - PROJECT_FIELDS)
@@ -263,6 +277,8 @@ def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
 
 
 def validate_user(user: Any) -> str:
-    if not isinstance(user, str) or not USER_RE.match(user):
-        raise InvalidRequest("user names are 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit")
+    """Check a user name for a new token; the name becomes the owner of jobs, so it is kept short and plain."""
+    if not isinstance(user, str) or len(user) > MAX_USER_NAME or not USER_RE.match(user):
+        raise InvalidRequest(f"user names are 1-{MAX_USER_NAME} letters, digits, '.', '_', '@' or '-', "
+                             "starting with a letter or digit")
     return user

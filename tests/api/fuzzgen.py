@@ -97,8 +97,9 @@ def _valid_non_null(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
                 {k: valid(v) for k, v in props.items() if k in required},
                 optional={k: valid(v) for k, v in props.items() if k not in required},
             )
-        keys = (st.from_regex(schema["propertyNames"]["pattern"], fullmatch=True).filter(lambda s: len(s) < 40)
-                if "propertyNames" in schema else st.text(max_size=10))
+        key_pattern = schema.get("propertyNames", {}).get("pattern")  # labels limit only the keys' length
+        keys = (st.from_regex(key_pattern, fullmatch=True).filter(lambda s: len(s) < 40)
+                if key_pattern else st.text(max_size=10))
         return st.dictionaries(keys, valid(schema.get("additionalProperties", {})), max_size=3)
     return ANY_JSON
 

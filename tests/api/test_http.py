@@ -10,11 +10,16 @@ import socket
 import sys
 import urllib.error
 import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from scheduler.api.openapi import build_document
+from scheduler.api.schemas import COMPONENTS
 from scheduler.client import GpupoolClient
-from scheduler.errors import Conflict
+from scheduler.errors import Conflict, InvalidRequest
+from scheduler.service.validation import PoolLimits, validate_project, validate_spec, validate_user
 
 from .servers import EmbeddedThread, http, wait_until
 
@@ -342,3 +347,96 @@ def test_every_route_refuses_wrong_or_missing_token_on_the_real_core(svc):
         for headers in ({}, {"Authorization": "token not-a-token"}, {"Authorization": "Bearer admin-t-but-wrong"}):
             status, reply = http(method, svc.url + path, headers=headers, body={})
             assert status == 401 and reply["status"] == 401, (method, path, headers, reply)
+
+
+# ---------------------------------------------------------------- length limits: one definition, two uses
+_POOL = PoolLimits(models={"A100-80GB": 80 * 1024**3}, max_gpus={"build": 4, "train": 4}, cpu=16.0,
+                   memory=64 * 1024**3, total_gpus=4)
+
+
+def _spec_with(**fields: Any) -> dict[str, Any]:
+    return {"project": "vision", "command": ["true"], **fields}
+
+
+def _core_accepts(check: Callable[[], Any]) -> bool:
+    try:
+        check()
+    except InvalidRequest:
+        return False
+    return True
+
+
+def _enforced_limit(accepts: Callable[[int], bool]) -> int:
+    """The largest size the core's validation accepts, found by bisection (sizes 1..2**17)."""
+    lo, hi = 1, 2**17
+    assert accepts(lo) and not accepts(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if accepts(mid) else (lo, mid)
+    return lo
+
+
+def _schema_at(*path: str) -> Any:
+    node: Any = COMPONENTS
+    for key in path:
+        node = node[key]
+    return node
+
+
+# (field, where the schema states the limit, a value of size n for the core's own check,
+#  the HTTP request carrying a value of size n, a word the refusal must contain)
+LIMITED_FIELDS: list[tuple[str, tuple[str, ...], Callable[[int], Any], Callable[[int], tuple[str, str, Any]], str]] = [
+    ("project name", ("JobSpec", "properties", "project", "maxLength"),
+     lambda n: validate_project("p" * n, {}, 4),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(project="p" * n)), "project"),
+    ("project name in the path", ("JobSpec", "properties", "project", "maxLength"),
+     lambda n: validate_project("p" * n, {}, 4),
+     lambda n: ("PUT", "/api/v1/projects/" + "p" * n, {"weight": 1}), "project"),
+    ("job name", ("JobSpec", "properties", "name", "maxLength"),
+     lambda n: validate_spec(_spec_with(name="n" * n), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(name="n" * n)), "name"),
+    ("client_key", ("JobSpec", "properties", "client_key", "maxLength"),
+     lambda n: validate_spec(_spec_with(client_key="k" * n), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(client_key="k" * n)), "client_key"),
+    ("user name", ("TokenRequest", "properties", "user", "maxLength"),
+     lambda n: validate_user("u" * n),
+     lambda n: ("POST", "/api/v1/tokens", {"user": "u" * n}), "user"),
+    ("env key", ("JobSpec", "properties", "env", "propertyNames", "maxLength"),
+     lambda n: validate_spec(_spec_with(env={"K" * n: "v"}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={"K" * n: "v"})), "env"),
+    ("env value", ("JobSpec", "properties", "env", "additionalProperties", "maxLength"),
+     lambda n: validate_spec(_spec_with(env={"K": "v" * n}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={"K": "v" * n})), "env"),
+    ("env entries", ("JobSpec", "properties", "env", "maxProperties"),
+     lambda n: validate_spec(_spec_with(env={f"K{i}": "v" for i in range(n)}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={f"K{i}": "v" for i in range(n)})), "env"),
+    ("labels key", ("JobSpec", "properties", "labels", "propertyNames", "maxLength"),
+     lambda n: validate_spec(_spec_with(labels={"k" * n: "v"}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={"k" * n: "v"})), "labels"),
+    ("labels value", ("JobSpec", "properties", "labels", "additionalProperties", "maxLength"),
+     lambda n: validate_spec(_spec_with(labels={"k": "v" * n}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={"k": "v" * n})), "labels"),
+    ("labels entries", ("JobSpec", "properties", "labels", "maxProperties"),
+     lambda n: validate_spec(_spec_with(labels={f"k{i}": "v" for i in range(n)}), {"vision"}, _POOL),
+     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={f"k{i}": "v" for i in range(n)})), "labels"),
+]
+
+
+@pytest.mark.parametrize(("field", "schema_path", "core_check", "request_of", "word"), LIMITED_FIELDS,
+                         ids=[case[0] for case in LIMITED_FIELDS])
+def test_published_limits_are_the_enforced_ones(svc, field, schema_path, core_check, request_of, word):
+    """The OpenAPI schema states exactly the limit the core enforces, and one over it is a clear 4xx."""
+    limit = _enforced_limit(lambda n: _core_accepts(lambda: core_check(n)))
+    assert _schema_at(*schema_path) == limit, f"{field}: the schema says {_schema_at(*schema_path)}, the core {limit}"
+    if field == "project name in the path":
+        param = build_document()["paths"]["/api/v1/projects/{name}"]["parameters"][0]
+        assert param["schema"]["maxLength"] == limit
+    admin = GpupoolClient(svc.url, "admin-t")
+    jobs_before, projects_before = len(admin.jobs(limit=1000)), admin.projects()
+    method, path, body = request_of(limit + 1)
+    status, reply = http(method, svc.url + path, token="admin-t", body=body)
+    assert 400 <= status < 500 and reply["status"] == status, (field, status, reply)
+    assert word in reply["error"], (field, reply["error"])
+    # Nothing was made (earlier tests' jobs may still change state, so only counts and projects are compared).
+    assert len(admin.jobs(limit=1000)) == jobs_before
+    assert [p["name"] for p in admin.projects()] == [p["name"] for p in projects_before]
