@@ -10,7 +10,9 @@ client returns as a coroutine.
 Errors: a 4xx reply raises the :mod:`scheduler.errors` class for its status (or
 the class the server names in ``type``) with the server's message; a refused
 or timed-out connection raises :class:`~scheduler.errors.Unavailable` naming
-the URL; a 5xx raises :class:`ServerError`.
+the URL; a 5xx raises :class:`ServerError`. Redirects are never followed (the
+token stays with the scheduler's host): a 3xx raises a plain ``GpupoolError``
+with its status, from both clients alike.
 """
 
 from __future__ import annotations
@@ -291,6 +293,8 @@ class AsyncGpupoolClient(_Endpoints):
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {e}") from None
         if reply.code == 599 or (reply.error is not None and reply.code >= 599):
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {reply.error}")
-        if reply.code >= 400:
+        # Redirects are not followed (the token must not travel), so a 3xx is an unexpected answer,
+        # an error exactly as urllib raises it for the blocking client, not an empty success.
+        if reply.code >= 300:
             raise error_from_reply(reply.code, reply.body, self.url)
         return _decode(reply.body or b"", raw)

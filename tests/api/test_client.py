@@ -235,9 +235,53 @@ async def test_redirects_are_not_followed_so_the_token_stays_home():
     try:
         with pytest.raises(errors.GpupoolError):
             GpupoolClient(url, "secret", timeout=5).status()
-        await AsyncGpupoolClient(url, "secret", timeout=5).status()  # not followed (the 302 reads as an empty reply)
+        with pytest.raises(errors.GpupoolError):  # not followed: an error, as for the blocking client
+            await AsyncGpupoolClient(url, "secret", timeout=5).status()
         assert seen == []
     finally:
         for srv in (other, home):
             srv.shutdown()
             srv.server_close()
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+async def test_both_clients_refuse_an_unexpected_redirect_alike(code):
+    """A 3xx is no success for either client: the same error class and message, and it is not followed."""
+    import tornado.web
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+
+    followed: list[str] = []
+
+    class Moved(tornado.web.RequestHandler):
+        def get(self) -> None:
+            self.redirect("/elsewhere", status=code)
+
+        def post(self) -> None:
+            self.redirect("/elsewhere", status=code)
+
+    class Elsewhere(tornado.web.RequestHandler):
+        def get(self) -> None:
+            followed.append(self.request.method)
+            self.write({"user": "someone else"})
+
+        post = get
+
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(tornado.web.Application([(r"/elsewhere", Elsewhere), (r"/.*", Moved)]))
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(errors.GpupoolError) as sync_error:
+            await asyncio.to_thread(GpupoolClient(url, "t", timeout=5).whoami)
+        with pytest.raises(errors.GpupoolError) as async_error:
+            await AsyncGpupoolClient(url, "t", timeout=5).whoami()
+        with pytest.raises(errors.GpupoolError) as async_post_error:
+            await AsyncGpupoolClient(url, "t", timeout=5).cancel("j-000001")
+    finally:
+        server.stop()
+        await server.close_all_connections()
+    assert type(async_error.value) is type(sync_error.value) is type(async_post_error.value)
+    assert async_error.value.status == sync_error.value.status == code
+    assert async_error.value.message == sync_error.value.message == f"the scheduler at {url} answered HTTP {code}"
+    assert followed == []
