@@ -169,9 +169,12 @@ class ApiHandler(tornado.web.RequestHandler):
 
 
 class NotFoundHandler(ApiHandler):
-    """Unknown paths: a JSON 404 (no token needed to learn that a path does not exist)."""
+    """Unknown paths: a JSON 404, but only after authentication like every other handler.
 
-    public = True
+    Without a valid token every path, known or not, answers 401, so the API does
+    not tell strangers which endpoints exist (and no handler is exempt from auth).
+    """
 
     def prepare(self) -> None:
+        super().prepare()
         raise tornado.web.HTTPError(404, "no such endpoint: %s", self.request.path)

@@ -48,6 +48,10 @@ def registered_routes() -> list[tuple[str, str]]:
 
 
 ROUTES = registered_routes()
+# Paths no route matches: the default handler must authenticate too, so that without a token
+# nobody learns which paths exist.
+UNKNOWN = [("GET", "/api/v1/nothing-here"), ("POST", "/api/v1/jobs/x1/explode"), ("DELETE", "/api/v2/jobs"),
+           ("GET", "/"), ("PUT", "/not/the/api")]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +68,7 @@ def test_route_walk_found_every_endpoint():
     assert len(ROUTES) == 20
 
 
-@pytest.mark.parametrize(("method", "path"), [r for r in ROUTES if r[1] not in PUBLIC])
+@pytest.mark.parametrize(("method", "path"), [r for r in ROUTES if r[1] not in PUBLIC] + UNKNOWN)
 @pytest.mark.parametrize("header", [None, "token wrong-token", "Bearer wrong-token", "Basic YWxpY2U6eA==", "token"])
 def test_every_route_refuses_missing_or_wrong_token(server, method, path, header):
     headers = {"Authorization": header} if header else {}
@@ -96,9 +100,10 @@ def test_metrics_need_token_and_serve_prometheus_text(server):
     assert "gpupool_api_request_seconds_bucket" in text
 
 
-def test_unknown_path_is_json_404(server):
-    status, body = http("GET", server.url + "/api/v1/nothing-here", token="alice-token")
-    assert status == 404 and body["status"] == 404 and "/api/v1/nothing-here" in body["error"]
+@pytest.mark.parametrize(("method", "path"), UNKNOWN)
+def test_unknown_path_is_json_404_with_a_token(server, method, path):
+    status, body = http(method, server.url + path, token="alice-token", body={})
+    assert status == 404 and body["status"] == 404 and path in body["error"]
 
 
 def test_wrong_method_is_json_405_after_auth(server):
