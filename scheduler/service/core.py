@@ -61,6 +61,20 @@ class Actor:
     admin: bool = False
 
 
+def assigned_gpus(rec: JobRecord) -> list[dict[str, Any]]:
+    """The per-GPU entries (id, milli, memory_limit...) of a job's stored assignment; [] when it has none."""
+    return (rec.assignment or {}).get("gpus", [])
+
+
+def held_milli(rec: JobRecord) -> int:
+    """Milli-GPU a job's assignment holds, summed over its GPUs (0 with no assignment).
+
+    One definition, so that project usage and the build-quota check count a job's
+    share the same way.
+    """
+    return sum(int(g["milli"]) for g in assigned_gpus(rec))
+
+
 # The implementation (class SchedulerCore) is built in this module by the
 # service work. Its public surface, which scheduler.api relies on:
 #
@@ -334,7 +348,7 @@ class SchedulerCore:
     def _allocations(self, running: list[JobRecord]) -> dict[str, int]:
         used: dict[str, int] = {}
         for rec in running:
-            for g in (rec.assignment or {}).get("gpus", []):
+            for g in assigned_gpus(rec):
                 used[g["id"]] = used.get(g["id"], 0) + int(g["milli"])
         return used
 
@@ -644,7 +658,7 @@ class SchedulerCore:
     def _recover(self) -> None:
         """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
         for rec in self._live_jobs(("running",)):
-            if any(g["id"] not in self._gpus for g in (rec.assignment or {}).get("gpus", [])):
+            if any(g["id"] not in self._gpus for g in assigned_gpus(rec)):
                 missing = "its GPU is no longer in the pool"
             else:
                 missing = ""
@@ -723,7 +737,7 @@ class SchedulerCore:
                     used[(jid, gid)] = used.get((jid, gid), 0) + mem
         readings = []
         for (jid, gid), mem in used.items():
-            limits = {g["id"]: g["memory_limit"] for g in (running[jid].assignment or {}).get("gpus", [])}
+            limits = {g["id"]: g["memory_limit"] for g in assigned_gpus(running[jid])}
             readings.append(Reading(jid, gid, mem, int(limits.get(gid, 0))))
         for act in self._watchdog.check(readings, now):
             rec = running[act.job_id]
@@ -820,9 +834,8 @@ class SchedulerCore:
         pending: dict[str, int] = {}
         for rec in self._live_jobs():
             if rec.state == "running":
-                milli = sum(int(g["milli"]) for g in (rec.assignment or {}).get("gpus", []))
                 u = usage.setdefault(rec.project, {})
-                u[rec.kind] = u.get(rec.kind, 0) + milli
+                u[rec.kind] = u.get(rec.kind, 0) + held_milli(rec)
             else:
                 pending[rec.project] = pending.get(rec.project, 0) + 1
         return usage, pending
@@ -900,7 +913,7 @@ class SchedulerCore:
         held = 0
         for r in holders:
             if r.state == "running":
-                held += sum(int(g["milli"]) for g in (r.assignment or {}).get("gpus", []))
+                held += held_milli(r)
             else:
                 held += self._estimate_milli(r.request)
         if held + need <= project.build_quota_milli:
