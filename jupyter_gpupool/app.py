@@ -25,6 +25,7 @@ from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
+from jupyter_gpupool.sessions import session_handlers
 
 
 class GPUPool(ExtensionApp):
@@ -157,7 +158,9 @@ class GPUPool(ExtensionApp):
         self.log.info("gpupool: GPU kernels %s from %s", ", ".join(names), kernels_dir)
 
     def initialize_handlers(self) -> None:
+        """The /gpupool/api handlers, and POST /api/sessions keeping a GPU-share refusal's 409 (see sessions.py)."""
         self.handlers.extend(gpupool_handlers("/"))
+        self.handlers.extend(session_handlers())
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Connect to the scheduler now (not at the first request) and start the periodic tasks."""

@@ -12,7 +12,7 @@ from typing import Any
 import nbformat
 import pytest
 from kernel_helpers import kernel_env, run_in_kernel
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from jupyter_gpupool import leases
 from scheduler.client import AsyncGpupoolClient
@@ -104,9 +104,10 @@ async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_
     assert out.strip() == f"4 0.5 ['{job['id']}'] ''"
 
     # the quota (1 GPU) cannot hold another whole GPU: the kernel does not start, the user is told why
-    # (Jupyter's sessions endpoint answers 500 with our message; its kernels endpoint keeps our 409)
+    # (409 with our message from both the sessions endpoint Lab uses and the kernels endpoint)
     with pytest.raises(HTTPClientError) as info:
         await start_session(jp_fetch, "nb2.ipynb", "gpupool-python3-1")
+    assert info.value.code == 409
     message = json.loads(info.value.response.body)["message"]
     assert f"project '{user}'" in message and "build quota of 1 GPU" in message
     assert "work/nb1.ipynb" in message and kernel_id[:8] in message
@@ -132,6 +133,35 @@ async def test_share_kernel_lifecycle(jp_fetch: Any, jp_serverapp: Any, gpupool_
     await jp_fetch("api", "sessions", session["id"], method="DELETE")
     assert (await client.job(job["id"]))["state"] == "cancelled"
     assert kernel_id not in leases.held()
+
+
+async def test_session_over_quota_is_409_like_the_kernels_endpoint(
+    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any, jp_http_port: int, jp_base_url: str
+) -> None:
+    """Lab opens notebooks through POST /api/sessions: a quota refusal there is the 409 /api/kernels gives."""
+    user = gpupool_app.connection.user
+    admin = await gpupool_app.connection.admin_client()
+    await admin.set_project(user, build_quota=0.5)  # less than the 1 GPU the kernel asks for: refused at once
+    with pytest.raises(HTTPClientError) as from_session:
+        await start_session(jp_fetch, "over.ipynb", "gpupool-python3-1")
+    with pytest.raises(HTTPClientError) as from_kernels:
+        await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "gpupool-python3-1"}))
+    assert from_session.value.code == from_kernels.value.code == 409
+    message = json.loads(from_session.value.response.body)["message"]
+    assert message == json.loads(from_kernels.value.response.body)["message"]
+    assert f"project '{user}'" in message and "build quota of ½ GPU" in message
+    assert jp_serverapp.kernel_manager.list_kernel_ids() == []
+    assert await get_json(jp_fetch, "api", "sessions") == []
+    assert await (await gpupool_app.connection.client()).jobs(kind="build", state="queued,running") == []
+    # other failures of the session endpoint are Jupyter's own, untouched, and it still needs a login
+    with pytest.raises(HTTPClientError) as missing:
+        await jp_fetch("api", "sessions", method="POST", body=json.dumps({"type": "notebook"}))
+    assert missing.value.code == 400
+    anonymous = await AsyncHTTPClient().fetch(
+        f"http://localhost:{jp_http_port}{jp_base_url}api/sessions", method="POST", raise_error=False,
+        body=json.dumps({"path": "x.ipynb", "type": "notebook", "kernel": {"name": "gpupool-python3-0.25"}}))
+    assert anonymous.code == 403
+    assert await get_json(jp_fetch, "api", "sessions") == []
 
 
 async def test_killed_kernel_loses_its_share_when_the_lease_runs_out(
