@@ -493,3 +493,61 @@ def test_given_mix_scores_running_work_like_committed_work(policy: str) -> None:
         _, _, got = built.frag.deltas(cand, None, probe)
         _, _, want = later.frag.deltas(cand, None, probe)
         assert np.allclose(got, want)
+
+
+def uniform_cluster() -> list[Node]:
+    """Identical nodes (states repeat, so the scorers' memo is hit) beside one different node."""
+    return [node(f"u{i}", 4, cpu=24_000, mem=96_000) for i in range(6)] + [node("t", 2, model="T4", cpu=8_000)]
+
+
+def replay_with(policy: str, memo: bool, steps: list[tuple[str, Request]], expect: bool) -> list:
+    state = FreeState.from_nodes(uniform_cluster(), (), policy=policy)
+    if not memo:
+        state.frag._memo_ok = False
+        if getattr(state.frag, "fgd", None) is not None:
+            state.frag.fgd._memo_ok = False
+    if expect:
+        state.expect(r for _, r in steps)
+    held: list[tuple[Assignment, Request]] = []
+    out = []
+    for op, req in steps:
+        if op == "release" and held:
+            a, r = held.pop(0)
+            state.release(a, r)
+            out.append(("released", a))
+            continue
+        a = state.find(req)
+        out.append(a)
+        if a is not None:
+            state.commit(a, req)
+            held.append((a, req))
+    if memo and policy in ("default", "fgd"):
+        out.append(("memo rows", sum(t.size for t in state.frag.memo.tables.values()) > 0))
+    return out
+
+
+
+SHAPES = [Request(gpu_milli=m, cpu_milli=c) for m in (150, 250, 300, 500, 700) for c in (1000, 4000)] + [
+    Request(gpus=1, cpu_milli=4000), Request(gpus=2, cpu_milli=8000), Request(gpus=4, cpu_milli=2000),
+    Request(gpu_memory_mib=20_000, cpu_milli=2000), Request(cpu_milli=6000), Request(gpus=1, gpu_models=frozenset({"T4"})),
+]
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+@pytest.mark.parametrize("seed", range(4))
+def test_memo_of_scored_states_changes_no_choice(policy: str, seed: int) -> None:
+    """Scores kept per (request, node state) give exactly the places full scoring gives.
+
+    A long random run on identical nodes, so states repeat and the memo is
+    hit: fractions on GPUs with equal and different free shares, releases
+    (states coming back), weights refreshed many times; every other seed
+    announces the request types up front (no table rebuilds).
+    """
+    import random
+
+    rng = random.Random(seed)
+    steps = [("release" if rng.random() < 0.15 else "find", rng.choice(SHAPES)) for _ in range(400)]
+    with_memo = replay_with(policy, True, steps, expect=seed % 2 == 0)
+    without = replay_with(policy, False, steps, expect=seed % 2 == 0)
+    assert with_memo[-1] == ("memo rows", True)
+    assert with_memo[:-1] == without

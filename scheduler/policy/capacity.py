@@ -263,6 +263,12 @@ class Capacity:
         self.states.pop(pool, None)
         self._index_states()
 
+    def expect(self, pool: str, requests: Iterable[Request]) -> None:
+        """The requests this cycle may place in ``pool`` (see :meth:`FreeState.expect`)."""
+        state = self.states.get(pool)
+        if state is not None:
+            state.expect(requests)
+
     def find(self, pool: str, request: Request) -> Assignment | None:
         return self.states[pool].find(request)
 

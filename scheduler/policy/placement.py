@@ -218,6 +218,15 @@ class FreeState:
             state.frag.rebuild()
         return state
 
+    def expect(self, requests: Iterable[Request]) -> None:
+        """Tell the placement policy which requests this cycle may ask about (call before :meth:`find`).
+
+        Changes no choice; it lets the fragmentation-aware policies size their
+        tables once instead of rebuilding them at each new request type.
+        """
+        if self.frag is not None:
+            self.frag.expect(requests)
+
     def _subtract_all(self, running: Iterable[Workload]) -> list[tuple[Request, int]]:
         """Subtract every running workload at once; how many of each request held capacity.
 
@@ -289,13 +298,14 @@ class FreeState:
         self._maxima = None
 
     def _key_of(self, i: int) -> int:
-        """Small id shared by nodes in identical states (same hardware, same free amounts).
+        """Small id shared by nodes in identical states (same hardware, same free CPU and GPU shares).
 
         Such nodes score alike under every policy, so the scorers evaluate one of
-        each (the first by tie rank) instead of all of them.
+        each (the first by tie rank) instead of all of them. Free memory is left
+        out: it is only ever a yes/no test (done before, on every node), no policy
+        scores it, and leaving it out makes far fewer distinct states.
         """
-        key = (int(self.node_class[i]), int(self.cpu_free[i]), int(self.mem_free[i]),
-               tuple(sorted(self.free[i].tolist())))
+        key = (int(self.node_class[i]), int(self.cpu_free[i]), tuple(sorted(self.free[i].tolist())))
         return self._state_ids.setdefault(key, len(self._state_ids))
 
     def _global_max(self) -> tuple[int, int, int, int]:

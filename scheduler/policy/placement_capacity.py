@@ -40,6 +40,7 @@ import numpy as np
 
 from scheduler.policy.model import Request
 from scheduler.policy.placement_frag import FragModel, _volume, fraction_pairs
+from scheduler.policy.placement_memo import MemoTable
 
 if TYPE_CHECKING:
     from scheduler.policy.placement import FreeState
@@ -85,7 +86,7 @@ class CapacityModel(FragModel):
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         rows, slot, delta = super().deltas(cand, ok, request)
-        if self.fgd is not None:
+        if self.fgd is not None and not self._memo_used:  # (with the memo, _memo_delta adds the FGD term)
             ftot = self._ftot_after
             _, _, extra = self.fgd.deltas(cand, ok, request)
             delta = delta + self.lam * extra
@@ -123,6 +124,9 @@ class CapacityModel(FragModel):
         self._init = False
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
+        self.memo.clear()
+        self._w_version = getattr(self, "_w_version", 0) + 1  # kept scores were weighed with older weights
+        self._table_keys = set(self.counts)
         self._w_age = 0  # weights are recomputed on first use
         self._kept = None
         self._dirty = self._new_type = False
@@ -131,7 +135,7 @@ class CapacityModel(FragModel):
     def _weigh(self) -> None:
         """p: how often each request type is asked for (types in ``_keys`` order)."""
         weights = np.array([self.counts[k] for k in self._keys], dtype=np.float64)
-        self.p = weights / weights.sum() if len(self._keys) else weights
+        self.p = weights / weights.sum() if weights.sum() > 0 else weights  # (only expected types: all 0)
         volume = np.array([self.counts[k] * _volume(k[0]) for k in self._keys], dtype=np.float64)
         gang = np.array([k[0][0] == "w" and k[0][1] > 1 for k in self._keys], dtype=bool)
         share = float(volume[gang].sum() / volume.sum()) if volume.sum() > 0 else 0.0
@@ -185,6 +189,7 @@ class CapacityModel(FragModel):
         """Recompute the scarcity weights when due (every WEIGHT_REFRESH commits, on the next choice)."""
         if self._w_age <= 0 and self._shapes:
             self._w = self._weights()
+            self._w_version += 1
             self._w_age = self.WEIGHT_REFRESH
             self._value_now = self.usable_now @ self._w
 
@@ -226,19 +231,76 @@ class CapacityModel(FragModel):
         su = self.su[cand] - n * self.full_pack[cand] if n else self.su[cand]
         self._ftot_after = ftot
         after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
-        self._after = (su, ftot, self._last_usable)
+        self._after = (su, ftot, self._last_usable, None)
         return after  # _frag already measures against the current state
 
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
+        return rows, jj, self._pairs_after(rows, jj, f_old, need, whole, request.cpu_milli)
+
+    def _pairs_after(  # type: ignore[override]
+        self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
+        cpu_milli: int,
+    ) -> np.ndarray:
         st = self.state
-        kk, jj, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
         f_new = f_old - need
         d = self.demand[rows]
         su = self.su[rows] - (f_old[:, None] // d) * d + (f_new[:, None] // d) * d
         ftot = self.ftot[rows] - need
         self._ftot_after = ftot
-        after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - request.cpu_milli)
-        self._after = (su, ftot, self._last_usable)
-        return rows, jj, after
+        after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - cpu_milli)
+        self._after = (su, ftot, self._last_usable, None)
+        return after
+
+    def _memo_rows_node(self, rows: np.ndarray, request: Request) -> dict[str, np.ndarray]:
+        cols = super()._memo_rows_node(rows, request)
+        if self.fgd is not None:  # the FGD term shares our table (same keys), under its own names
+            cols.update(_prefixed(self.fgd._memo_rows_node(rows, request)))
+        return cols
+
+    def _memo_rows_pairs(
+        self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
+        cpu_milli: int,
+    ) -> dict[str, np.ndarray]:
+        cols = super()._memo_rows_pairs(rows, jj, f_old, need, whole, cpu_milli)
+        if self.fgd is not None:
+            cols.update(_prefixed(self.fgd._memo_rows_pairs(rows, jj, f_old, need, whole, cpu_milli)))
+        return cols
+
+    def _memo_row(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The usable share per type after the placement (whole numbers: float32 is exact)."""
+        su, ftot, usable, _ = self._after
+        return {"su": su.astype(np.float32), "ftot": ftot, "after": usable.astype(np.float32)}
+
+    def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:
+        """Loss of usable share per candidate from kept after-states: only their weighing is redone.
+
+        A kept state's usable share per type does not change, but the scarcity
+        weights do (every WEIGHT_REFRESH commits), so each kept row also keeps
+        its weighed sum and the weight version it was weighed with. The FGD
+        term's columns sit in the same table.
+        """
+        cols = table.cols
+        self.age_weights()
+        version = table.declare("w_version", np.int64, -1)
+        score = table.declare("score", np.float64, 0.0)
+        stale = idx[version[idx] != self._w_version]
+        if stale.size:
+            score[stale] = cols["after"][stale] @ self._w
+            version[stale] = self._w_version
+        delta = self._value_now[rows] - score[idx]
+        if self.fgd is not None:
+            delta = delta + self.lam * self.fgd._memo_delta(table, idx, rows, prefix=_FGD)
+        ftot = cols["ftot"]
+        self._ftot_after = ftot[idx]
+        self._after = (cols["su"], ftot, cols["after"], idx)
+        return delta
+
+
+_FGD = "fgd_"
+
+
+def _prefixed(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {_FGD + name: values for name, values in cols.items()}

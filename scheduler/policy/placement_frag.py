@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scheduler.policy.model import Request
+from scheduler.policy.placement_memo import MemoTable, ScoreMemo
 
 if TYPE_CHECKING:
     from scheduler.policy.placement import FreeState
@@ -110,6 +111,14 @@ class FragModel:
         self._dirty = True  # the mix moved: weights (and maybe tables) are out of date
         self._new_type = True  # a request type the tables lack was seen: full rebuild needed
         self._shapes: list[Shape] = []
+        self._table_keys: set[tuple[Shape, int]] = set()  # the types the tables were built for
+        self.memo = ScoreMemo()
+        # The memo keys a node by its state (FreeState._key_of: hardware class and sorted free
+        # shares); that names the after-state of a GPU too only if a node's GPUs are all alike.
+        valid = state.valid
+        self._memo_ok = bool(np.all((state.cap == state.cap[:, :1]) | ~valid)
+                             and np.all((state.gpu_mem == state.gpu_mem[:, :1]) | ~valid))
+        self._live: tuple[int, np.ndarray] | None = None
         if fixed is not None:
             for r in fixed:
                 self._count(r)
@@ -118,14 +127,42 @@ class FragModel:
     # ------------------------------------------------------------ the request mix
 
     def _count(self, request: Request, times: int = 1) -> bool:
+        """Count ``request``; True the first time its type is asked for."""
         shape = request_shape(request)
         if shape is None:
             return False
         key = (shape, request.cpu_milli)
-        new = key not in self.counts
-        self.counts[key] = self.counts.get(key, 0.0) + float(times)
+        before = self.counts.get(key, 0.0)
+        self.counts[key] = before + float(times)
         self._total += float(times)
-        return new
+        return before == 0.0
+
+    def _flag_new(self, request: Request) -> None:
+        """A type asked for the first time: re-weigh, and rebuild the tables if they lack it."""
+        self._dirty = True
+        shape = request_shape(request)
+        if (shape, request.cpu_milli) not in self._table_keys:
+            self._new_type = True
+
+    def expect(self, requests: Iterable[Request]) -> None:
+        """Make room in the tables for the request types that may come, before any is asked for.
+
+        A type is given a count of 0 (no weight, so no choice changes) until it
+        is asked for; its first request then only re-weighs instead of
+        rebuilding every table (and dropping the memo) mid-cycle.
+        """
+        if self.fixed:
+            return
+        added = False
+        for r in requests:
+            shape = request_shape(r)
+            if shape is not None and (shape, r.cpu_milli) not in self.counts:
+                self.counts[(shape, r.cpu_milli)] = 0.0
+                added = True
+        if added:
+            flags = (self._dirty, self._new_type, self._seen_since)
+            self.rebuild()
+            self._dirty, self._new_type, self._seen_since = flags[0], False, flags[2]
 
     def observe(self, request: Request) -> None:
         """Learn from a request asked for (no-op when the mix was given)."""
@@ -134,7 +171,7 @@ class FragModel:
         new = self._count(request)
         self._seen_since += 1
         if new:
-            self._dirty = self._new_type = True
+            self._flag_new(request)
         elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
             self._dirty = True
 
@@ -159,7 +196,7 @@ class FragModel:
             new = self._count(r, times)
             self._seen_since += times
             if new:
-                self._dirty = self._new_type = True
+                self._flag_new(r)
             elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
                 self._dirty = True
 
@@ -183,6 +220,8 @@ class FragModel:
         self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
+        self.memo.clear()
+        self._table_keys = set(self.counts)
         self._kept = None
         self._dirty = self._new_type = False
         self._seen_since = 0
@@ -227,6 +266,7 @@ class FragModel:
             table[level:, self._sidx[shape]] += cnt / total
         self.cpu_table = table
         self.p_total = float(table[-1].sum()) if self._shapes else 0.0
+        self._version_w = getattr(self, "_version_w", 0) + 1  # fragmentation kept in the memo is stale
 
     def reweigh(self) -> None:
         """Only the mix's proportions moved (no new type): new weights, same per-node tables.
@@ -309,7 +349,9 @@ class FragModel:
 
     def _keep(self, k: int, i: int, request: Request) -> None:
         """Remember candidate ``k``'s after-state (node ``i``) for the commit that usually follows."""
-        su, ftot, after = self._after
+        su, ftot, after, idx = self._after
+        if idx is not None:  # memo columns, addressed through each candidate's storage row
+            k = int(idx[k])
         self._kept = (self.state._version, i, request, su[k].copy(), float(ftot[k]), after[k].copy())
 
     # ------------------------------------------------------------ choosing
@@ -350,11 +392,95 @@ class FragModel:
     def deltas(
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-        """(candidate rows, GPU slot per row or None, increase of fragmentation per row)."""
+        """(candidate rows, GPU slot per row or None, increase of fragmentation per row).
+
+        The after-state of every (request, node state) pair is computed once and
+        kept (:mod:`scheduler.policy.placement_memo`); only node states not seen
+        for this request since the tables last changed are computed here.
+        """
         self.refresh()
-        if request.gpus or ok is None:
-            return cand, None, self._delta_node(cand, request)
-        return self._delta_fraction(cand, ok, request)
+        st = self.state
+        node = bool(request.gpus) or ok is None
+        self._memo_used = self._memo_ok and bool(self._shapes)  # (no GPU type in the mix: every measure is 0)
+        if not self._memo_used:
+            if node:
+                return cand, None, self._delta_node(cand, request)
+            return self._delta_fraction(cand, ok, request)
+        if node:
+            rows, slot = cand, None
+            keys = st.state_key[cand]
+            span = 1
+        else:
+            _, slot, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
+            span = st.free.shape[1]
+            # GPUs of a node with more free share than this one: tells its distinct shares apart
+            above = (np.where(st.valid[rows], st.free[rows], -1) > f_old[:, None]).sum(axis=1)
+            keys = st.state_key[rows] * span + above
+        table = self.memo.table(request, span)
+        n_states = len(st._state_ids)
+        idx = table.lookup(keys, n_states)
+        miss = np.flatnonzero(idx < 0)
+        if miss.size:
+            if node:
+                cols = self._memo_rows_node(rows[miss], request)
+            else:
+                cols = self._memo_rows_pairs(rows[miss], slot[miss], f_old[miss], need[miss], whole[miss],
+                                             request.cpu_milli)
+            idx[miss] = table.add(keys[miss], cols)
+            if table.size >= table.prune_at and table.prune(self._live_states()):
+                idx = table.lookup(keys, n_states)
+        return rows, slot, self._memo_delta(table, idx, rows)
+
+    def _memo_rows_node(self, rows: np.ndarray, request: Request) -> dict[str, np.ndarray]:
+        """Memo columns for whole-GPU or CPU-only work placed on each of ``rows``."""
+        self._delta_node(rows, request)
+        return self._memo_row(rows)
+
+    def _memo_rows_pairs(
+        self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
+        cpu_milli: int,
+    ) -> dict[str, np.ndarray]:
+        """Memo columns for a fraction placed on each (node, GPU) pair."""
+        self._pairs_after(rows, jj, f_old, need, whole, cpu_milli)
+        return self._memo_row(rows)
+
+    def _memo_row(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """What the memo keeps of the after-states just computed for ``rows``.
+
+        Shares are whole numbers, so float32 keeps them exactly at half the memory.
+        The inputs of the measure are kept too: new weights (a re-weighed mix)
+        then cost one :meth:`_frag` over kept rows, not a recomputation.
+        """
+        su, ftot, after, _ = self._after
+        whole, maxfree, cpu = self._after_inputs
+        return {"su": su.astype(np.float32), "ftot": ftot, "after": after, "whole": whole, "maxfree": maxfree,
+                "cpu": cpu, "row": rows, "version": np.full(len(rows), self._version_w, dtype=np.int64)}
+
+    def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:
+        """Increase of fragmentation per candidate from kept after-states (storage rows ``idx``).
+
+        ``prefix``: where our columns are when we share another scorer's table.
+        """
+        cols = table.cols
+        version = cols[prefix + "version"]
+        stale = idx[version[idx] != self._version_w]
+        after = cols[prefix + "after"]
+        if stale.size:
+            after[stale] = self._frag(cols[prefix + "row"][stale], cols[prefix + "su"][stale].astype(np.float64),
+                                      cols[prefix + "ftot"][stale], cols[prefix + "whole"][stale],
+                                      cols[prefix + "maxfree"][stale], cols[prefix + "cpu"][stale])
+            version[stale] = self._version_w
+        ftot = cols[prefix + "ftot"]
+        self._ftot_after = ftot[idx]
+        self._after = (cols[prefix + "su"], ftot, after, idx)
+        return after[idx] - self.frag_now[rows]
+
+    def _live_states(self) -> np.ndarray:
+        """The state keys some node is in now (sorted), computed once per state version."""
+        st = self.state
+        if self._live is None or self._live[0] != st._version:
+            self._live = (st._version, np.unique(st.state_key))
+        return self._live[1]
 
     def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Increase of fragmentation for whole-GPU or CPU-only work on each candidate node."""
@@ -371,23 +497,34 @@ class FragModel:
         else:
             maxfree = st.max_share[cand]
         self._ftot_after = ftot
-        after = self._frag(cand, su, ftot, whole, maxfree, st.cpu_free[cand] - request.cpu_milli)
-        self._after = (su, ftot, after)
+        cpu = st.cpu_free[cand] - request.cpu_milli
+        after = self._frag(cand, su, ftot, whole, maxfree, cpu)
+        self._after = (su, ftot, after, None)
+        self._after_inputs = (whole, maxfree, cpu)
         return after - self.frag_now[cand]
 
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Increase of fragmentation for a fraction on each usable (node, GPU) pair."""
+        _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
+        after = self._pairs_after(rows, jj, f_old, need, whole, request.cpu_milli)
+        return rows, jj, after - self.frag_now[rows]
+
+    def _pairs_after(
+        self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
+        cpu_milli: int,
+    ) -> np.ndarray:
+        """Fragmentation of each node once a fraction takes ``need`` of its GPU ``jj`` (free ``f_old``)."""
         st = self.state
-        kk, jj, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
         f_new = f_old - need
-        fv = np.where(st.valid[cand], st.free[cand], -1)
+        fv = np.where(st.valid[rows], st.free[rows], -1)
+        r = np.arange(len(rows))
         top = fv.argmax(axis=1)
-        top1 = fv[np.arange(len(cand)), top]
-        fv[np.arange(len(cand)), top] = -1
+        top1 = fv[r, top]
+        fv[r, top] = -1
         top2 = fv.max(axis=1)
-        maxexcl = np.maximum(np.where(jj == top[kk], top2[kk], top1[kk]), 0)
+        maxexcl = np.maximum(np.where(jj == top, top2, top1), 0)
         demand = self.demand[rows]
         su = (
             self.su[rows]
@@ -397,6 +534,8 @@ class FragModel:
         ftot = self.ftot[rows] - need
         maxfree = np.maximum(maxexcl, f_new)
         self._ftot_after = ftot
-        after = self._frag(rows, su, ftot, whole, maxfree, st.cpu_free[rows] - request.cpu_milli)
-        self._after = (su, ftot, after)
-        return rows, jj, after - self.frag_now[rows]
+        cpu = st.cpu_free[rows] - cpu_milli
+        after = self._frag(rows, su, ftot, whole, maxfree, cpu)
+        self._after = (su, ftot, after, None)
+        self._after_inputs = (whole, maxfree, cpu)
+        return after

@@ -1,0 +1,115 @@
+"""Per-request memo of what the placement scorers computed for a node state.
+
+Within one cycle the engine asks the scorers about the same request again and
+again (thousands of one-GPU jobs), each time over the few hundred distinct
+node states that can take it. Between two such questions only the nodes
+committed to in between changed, so almost every (request, node state) pair
+was already scored. What a scorer derives from a node's state after the
+placement (the free share each request type could still use, the free share
+left) does not depend on which node is in that state, only on the state, so it
+is kept here under the state's key (:meth:`FreeState._key_of`) and only states
+new to the request are computed. On a cluster of identical nodes filling up
+this cuts the scoring work about twentyfold (docs/benchmarks.md).
+
+State keys are small dense integers, so a table is a plain index array from
+key to storage row: a lookup for the whole candidate list is one gather, an
+insert one scatter. A fraction lands on one GPU of a node; its key is
+``state * span + r`` where ``r`` (below ``span``, the widest node's GPU count)
+tells the node's distinct free shares apart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class MemoTable:
+    """Columns of per-state values for one request, addressed by dense integer key."""
+
+    PRUNE_MIN = 4096  # rows kept before the first sweep for states no node is in any more
+
+    def __init__(self, span: int) -> None:
+        self.span = span
+        self.slot_of = np.full(0, -1, dtype=np.int32)  # key -> storage row (-1: not kept)
+        self.cols: dict[str, np.ndarray] = {}
+        self.fills: dict[str, float] = {}  # columns filled in later: their value for new rows
+        self.size = 0
+        self.prune_at = self.PRUNE_MIN
+
+    def lookup(self, keys: np.ndarray, n_states: int) -> np.ndarray:
+        """Storage row of each key (keys of states below ``n_states``), -1 where none is kept."""
+        need = n_states * self.span
+        if len(self.slot_of) < need:
+            grown = np.full(max(need, 2 * len(self.slot_of)), -1, dtype=np.int32)
+            grown[: len(self.slot_of)] = self.slot_of
+            self.slot_of = grown
+        return self.slot_of[keys].astype(np.int64)
+
+    def declare(self, name: str, dtype: type, fill: float) -> np.ndarray:
+        """A column the scorer fills in later (e.g. a weighed score); new rows start at ``fill``."""
+        col = self.cols.get(name)
+        if col is None:
+            self.fills[name] = fill
+            length = max((len(c) for c in self.cols.values()), default=0)
+            col = self.cols[name] = np.full(length, fill, dtype=dtype)
+        return col
+
+    def add(self, keys: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Keep one row of ``cols`` per key (keys not kept yet; a repeated key keeps its last row).
+
+        Returns the storage rows used, in the order of ``keys``.
+        """
+        m = len(keys)
+        start = self.size
+        need = start + m
+        cols = {**cols, "key": keys}
+        for name in self.cols.keys() | cols.keys():
+            col = self.cols.get(name)
+            values = cols.get(name)
+            if col is None or len(col) < need:
+                like = values if values is not None else col
+                assert like is not None
+                grown = np.empty((max(need, 2 * (len(col) if col is not None else 0), 64),) + like.shape[1:],
+                                 dtype=like.dtype)
+                if col is not None:
+                    grown[:start] = col[:start]
+                self.cols[name] = col = grown
+            col[start:need] = values if values is not None else self.fills[name]
+        rows = np.arange(start, need, dtype=np.int64)
+        self.slot_of[keys] = rows
+        self.size = need
+        return rows
+
+    def prune(self, live_states: np.ndarray) -> bool:
+        """Forget rows of states no node is in any more, once the table has grown past its limit.
+
+        Returns whether storage rows moved (earlier lookups are then stale).
+        """
+        if self.size < self.prune_at:
+            return False
+        keys = self.cols["key"][: self.size]
+        alive = np.isin(keys // self.span, live_states) & (self.slot_of[keys] == np.arange(self.size))
+        rows = np.flatnonzero(alive)
+        for name, col in self.cols.items():
+            self.cols[name] = col[rows]
+        self.slot_of[:] = -1
+        self.size = len(rows)
+        self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
+        self.prune_at = max(self.PRUNE_MIN, 2 * self.size)
+        return True
+
+
+class ScoreMemo:
+    """The memo tables of one scorer: one per request, all dropped when its tables change."""
+
+    def __init__(self) -> None:
+        self.tables: dict[object, MemoTable] = {}
+
+    def clear(self) -> None:
+        self.tables.clear()
+
+    def table(self, request: object, span: int) -> MemoTable:
+        t = self.tables.get(request)
+        if t is None:
+            t = self.tables[request] = MemoTable(span)
+        return t
