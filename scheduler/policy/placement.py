@@ -173,6 +173,7 @@ class FreeState:
         if rank.shape != (n,):
             raise InvalidRequest("tie_rank must give one rank per node")
         self.tie_rank = rank
+        self._rank_is_order = bool(np.array_equal(rank, np.arange(n)))
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._failed: dict[Request, int] = {}
         self._release_version = 0
@@ -403,11 +404,12 @@ class FreeState:
         hit = self._found.get(request)
         if hit is not None and hit[0] == self._version:
             return hit[1]
-        most_whole, most_share, most_cpu, most_mem = self._global_max()
-        if (request.gpus > most_whole or request.gpu_milli > most_share or request.cpu_milli > most_cpu
-                or request.memory_mib > most_mem):
-            self._failed[request] = self._release_version
-            return None
+        if self._maxima is not None:  # known since a request failed: rule out at once what fits nowhere
+            most_whole, most_share, most_cpu, most_mem = self._maxima
+            if (request.gpus > most_whole or request.gpu_milli > most_share or request.cpu_milli > most_cpu
+                    or request.memory_mib > most_mem):
+                self._failed[request] = self._release_version
+                return None
         mask = (self.cpu_free >= request.cpu_milli) & (self.mem_free >= request.memory_mib)
         ok = None
         if request.gpus:
@@ -424,14 +426,16 @@ class FreeState:
         cand = np.flatnonzero(mask)
         if cand.size == 0:
             self._failed[request] = self._release_version
+            self._global_max()  # a full pool: the next requests are likely to fail too
             return None
         cand = self._distinct(cand)
         if request.gpus > 1 and self.max_groups > 1:
             cand = self._prefer_one_group(cand, request)
-        if ok is None and (request.gpu_milli or request.gpus):
+        if ok is None and request.gpu_milli:
             ok = self._gpu_ok_rows(cand, request)
         elif ok is not None:
             ok = ok[cand]
+        # (plain whole-GPU work: None, its GPUs are looked up on the chosen node only)
         i, slots = self._choose(cand, ok, request)
         found = self._assignment(i, slots, request)
         if len(self._found) > 4096:
@@ -449,8 +453,12 @@ class FreeState:
         if cand.size < self.DISTINCT_MIN:
             return cand
         keys = self.state_key[cand]
-        # by state, then tie rank, then node order (lexsort is stable and cand is ascending)
-        order = np.lexsort((self.tie_rank[cand], keys))
+        # by state, then tie rank, then node order (both sorts are stable and cand is ascending,
+        # so with tie ranks in node order sorting by state alone is the same order)
+        if self._rank_is_order:
+            order = np.argsort(keys, kind="stable")
+        else:
+            order = np.lexsort((self.tie_rank[cand], keys))
         by_state = keys[order]
         first = np.empty(by_state.size, dtype=bool)
         first[0] = True
@@ -460,11 +468,15 @@ class FreeState:
         return np.sort(cand[order[first]])
 
     def _gpu_ok_rows(self, cand: np.ndarray, request: Request) -> np.ndarray:
-        """Usable GPU slots on the candidate rows only (cheaper than all rows)."""
-        free, cap, valid = self.free[cand], self.cap[cand], self.valid[cand]
-        if request.gpus:
-            return (free == cap) & valid
-        return (free >= request.gpu_milli) & valid
+        """GPU slots with room for a fraction, on the candidate rows only (cheaper than all rows)."""
+        return (self.free[cand] >= request.gpu_milli) & self.valid[cand]
+
+    def whole_usable(self, i: int, request: Request) -> np.ndarray:
+        """Slots of node ``i`` wholly free (and of an allowed model) for whole-GPU work."""
+        ok = (self.free[i] == self.cap[i]) & self.valid[i]
+        if request.gpu_models:
+            ok &= self._model_mask(request.gpu_models)[i]
+        return np.flatnonzero(ok)
 
     def _prefer_one_group(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Keep only nodes that can seat a multi-GPU request inside one topology group, if any can."""
@@ -481,7 +493,11 @@ class FreeState:
     # ------------------------------------------------------------ choosing
 
     def _choose(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
-        """Pick (node, GPU slots) among candidate nodes; ``ok`` marks usable slots per candidate."""
+        """Pick (node, GPU slots) among candidate nodes.
+
+        ``ok`` marks usable slots per candidate; None for CPU-only work and for
+        whole GPUs of any model (any wholly free GPU will do: see :meth:`whole_usable`).
+        """
         if self.policy == "firstfit":
             k = int(np.argmin(self.tie_rank[cand]))
             return int(cand[k]), self._slots(int(cand[k]), ok[k] if ok is not None else None, request)
@@ -504,11 +520,12 @@ class FreeState:
 
     def _slots(self, i: int, ok_row: np.ndarray | None, request: Request, least_free: bool = False) -> list[int]:
         """GPU slots on node ``i`` for the request (empty for CPU-only work)."""
+        if request.gpus:
+            usable = np.flatnonzero(ok_row) if ok_row is not None else self.whole_usable(i, request)
+            return self.whole_slots(i, usable, request.gpus)
         if ok_row is None:
             return []
         usable = np.flatnonzero(ok_row)
-        if request.gpus:
-            return self.whole_slots(i, usable, request.gpus)
         if least_free:
             free = self.free[i, usable]
             return [int(usable[int(np.argmin(free))])]

@@ -119,9 +119,7 @@ class CapacityModel(FragModel):
         self.su = self._packable(st.free, st.valid, self.demand) if n else np.zeros((0, len(shapes)))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.full_pack = self._packable(cap[:, None], np.ones((n, 1), dtype=bool), self.demand) if n else self.su
-        self._init = True
-        self.usable_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, None, st.cpu_free)
-        self._init = False
+        self.usable_now = self._usable(np.arange(n), self.su, st.whole_free, st.cpu_free)
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
         self.memo.clear()
@@ -158,6 +156,8 @@ class CapacityModel(FragModel):
 
     def _usable(self, rows: np.ndarray, su: np.ndarray, whole: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         """usable[row, type]: GPU share each request type could still consume on the node."""
+        if not self._shapes:
+            return np.zeros((len(rows), 0))
         wide = (whole[:, None] // self.n_whole) * self.n_whole * self.node_cap[rows][:, None]
         per_shape = np.where(self.whole, wide, su)
         per_shape *= self.allowed[rows]
@@ -170,20 +170,6 @@ class CapacityModel(FragModel):
         cpu_side *= self.t_vol
         cpu_side += self.t_no_cpu
         return np.minimum(gpu_side, cpu_side, out=gpu_side)
-
-    def _frag(  # type: ignore[override]
-        self, rows: np.ndarray, su: np.ndarray, ftot: np.ndarray, whole: np.ndarray, maxfree: None, cpu: np.ndarray
-    ) -> np.ndarray:
-        """Loss of usable share against the current state (lower is better), per row."""
-        if not self._shapes:
-            self._last_usable = np.zeros((len(rows), 0))
-            return self._last_usable if self._init else np.zeros(len(rows))
-        usable = self._usable(rows, su, whole, cpu)
-        if self._init:
-            return usable
-        self._last_usable = usable
-        self.age_weights()
-        return self._value_now[rows] - usable @ self._w
 
     def age_weights(self) -> None:
         """Recompute the scarcity weights when due (every WEIGHT_REFRESH commits, on the next choice)."""
@@ -223,36 +209,47 @@ class CapacityModel(FragModel):
         if self._w_age > 0:
             self._value_now[i] = new @ self._w
 
-    def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
+    def _after_node(self, cand: np.ndarray, request: Request) -> tuple[np.ndarray, ...]:  # type: ignore[override]
+        """(usable-by-shape share, free share, usable share per type) of each node after the placement."""
         st = self.state
         n = request.gpus
         whole = st.whole_free[cand] - n
         ftot = self.ftot[cand] - n * self.node_cap[cand]
         su = self.su[cand] - n * self.full_pack[cand] if n else self.su[cand]
+        return su, ftot, self._usable(cand, su, whole, st.cpu_free[cand] - request.cpu_milli)
+
+    def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
+        su, ftot, usable = self._after_node(cand, request)
         self._ftot_after = ftot
-        after = self._frag(cand, su, ftot, whole, None, st.cpu_free[cand] - request.cpu_milli)
-        self._after = (su, ftot, self._last_usable, None)
-        return after  # _frag already measures against the current state
+        self._after = (su, ftot, usable, None)
+        return self._loss(cand, usable)
 
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
-        return rows, jj, self._pairs_after(rows, jj, f_old, need, whole, request.cpu_milli)
+        su, ftot, usable = self._after_pairs(rows, jj, f_old, need, whole, request.cpu_milli)
+        self._ftot_after = ftot
+        self._after = (su, ftot, usable, None)
+        return rows, jj, self._loss(rows, usable)
 
-    def _pairs_after(  # type: ignore[override]
+    def _after_pairs(  # type: ignore[override]
         self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
         cpu_milli: int,
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, ...]:
         st = self.state
         f_new = f_old - need
         d = self.demand[rows]
         su = self.su[rows] - (f_old[:, None] // d) * d + (f_new[:, None] // d) * d
         ftot = self.ftot[rows] - need
-        self._ftot_after = ftot
-        after = self._frag(rows, su, ftot, whole, None, st.cpu_free[rows] - cpu_milli)
-        self._after = (su, ftot, self._last_usable, None)
-        return after
+        return su, ftot, self._usable(rows, su, whole, st.cpu_free[rows] - cpu_milli)
+
+    def _loss(self, rows: np.ndarray, usable: np.ndarray) -> np.ndarray:
+        """Usable share lost per row against the current state (lower is better)."""
+        if not self._shapes:
+            return np.zeros(len(rows))
+        self.age_weights()
+        return self._value_now[rows] - usable @ self._w
 
     def _memo_rows_node(self, rows: np.ndarray, request: Request) -> dict[str, np.ndarray]:
         cols = super()._memo_rows_node(rows, request)
@@ -269,9 +266,9 @@ class CapacityModel(FragModel):
             cols.update(_prefixed(self.fgd._memo_rows_pairs(rows, jj, f_old, need, whole, cpu_milli)))
         return cols
 
-    def _memo_row(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def _memo_row(self, rows: np.ndarray, after: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
         """The usable share per type after the placement (whole numbers: float32 is exact)."""
-        su, ftot, usable, _ = self._after
+        su, ftot, usable = after
         return {"su": su.astype(np.float32), "ftot": ftot, "after": usable.astype(np.float32)}
 
     def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:

@@ -382,12 +382,13 @@ class FragModel:
         k = int(np.lexsort(tuple(keys))[0])
         i = int(rows[k])
         self._keep(k, i, request)
-        if ok is None:
+        if slot is not None:
+            return i, [int(slot[k])]
+        if not request.gpus:
             return i, []
-        if slot is None:
-            usable = np.flatnonzero(ok[int(np.searchsorted(cand, i))])
-            return i, st.whole_slots(i, usable, request.gpus)
-        return i, [int(slot[k])]
+        if ok is None:  # plain whole GPUs: every wholly free GPU of the node will do
+            return i, st.whole_slots(i, st.whole_usable(i, request), request.gpus)
+        return i, st.whole_slots(i, np.flatnonzero(ok[int(np.searchsorted(cand, i))]), request.gpus)
 
     def deltas(
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request
@@ -433,28 +434,27 @@ class FragModel:
 
     def _memo_rows_node(self, rows: np.ndarray, request: Request) -> dict[str, np.ndarray]:
         """Memo columns for whole-GPU or CPU-only work placed on each of ``rows``."""
-        self._delta_node(rows, request)
-        return self._memo_row(rows)
+        return self._memo_row(rows, self._after_node(rows, request))
 
     def _memo_rows_pairs(
         self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
         cpu_milli: int,
     ) -> dict[str, np.ndarray]:
         """Memo columns for a fraction placed on each (node, GPU) pair."""
-        self._pairs_after(rows, jj, f_old, need, whole, cpu_milli)
-        return self._memo_row(rows)
+        return self._memo_row(rows, self._after_pairs(rows, jj, f_old, need, whole, cpu_milli))
 
-    def _memo_row(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """What the memo keeps of the after-states just computed for ``rows``.
+    def _memo_row(self, rows: np.ndarray, after: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+        """What the memo keeps of after-states just computed for ``rows``.
 
+        The measure's inputs, not the measure: it depends on the learned mix's
+        weights, so it is computed (and recomputed after a re-weighing) by
+        :meth:`_memo_delta`, for all new and stale rows of a query at once.
         Shares are whole numbers, so float32 keeps them exactly at half the memory.
-        The inputs of the measure are kept too: new weights (a re-weighed mix)
-        then cost one :meth:`_frag` over kept rows, not a recomputation.
         """
-        su, ftot, after, _ = self._after
-        whole, maxfree, cpu = self._after_inputs
-        return {"su": su.astype(np.float32), "ftot": ftot, "after": after, "whole": whole, "maxfree": maxfree,
-                "cpu": cpu, "row": rows, "version": np.full(len(rows), self._version_w, dtype=np.int64)}
+        su, ftot, whole, maxfree, cpu = after
+        ints = np.empty((len(rows), 4), dtype=np.int64)
+        ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3] = whole, maxfree, cpu, rows
+        return {"su": su.astype(np.float32), "ftot": ftot, "ints": ints}
 
     def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:
         """Increase of fragmentation per candidate from kept after-states (storage rows ``idx``).
@@ -462,13 +462,13 @@ class FragModel:
         ``prefix``: where our columns are when we share another scorer's table.
         """
         cols = table.cols
-        version = cols[prefix + "version"]
+        version = table.declare(prefix + "version", np.int64, -1)
+        after = table.declare(prefix + "after", np.float64, 0.0)
         stale = idx[version[idx] != self._version_w]
-        after = cols[prefix + "after"]
         if stale.size:
-            after[stale] = self._frag(cols[prefix + "row"][stale], cols[prefix + "su"][stale].astype(np.float64),
-                                      cols[prefix + "ftot"][stale], cols[prefix + "whole"][stale],
-                                      cols[prefix + "maxfree"][stale], cols[prefix + "cpu"][stale])
+            ints = cols[prefix + "ints"][stale]
+            after[stale] = self._frag(ints[:, 3], cols[prefix + "su"][stale].astype(np.float64),
+                                      cols[prefix + "ftot"][stale], ints[:, 0], ints[:, 1], ints[:, 2])
             version[stale] = self._version_w
         ftot = cols[prefix + "ftot"]
         self._ftot_after = ftot[idx]
@@ -482,8 +482,8 @@ class FragModel:
             self._live = (st._version, np.unique(st.state_key))
         return self._live[1]
 
-    def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
-        """Increase of fragmentation for whole-GPU or CPU-only work on each candidate node."""
+    def _after_node(self, cand: np.ndarray, request: Request) -> tuple[np.ndarray, ...]:
+        """(Su, free share, whole free GPUs, largest free share, free CPU) of each node after the placement."""
         st = self.state
         n = request.gpus
         whole = st.whole_free[cand] - n
@@ -496,11 +496,14 @@ class FragModel:
             su = su - n * np.where(cap < self.demand[cand], cap, 0)  # a GPU too small for a shape leaves its Su
         else:
             maxfree = st.max_share[cand]
+        return su, ftot, whole, maxfree, st.cpu_free[cand] - request.cpu_milli
+
+    def _delta_node(self, cand: np.ndarray, request: Request) -> np.ndarray:
+        """Increase of fragmentation for whole-GPU or CPU-only work on each candidate node."""
+        su, ftot, whole, maxfree, cpu = self._after_node(cand, request)
         self._ftot_after = ftot
-        cpu = st.cpu_free[cand] - request.cpu_milli
         after = self._frag(cand, su, ftot, whole, maxfree, cpu)
         self._after = (su, ftot, after, None)
-        self._after_inputs = (whole, maxfree, cpu)
         return after - self.frag_now[cand]
 
     def _delta_fraction(
@@ -508,14 +511,17 @@ class FragModel:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Increase of fragmentation for a fraction on each usable (node, GPU) pair."""
         _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
-        after = self._pairs_after(rows, jj, f_old, need, whole, request.cpu_milli)
+        su, ftot, whole, maxfree, cpu = self._after_pairs(rows, jj, f_old, need, whole, request.cpu_milli)
+        self._ftot_after = ftot
+        after = self._frag(rows, su, ftot, whole, maxfree, cpu)
+        self._after = (su, ftot, after, None)
         return rows, jj, after - self.frag_now[rows]
 
-    def _pairs_after(
+    def _after_pairs(
         self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
         cpu_milli: int,
-    ) -> np.ndarray:
-        """Fragmentation of each node once a fraction takes ``need`` of its GPU ``jj`` (free ``f_old``)."""
+    ) -> tuple[np.ndarray, ...]:
+        """As :meth:`_after_node`, once a fraction takes ``need`` of GPU ``jj`` (free ``f_old``) of each node."""
         st = self.state
         f_new = f_old - need
         fv = np.where(st.valid[rows], st.free[rows], -1)
@@ -532,10 +538,4 @@ class FragModel:
             + np.where(f_new[:, None] < demand, f_new[:, None], 0)
         )
         ftot = self.ftot[rows] - need
-        maxfree = np.maximum(maxexcl, f_new)
-        self._ftot_after = ftot
-        cpu = st.cpu_free[rows] - cpu_milli
-        after = self._frag(rows, su, ftot, whole, maxfree, cpu)
-        self._after = (su, ftot, after, None)
-        self._after_inputs = (whole, maxfree, cpu)
-        return after
+        return su, ftot, whole, np.maximum(maxexcl, f_new), st.cpu_free[rows] - cpu_milli
