@@ -113,9 +113,13 @@ class CapacityModel(FragModel):
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([max(s[1], 1) if s[0] == "w" else 1 for s in shapes], dtype=np.int64)
         # whole-GPU types: a demand never used by the fraction formula
-        demand, self.allowed, cap = self._shape_tables(shapes, whole_demand=np.iinfo(np.int32).max)
-        self.demand = np.maximum(demand, 1)
+        never = np.iinfo(np.int32).max  # a demand no GPU meets: the shape can use nothing there
+        demand, self.allowed, cap = self._shape_tables(shapes, whole_demand=never)
+        # a shape whose models the node lacks gets that demand too, so its packable share is 0
+        self.demand = np.where(self.allowed, np.maximum(demand, 1), never)
         self.node_cap = cap
+        # whole-GPU shapes: usable share per group of n whole free GPUs on the node (0 where not allowed)
+        self.whole_mult = np.where(self.whole, self.n_whole * cap[:, None] * self.allowed, 0)
         self.su = self._packable(st.free, st.valid, self.demand) if n else np.zeros((0, len(shapes)))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.full_pack = self._packable(cap[:, None], np.ones((n, 1), dtype=bool), self.demand) if n else self.su
@@ -158,9 +162,8 @@ class CapacityModel(FragModel):
         """usable[row, type]: GPU share each request type could still consume on the node."""
         if not self._shapes:
             return np.zeros((len(rows), 0))
-        wide = (whole[:, None] // self.n_whole) * self.n_whole * self.node_cap[rows][:, None]
-        per_shape = np.where(self.whole, wide, su)
-        per_shape *= self.allowed[rows]
+        # (models are folded into the tables: su is 0 and whole_mult is 0 where a shape is not allowed)
+        per_shape = np.where(self.whole, (whole[:, None] // self.n_whole) * self.whole_mult[rows], su)
         gpu_side = per_shape.take(self.t_shape, axis=1)
         # floor(cpu / cpu_m) requests fit by CPU; the epsilon keeps exact multiples exact.
         # In place: on hundreds of candidates x ~50-90 types, fresh temporaries cost more than the math.

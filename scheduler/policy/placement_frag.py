@@ -217,6 +217,9 @@ class FragModel:
         # a whole-GPU type can use only untouched GPUs: its demand is the node's GPU capacity
         demand, self.allowed, self.node_cap = self._shape_tables(shapes)
         self.demand = demand
+        # what a node state must reach for one request of each shape to fit (models folded in):
+        # whole free GPUs for whole-GPU shapes, the largest free share for the others
+        self.threshold = np.where(self.allowed, np.where(self.whole, self.n_whole, demand), np.iinfo(np.int64).max)
         self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
         self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
@@ -307,8 +310,7 @@ class FragModel:
         """Expected fragmentation of node states (one per entry of ``rows``)."""
         if not self._shapes:
             return np.zeros(len(rows))
-        fits = np.where(self.whole, whole[:, None] >= self.n_whole, maxfree[:, None] >= self.demand[rows])
-        fits &= self.allowed[rows]
+        fits = np.where(self.whole, whole[:, None], maxfree[:, None]) >= self.threshold[rows]
         pc = self.cpu_table[np.searchsorted(self.cpu_levels, cpu, side="right")]
         return ftot * self.p_total + (np.where(fits, pc, 0.0) * (su - ftot[:, None])).sum(axis=1)
 
@@ -373,13 +375,16 @@ class FragModel:
                 self._kept = None
                 return int(idle[k]), []
         rows, slot, delta = self.deltas(cand, ok, request)
-        gpu_after = self._ftot_after
-        keys: list[np.ndarray] = [st.tie_rank[rows]]
-        if pack_ties:
-            keys.append(st.cpu_free[rows] - request.cpu_milli)
-            keys.append(gpu_after)
-        keys.append(np.round(delta, 6))
-        k = int(np.lexsort(tuple(keys))[0])
+        delta = np.round(delta, 6)
+        best = np.flatnonzero(delta == delta.min())
+        if best.size == 1:  # the usual case: no tie to break
+            k = int(best[0])
+        else:  # least fragmentation, then (default) least GPU and CPU left, then node order
+            keys: list[np.ndarray] = [st.tie_rank[rows[best]]]
+            if pack_ties:
+                keys.append(st.cpu_free[rows[best]] - request.cpu_milli)
+                keys.append(self._ftot_after[best])
+            k = int(best[np.lexsort(tuple(keys))[0]])
         i = int(rows[k])
         self._keep(k, i, request)
         if slot is not None:
