@@ -91,6 +91,7 @@ class _Layout:
         self.models: dict[str, int] = {}
         self.gpu_ids: list[list[str]] = []
         self.gpu_slot: dict[str, tuple[int, int]] = {}
+        self.gpu_caps: list[tuple[int, ...]] = []  # per node, its GPUs' capacities in slot order
         # rows as Python lists, turned into arrays once; padding slots: see FreeState's doc
         cap_rows, mem_rows, model_rows, topo_rows = [], [], [], []
         models, gpu_slot = self.models, self.gpu_slot
@@ -102,6 +103,7 @@ class _Layout:
             mem_rows.append([max(gpu.memory_mib, 1) for gpu in gpus] + [1] * pad)
             model_rows.append([models.setdefault(gpu.model, len(models)) for gpu in gpus] + [-1] * pad)
             topo_rows.append([groups.setdefault(gpu.topology_group, len(groups)) for gpu in gpus] + [-1] * pad)
+            self.gpu_caps.append(tuple(gpu.capacity_milli for gpu in gpus))
             ids = [gpu.id for gpu in gpus]
             for j, gid in enumerate(ids):
                 if gid in gpu_slot:
@@ -161,6 +163,7 @@ class FreeState:
         self.models = lay.models
         self.gpu_ids = lay.gpu_ids
         self.gpu_slot = lay.gpu_slot
+        self._gpu_caps = lay.gpu_caps
         self.cap, self.gpu_mem, self.model_id, self.topo_id, self.valid = (
             lay.cap, lay.gpu_mem, lay.model_id, lay.topo_id, lay.valid)
         self.free = self.cap.copy()
@@ -292,13 +295,16 @@ class FreeState:
         self._maxima = None
 
     def _refresh_row(self, i: int) -> None:
-        row, cap, valid = self.free[i], self.cap[i], self.valid[i]
-        self.whole_free[i] = int(((row == cap) & valid).sum())
-        self.max_share[i] = int(np.where(valid, row, 0).max())
-        self.state_key[i] = self._key_of(i)
+        # plain Python: a node has a handful of GPUs, and this runs on every commit
+        row = self.free[i].tolist()
+        caps = self._gpu_caps[i]
+        shares = row[: len(caps)]
+        self.whole_free[i] = sum(1 for f, c in zip(shares, caps, strict=True) if f == c)
+        self.max_share[i] = max(shares, default=0)
+        self.state_key[i] = self._key_of(i, row)
         self._maxima = None
 
-    def _key_of(self, i: int) -> int:
+    def _key_of(self, i: int, row: list[int] | None = None) -> int:
         """Small id shared by nodes in identical states (same hardware, same free CPU and GPU shares).
 
         Such nodes score alike under every policy, so the scorers evaluate one of
@@ -306,7 +312,9 @@ class FreeState:
         out: it is only ever a yes/no test (done before, on every node), no policy
         scores it, and leaving it out makes far fewer distinct states.
         """
-        key = (int(self.node_class[i]), int(self.cpu_free[i]), tuple(sorted(self.free[i].tolist())))
+        if row is None:
+            row = self.free[i].tolist()
+        key = (int(self.node_class[i]), int(self.cpu_free[i]), tuple(sorted(row)))
         return self._state_ids.setdefault(key, len(self._state_ids))
 
     def _global_max(self) -> tuple[int, int, int, int]:

@@ -230,7 +230,7 @@ class CapacityModel(FragModel):
     def _delta_fraction(
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
+        _, jj, rows, f_old, need, whole, _ = fraction_pairs(self.state, cand, ok, request)
         su, ftot, usable = self._after_pairs(rows, jj, f_old, need, whole, request.cpu_milli)
         self._ftot_after = ftot
         self._after = (su, ftot, usable, None)
@@ -303,4 +303,5 @@ _FGD = "fgd_"
 
 
 def _prefixed(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {_FGD + name: values for name, values in cols.items()}
+    """The FGD term's memo columns under its own names (its free share after is ours: kept once)."""
+    return {_FGD + name: values for name, values in cols.items() if name != "ftot"}

@@ -69,8 +69,11 @@ def _volume(shape: Shape) -> float:
 
 def fraction_pairs(
     st: FreeState, cand: np.ndarray, ok: np.ndarray, request: Request
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Candidate (node, GPU) pairs for a fraction: (cand index, slot, node, free, need, whole GPUs after).
+) -> tuple[np.ndarray, ...]:
+    """Candidate (node, GPU) pairs for a fraction.
+
+    Returns (cand index, slot, node, free share of the GPU, share taken, whole
+    free GPUs after, GPUs of the node with more free share than this one).
 
     Untouched GPUs of a node are interchangeable, so only the first of them is a
     candidate; partly used GPUs are each a candidate. Both scorers of ``default``
@@ -91,7 +94,9 @@ def fraction_pairs(
     else:
         need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
     whole = st.whole_free[rows] - (f_old == cap[kk, jj])
-    out = (kk, jj, rows, f_old, need, whole)
+    # GPUs of the node with more free share than this one: tells a node state's distinct shares apart
+    above = (np.where(st.valid[cand], free, -1)[kk] > f_old[:, None]).sum(axis=1)
+    out = (kk, jj, rows, f_old, need, whole, above)
     st.pair_cache = (cand, request, out)
     return out
 
@@ -417,10 +422,8 @@ class FragModel:
             keys = st.state_key[cand]
             span = 1
         else:
-            _, slot, rows, f_old, need, whole = fraction_pairs(st, cand, ok, request)
+            _, slot, rows, f_old, need, whole, above = fraction_pairs(st, cand, ok, request)
             span = st.free.shape[1]
-            # GPUs of a node with more free share than this one: tells its distinct shares apart
-            above = (np.where(st.valid[rows], st.free[rows], -1) > f_old[:, None]).sum(axis=1)
             keys = st.state_key[rows] * span + above
         table = self.memo.table(request, span)
         n_states = len(st._state_ids)
@@ -473,9 +476,9 @@ class FragModel:
         if stale.size:
             ints = cols[prefix + "ints"][stale]
             after[stale] = self._frag(ints[:, 3], cols[prefix + "su"][stale].astype(np.float64),
-                                      cols[prefix + "ftot"][stale], ints[:, 0], ints[:, 1], ints[:, 2])
+                                      cols["ftot"][stale], ints[:, 0], ints[:, 1], ints[:, 2])
             version[stale] = self._version_w
-        ftot = cols[prefix + "ftot"]
+        ftot = cols["ftot"]  # the free share after: the same for every scorer, kept once
         self._ftot_after = ftot[idx]
         self._after = (cols[prefix + "su"], ftot, after, idx)
         return after[idx] - self.frag_now[rows]
@@ -515,7 +518,7 @@ class FragModel:
         self, cand: np.ndarray, ok: np.ndarray, request: Request
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Increase of fragmentation for a fraction on each usable (node, GPU) pair."""
-        _, jj, rows, f_old, need, whole = fraction_pairs(self.state, cand, ok, request)
+        _, jj, rows, f_old, need, whole, _ = fraction_pairs(self.state, cand, ok, request)
         su, ftot, whole, maxfree, cpu = self._after_pairs(rows, jj, f_old, need, whole, request.cpu_milli)
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, maxfree, cpu)

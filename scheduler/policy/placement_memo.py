@@ -69,12 +69,16 @@ class MemoTable:
             if col is None or len(col) < need:
                 like = values if values is not None else col
                 assert like is not None
-                grown = np.empty((max(need, 2 * (len(col) if col is not None else 0), 64),) + like.shape[1:],
-                                 dtype=like.dtype)
+                shape = (max(need, 2 * (len(col) if col is not None else 0), 64),) + like.shape[1:]
+                if name in self.fills:  # rows not in use hold the fill, so new rows need no write
+                    grown = np.full(shape, self.fills[name], dtype=like.dtype)
+                else:
+                    grown = np.empty(shape, dtype=like.dtype)
                 if col is not None:
                     grown[:start] = col[:start]
                 self.cols[name] = col = grown
-            col[start:need] = values if values is not None else self.fills[name]
+            if values is not None:
+                col[start:need] = values
         rows = np.arange(start, need, dtype=np.int64)
         self.slot_of[keys] = rows
         self.size = need
@@ -91,7 +95,7 @@ class MemoTable:
         alive = np.isin(keys // self.span, live_states) & (self.slot_of[keys] == np.arange(self.size))
         rows = np.flatnonzero(alive)
         for name, col in self.cols.items():
-            self.cols[name] = col[rows]
+            self.cols[name] = col[rows]  # (exactly the rows in use: the next add grows every column)
         self.slot_of[:] = -1
         self.size = len(rows)
         self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
