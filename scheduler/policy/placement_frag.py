@@ -436,7 +436,7 @@ class FragModel:
                 cols = self._memo_rows_pairs(rows[miss], slot[miss], f_old[miss], need[miss], whole[miss],
                                              request.cpu_milli)
             idx[miss] = table.add(keys[miss], cols)
-            if table.size >= table.prune_at and table.prune(self._live_states()):
+            if self.memo.added(len(miss), self._live_states):
                 idx = table.lookup(keys, n_states)
         return rows, slot, self._memo_delta(table, idx, rows)
 

@@ -20,13 +20,13 @@ tells the node's distinct free shares apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
 class MemoTable:
     """Columns of per-state values for one request, addressed by dense integer key."""
-
-    PRUNE_MIN = 4096  # rows kept before the first sweep for states no node is in any more
 
     def __init__(self, span: int) -> None:
         self.span = span
@@ -34,7 +34,6 @@ class MemoTable:
         self.cols: dict[str, np.ndarray] = {}
         self.fills: dict[str, float] = {}  # columns filled in later: their value for new rows
         self.size = 0
-        self.prune_at = self.PRUNE_MIN
 
     def lookup(self, keys: np.ndarray, n_states: int) -> np.ndarray:
         """Storage row of each key (keys of states below ``n_states``), -1 where none is kept."""
@@ -84,13 +83,8 @@ class MemoTable:
         self.size = need
         return rows
 
-    def prune(self, live_states: np.ndarray) -> bool:
-        """Forget rows of states no node is in any more, once the table has grown past its limit.
-
-        Returns whether storage rows moved (earlier lookups are then stale).
-        """
-        if self.size < self.prune_at:
-            return False
+    def prune(self, live_states: np.ndarray) -> None:
+        """Forget the rows of states no node is in any more (compacting the columns)."""
         keys = self.cols["key"][: self.size]
         alive = np.isin(keys // self.span, live_states) & (self.slot_of[keys] == np.arange(self.size))
         rows = np.flatnonzero(alive)
@@ -99,18 +93,41 @@ class MemoTable:
         self.slot_of[:] = -1
         self.size = len(rows)
         self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
-        self.prune_at = max(self.PRUNE_MIN, 2 * self.size)
-        return True
 
 
 class ScoreMemo:
-    """The memo tables of one scorer: one per request, all dropped when its tables change."""
+    """The memo tables of one scorer: one per request, all dropped when its tables change.
+
+    Nodes leave states all the time as work lands on them, so rows go stale
+    for good; once the tables hold twice the rows they held after the last
+    sweep (and at least ``PRUNE_MIN``), every table forgets the states no node
+    is in. That bounds the memo by the live states rather than by the cycle's
+    length (docs/benchmarks.md gives the peak).
+    """
+
+    PRUNE_MIN = 8192
 
     def __init__(self) -> None:
         self.tables: dict[object, MemoTable] = {}
+        self.rows = 0
+        self.prune_at = self.PRUNE_MIN
 
     def clear(self) -> None:
         self.tables.clear()
+        self.rows = 0
+        self.prune_at = self.PRUNE_MIN
+
+    def added(self, n: int, live_states: Callable[[], np.ndarray]) -> bool:
+        """Count ``n`` new rows; sweep every table when due. Returns whether rows moved."""
+        self.rows += n
+        if self.rows < self.prune_at:
+            return False
+        live = live_states()
+        for table in self.tables.values():
+            table.prune(live)
+        self.rows = sum(t.size for t in self.tables.values())
+        self.prune_at = max(self.PRUNE_MIN, 2 * self.rows)
+        return True
 
     def table(self, request: object, span: int) -> MemoTable:
         t = self.tables.get(request)
