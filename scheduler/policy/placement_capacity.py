@@ -270,9 +270,13 @@ class CapacityModel(FragModel):
         return cols
 
     def _memo_row(self, rows: np.ndarray, after: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
-        """The usable share per type after the placement (whole numbers: float32 is exact)."""
+        """The usable share per type after the placement.
+
+        Kept in float64: re-weighing kept rows is the hottest step of a busy
+        cycle, and a float32 copy would be converted on every re-weighing.
+        """
         su, ftot, usable = after
-        return {"su": su.astype(np.float32), "ftot": ftot, "after": usable.astype(np.float32)}
+        return {"su": su.astype(np.float32), "ftot": ftot, "after": usable}
 
     def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:
         """Loss of usable share per candidate from kept after-states: only their weighing is redone.
