@@ -146,10 +146,10 @@ def replay(
 
     Returns (arrived milli after each pod, allocated milli after each pod, pods placed).
     """
-    state = FreeState.from_nodes(nodes, (), policy=policy, tie_rank=tie_rank, workload=workload)
-    # which request types may come (not how often): sizes the tables once, changes no choice,
-    # as the engine does with its pending queue
-    state.expect(pod.request for pod in order)
+    # expect: which request types may come (not how often): sizes the tables once, changes
+    # no choice, as the engine does with its pending queue
+    state = FreeState.from_nodes(nodes, (), policy=policy, tie_rank=tie_rank, workload=workload,
+                                 expect=[pod.request for pod in order])
     arrived = np.empty(len(order), dtype=np.int64)
     allocated = np.empty(len(order), dtype=np.int64)
     a_sum = p_sum = placed = 0

@@ -501,13 +501,12 @@ def uniform_cluster() -> list[Node]:
 
 
 def replay_with(policy: str, memo: bool, steps: list[tuple[str, Request]], expect: bool) -> list:
-    state = FreeState.from_nodes(uniform_cluster(), (), policy=policy)
+    state = FreeState.from_nodes(uniform_cluster(), (), policy=policy,
+                                 expect=[r for _, r in steps] if expect else ())
     if not memo:
         state.frag._memo_ok = False
         if getattr(state.frag, "fgd", None) is not None:
             state.frag.fgd._memo_ok = False
-    if expect:
-        state.expect(r for _, r in steps)
     held: list[tuple[Assignment, Request]] = []
     out = []
     for op, req in steps:

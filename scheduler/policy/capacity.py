@@ -11,7 +11,7 @@ fitting", cheaply and without asking placement to search the whole pool.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from scheduler.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
 from scheduler.policy.nodecache import for_nodes
@@ -241,12 +241,16 @@ class Capacity:
         pools: Iterable[str],
         policy: str,
         active: Iterable[str] | None = None,
+        expect: Mapping[str, Sequence[Request]] | None = None,
     ) -> None:
         """``active``: the pools that get a placement state (default: all); a pool with
-        nothing pending needs none, and every state costs time on each commit."""
+        nothing pending needs none, and every state costs time on each commit.
+        ``expect``: per pool, the requests it may be asked to place (see FreeState.from_nodes)."""
         pools = tuple(pools)
+        expect = expect or {}
         self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in pools}
-        self.states = {p: FreeState.from_nodes(nodes, running, p, policy) for p in (pools if active is None else active)}
+        self.states = {p: FreeState.from_nodes(nodes, running, p, policy, expect=expect.get(p, ()))
+                       for p in (pools if active is None else active)}
         self.ledger = Ledger(nodes, running)
         self.node_pools: dict[str, list[str]] = {}
         self._index_states()
@@ -262,12 +266,6 @@ class Capacity:
         """Forget ``pool``'s placement state (no more placements there this cycle)."""
         self.states.pop(pool, None)
         self._index_states()
-
-    def expect(self, pool: str, requests: Iterable[Request]) -> None:
-        """The requests this cycle may place in ``pool`` (see :meth:`FreeState.expect`)."""
-        state = self.states.get(pool)
-        if state is not None:
-            state.expect(requests)
 
     def find(self, pool: str, request: Request) -> Assignment | None:
         return self.states[pool].find(request)

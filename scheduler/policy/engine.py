@@ -164,9 +164,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.cap = Capacity(
             snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
             active=[p for p in (BUILD_POOL, TRAIN_POOL) if p in active],
+            expect={pool: [w.request for w in self.pending if w.kind is kind]
+                    for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))},
         )
-        for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN)):
-            self.cap.expect(pool, [w.request for w in self.pending if w.kind is kind])
         self.train_nodes = set(self.cap.pool_nodes[TRAIN_POOL])
         self.train_capacity = 0  # GPU share on train nodes not held by anything but training
 

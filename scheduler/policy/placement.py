@@ -150,7 +150,11 @@ class FreeState:
         policy: str = "default",
         tie_rank: Sequence[int] | None = None,
         workload: Iterable[Request] | None = None,
+        *,
+        expect: Iterable[Request] = (),
+        build: bool = True,
     ) -> None:
+        """See :meth:`from_nodes` (``build=False``: the caller rebuilds the policy's tables itself)."""
         if policy not in POLICIES:
             raise InvalidRequest(f"unknown placement policy {policy!r}; known: {', '.join(POLICIES)}")
         self.policy = policy
@@ -188,9 +192,9 @@ class FreeState:
         self._refresh_all()
         self.frag: FragModel | None = None
         if policy == "fgd":
-            self.frag = FragModel(self, fixed=workload)
+            self.frag = FragModel(self, fixed=workload, expect=expect, build=build)
         elif policy == "default":
-            self.frag = CapacityModel(self, fixed=workload)
+            self.frag = CapacityModel(self, fixed=workload, expect=expect, build=build)
 
     # ------------------------------------------------------------ building
 
@@ -204,32 +208,28 @@ class FreeState:
         *,
         tie_rank: Sequence[int] | None = None,
         workload: Iterable[Request] | None = None,
+        expect: Iterable[Request] = (),
     ) -> FreeState:
         """Free capacity of ``pool`` (None: every node) once ``running`` is subtracted.
 
         ``tie_rank`` (optional) orders nodes for tie-breaking (lower first);
         ``workload`` (optional) fixes the request mix the fragmentation policies
         aim at; without it they learn the mix from running and requested work.
+        ``expect`` (optional): the requests :meth:`find` may be asked about (the
+        engine passes its pending queue). It changes no choice; the
+        fragmentation-aware policies size their tables for those types once,
+        instead of rebuilding them at each new type.
         Running workloads on nodes outside the pool, or on GPUs no longer in it,
         are skipped: they hold nothing this state hands out.
         """
         chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
-        state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload)
+        state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload, expect=expect, build=False)
         held = state._subtract_all(running)
         state._refresh_all()
         if state.frag is not None:
             state.frag.observe_counts(held)
             state.frag.rebuild()
         return state
-
-    def expect(self, requests: Iterable[Request]) -> None:
-        """Tell the placement policy which requests this cycle may ask about (call before :meth:`find`).
-
-        Changes no choice; it lets the fragmentation-aware policies size their
-        tables once instead of rebuilding them at each new request type.
-        """
-        if self.frag is not None:
-            self.frag.expect(requests)
 
     def _subtract_all(self, running: Iterable[Workload]) -> list[tuple[Request, int]]:
         """Subtract every running workload at once; how many of each request held capacity.

@@ -55,12 +55,16 @@ class CapacityModel(FragModel):
     SCARCITY_EXP = 0.5  # exponent of the pool-level scarcity factor in a type's weight
     WEIGHT_REFRESH = 8  # scarcity weights move slowly: recompute them every this many commits
 
-    def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
+    def __init__(
+        self, state: FreeState, fixed: Iterable[Request] | None = None, *,
+        expect: Iterable[Request] = (), build: bool = True,
+    ) -> None:
         fixed = list(fixed) if fixed is not None else None
-        self.fgd: FragModel | None = None  # built after our tables (its own __init__ builds its own)
-        super().__init__(state, fixed=fixed)
+        self.fgd: FragModel | None = None  # built after our tables
+        super().__init__(state, fixed=fixed, expect=expect, build=build)
         if self.LAMBDA:
-            self.fgd = FragModel(state, fixed=fixed)
+            # its tables are built at its first refresh (our rebuilds flag it), on our counts
+            self.fgd = FragModel(state, fixed=fixed, build=False)
             if fixed is None:
                 self.fgd.counts = self.counts  # one learned mix, counted once (both start empty)
 

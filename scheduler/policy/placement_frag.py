@@ -51,7 +51,7 @@ Shape = tuple
 
 def request_shape(request: Request) -> Shape | None:
     """The GPU shape of a request; None for CPU-only work (it fragments no GPU)."""
-    models = tuple(sorted(request.gpu_models))
+    models = tuple(sorted(request.gpu_models)) if request.gpu_models else ()
     if request.gpus:
         return ("w", request.gpus, models)
     if request.gpu_milli:
@@ -107,7 +107,18 @@ class FragModel:
     REFRESH_MIN = 32  # re-weigh the learned mix after this many new requests ...
     REFRESH_FRACTION = 0.05  # ... or this share of what was seen, whichever is larger
 
-    def __init__(self, state: FreeState, fixed: Iterable[Request] | None = None) -> None:
+    def __init__(
+        self, state: FreeState, fixed: Iterable[Request] | None = None, *,
+        expect: Iterable[Request] = (), build: bool = True,
+    ) -> None:
+        """``fixed``: the request mix, given (else learned from what is asked for).
+
+        ``expect``: request types that may be asked for; they get a count of 0
+        (no weight, so no choice changes) and a place in the tables from the
+        start, so their first request only re-weighs instead of rebuilding every
+        table (and dropping the memo) mid-cycle. ``build``: build the tables now
+        (False when the caller rebuilds once it has subtracted running work).
+        """
         self.state = state
         self.counts: dict[tuple[Shape, int], float] = {}
         self.fixed = fixed is not None
@@ -127,7 +138,17 @@ class FragModel:
         if fixed is not None:
             for r in fixed:
                 self._count(r)
-        self.rebuild()
+        else:
+            seen: set[int] = set()  # a queue often holds the same request object many times
+            for r in expect:
+                if id(r) in seen:
+                    continue
+                seen.add(id(r))
+                shape = request_shape(r)
+                if shape is not None:
+                    self.counts.setdefault((shape, r.cpu_milli), 0.0)
+        if build:
+            self.rebuild()
 
     # ------------------------------------------------------------ the request mix
 
@@ -148,26 +169,6 @@ class FragModel:
         shape = request_shape(request)
         if (shape, request.cpu_milli) not in self._table_keys:
             self._new_type = True
-
-    def expect(self, requests: Iterable[Request]) -> None:
-        """Make room in the tables for the request types that may come, before any is asked for.
-
-        A type is given a count of 0 (no weight, so no choice changes) until it
-        is asked for; its first request then only re-weighs instead of
-        rebuilding every table (and dropping the memo) mid-cycle.
-        """
-        if self.fixed:
-            return
-        added = False
-        for r in requests:
-            shape = request_shape(r)
-            if shape is not None and (shape, r.cpu_milli) not in self.counts:
-                self.counts[(shape, r.cpu_milli)] = 0.0
-                added = True
-        if added:
-            flags = (self._dirty, self._new_type, self._seen_since)
-            self.rebuild()
-            self._dirty, self._new_type, self._seen_since = flags[0], False, flags[2]
 
     def observe(self, request: Request) -> None:
         """Learn from a request asked for (no-op when the mix was given)."""
