@@ -98,7 +98,7 @@ def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> di
     for k, v in value.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidRequest(f"{what} must map strings to strings (bad entry {k!r})")
-        if key_re is not None and not key_re.match(k):
+        if key_re is not None and not key_re.fullmatch(k):
             raise InvalidRequest(f"{what} has an invalid variable name {k!r}")
         if len(k) > MAX_MAP_KEY or len(v) > MAX_MAP_VALUE:
             raise InvalidRequest(f"{what} entry {k[:40]!r} is too long (keys at most {MAX_MAP_KEY} characters, "
@@ -253,7 +253,7 @@ def _gpus_to_milli(value: Any, what: str, total_gpus: int, allow_none: bool = Fa
 
 def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
     """Check ``PUT /projects/{name}`` input; returns the changes in milli-GPU."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidRequest(f"project names are 1-{MAX_PROJECT_NAME} letters, digits, '.', '_' or '-', "
                              "starting with a letter or digit")
     if not isinstance(fields, dict):
@@ -278,7 +278,7 @@ def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
 
 def validate_user(user: Any) -> str:
     """Check a user name for a new token; the name becomes the owner of jobs, so it is kept short and plain."""
-    if not isinstance(user, str) or len(user) > MAX_USER_NAME or not USER_RE.match(user):
+    if not isinstance(user, str) or len(user) > MAX_USER_NAME or not USER_RE.fullmatch(user):
         raise InvalidRequest(f"user names are 1-{MAX_USER_NAME} letters, digits, '.', '_', '@' or '-', "
                              "starting with a letter or digit")
     return user

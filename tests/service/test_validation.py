@@ -69,3 +69,21 @@ def test_default_names_are_short():
     assert default_name(None, "build", "vision") == "build-vision"
     js = validate_spec({"project": "p", "command": ["python", "-c", "print(1)\n" * 100]}, {"p"}, LIMITS)
     assert js.name == "python -c"
+
+
+def test_names_with_a_trailing_newline_are_refused():
+    """A name is checked whole: "alice\\n" is not "alice" (a regex "$" alone lets a final newline through)."""
+    import pytest
+
+    from scheduler.service.validation import validate_user
+
+    assert validate_user("alice") == "alice"
+    with pytest.raises(InvalidRequest, match="user names"):
+        validate_user("alice\n")
+    assert validate_project("vision", {}, 4) == {}
+    with pytest.raises(InvalidRequest, match="project names"):
+        validate_project("vision\n", {}, 4)
+    ok = {"project": "p", "command": ["python", "t.py"]}
+    assert validate_spec({**ok, "env": {"SEED": "1"}}, {"p"}, LIMITS).env == {"SEED": "1"}
+    with pytest.raises(InvalidRequest, match="env"):
+        validate_spec({**ok, "env": {"SEED\n": "1"}}, {"p"}, LIMITS)
