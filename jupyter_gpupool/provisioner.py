@@ -103,7 +103,7 @@ def with_kernel_pythonpath(gpu_env: dict[str, str], kernel_pythonpath: str) -> d
     return {**gpu_env, "PYTHONPATH": os.pathsep.join([TORCH_HOOK_DIR, *own])}
 
 
-async def quota_message(client: Any, project: str, fallback: str) -> str:
+async def quota_message(client: Any, project: str, fallback: str, asked: float | None = None) -> str:
     """'Project P has used its build quota of Q GPU: held by ...' naming the kernels.
 
     The scheduler's own message names jobs; users think in notebooks, so we
@@ -126,6 +126,11 @@ async def quota_message(client: Any, project: str, fallback: str) -> str:
         kid = labels.get("kernel_id", "")
         who = f"{what} (kernel {kid[:8]}, {fraction_label(float(share))})" if kid else f"{what} ({job['id']})"
         names.append(who)
+    if not names and asked is not None and float(quota) < asked:
+        return (
+            f"No GPU share for this kernel: it asks for {fraction_label(asked)} but project '{project}' has a "
+            f"build quota of only {fraction_label(float(quota))}. Pick a smaller GPU kernel or ask for more quota."
+        )
     held = "; ".join(names) if names else "no kernel"
     return (
         f"No GPU share for this kernel: project '{project}' has used its build quota of "
@@ -186,7 +191,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             job = await client.submit(spec)
         except GpupoolError as err:
             if isinstance(err, QuotaExceeded) or (isinstance(err, Conflict) and "quota" in err.message):
-                raise GpuShareUnavailable(409, await quota_message(client, project, err.message)) from err
+                message = await quota_message(client, project, err.message, asked=self.gpu_fraction)
+                raise GpuShareUnavailable(409, message) from err
             raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
         return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
 

@@ -149,7 +149,8 @@ async def test_session_over_quota_is_409_like_the_kernels_endpoint(
     assert from_session.value.code == from_kernels.value.code == 409
     message = json.loads(from_session.value.response.body)["message"]
     assert message == json.loads(from_kernels.value.response.body)["message"]
-    assert f"project '{user}'" in message and "build quota of ½ GPU" in message
+    # no kernel holds any of it: the message says the kernel asks for more than the whole quota
+    assert f"project '{user}'" in message and "asks for 1 GPU" in message and "quota of only ½ GPU" in message
     assert jp_serverapp.kernel_manager.list_kernel_ids() == []
     assert await get_json(jp_fetch, "api", "sessions") == []
     assert await (await gpupool_app.connection.client()).jobs(kind="build", state="queued,running") == []
