@@ -194,6 +194,7 @@ class SchedulerCore:
         self._started = False
         self._closing = False
         self.last_event_seq: int = self._store.last_event_seq()
+        self._trimmed_seq = -1  # events are trimmed at the first tick, then once a tenth more have come
         self._live: dict[str, JobRecord] = {}
         self._reload_live()
         self._last_cycle = 0.0
@@ -705,16 +706,28 @@ class SchedulerCore:
     # ================================================================ periodic work
     def _tick(self) -> None:
         now = time.time()
-        for rec in self._live_jobs(("queued", "running"), kind="build"):
-            if rec.lease_expires_at is not None and rec.lease_expires_at < now:
-                self._finish(rec, "cancelled", "lease expired (not renewed)")
+        # (a scan, not _live_jobs: that sorts every live job, and ticks come every few seconds)
+        expired = [r for r in self._live.values()
+                   if r.kind == "build" and r.state in ("queued", "running")
+                   and r.lease_expires_at is not None and r.lease_expires_at < now]
+        for rec in sorted(expired, key=lambda r: r.num):
+            self._finish(rec, "cancelled", "lease expired (not renewed)")
         if not self.simulated and now - self._sample_t >= min(self.config.tick_s, self.config.history_interval_s):
             self._refresh_sample()
             self._run_watchdog(now)
         if now - self._last_history >= self.config.history_interval_s:
             self._record_history(now)
-        self._store.trim_events(self.config.events_max_rows)
+        self._trim_events()
         self._cycle()
+
+    def _trim_events(self) -> None:
+        """Keep the newest ``events_max_rows`` events; a write only once a tenth more have come."""
+        keep = self.config.events_max_rows
+        if self.last_event_seq < self._trimmed_seq:  # the sequence restarted
+            self._trimmed_seq = -1
+        if self.last_event_seq - self._trimmed_seq > keep // 10:
+            self._store.trim_events(keep)
+            self._trimmed_seq = self.last_event_seq
 
     def _refresh_sample(self) -> None:
         try:

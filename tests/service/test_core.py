@@ -499,3 +499,27 @@ async def test_cancel_right_after_resume_stops_the_new_attempt(make_core):
         assert (await core.resume(ALICE, job["id"]))["state"] == "running"  # attempt 2, while attempt 1's stop winds down
         assert (await core.cancel(ALICE, job["id"]))["state"] == "cancelled"
         assert not core._procs
+
+
+async def test_event_log_is_trimmed_in_batches_and_keeps_the_newest(make_core):
+    """The event table stays near events_max_rows: a tick trims it once a tenth of the limit has come since."""
+    core = await make_core(events_max_rows=40)
+
+    def oldest() -> int:
+        return core._store.events_since(0, limit=10_000)[0]["seq"]
+
+    for i in range(60):
+        core._emit("test", i=i)
+    last = core.last_event_seq
+    core._tick()
+    kept = [e["seq"] for e in core._store.events_since(0, limit=10_000) if e["seq"] <= last]
+    assert len(kept) == 40 and kept[-1] == last  # the newest 40 of those, none lost in between
+    trimmed_from = oldest()
+    for i in range(3):  # fewer than a tenth of the limit: the next tick writes nothing
+        core._emit("test", i=i)
+    core._tick()
+    assert oldest() == trimmed_from
+    for i in range(5):
+        core._emit("test", i=i)
+    core._tick()
+    assert oldest() > trimmed_from
