@@ -34,6 +34,7 @@ class MemoTable:
         self.cols: dict[str, np.ndarray] = {}
         self.fills: dict[str, float] = {}  # columns filled in later: their value for new rows
         self.size = 0
+        self.capacity = 0  # rows every column has room for
 
     def lookup(self, keys: np.ndarray, n_states: int) -> np.ndarray:
         """Storage row of each key (keys of states below ``n_states``), -1 where none is kept."""
@@ -49,39 +50,45 @@ class MemoTable:
         col = self.cols.get(name)
         if col is None:
             self.fills[name] = fill
-            length = max((len(c) for c in self.cols.values()), default=0)
-            col = self.cols[name] = np.full(length, fill, dtype=dtype)
+            col = self.cols[name] = np.full(self.capacity, fill, dtype=dtype)
         return col
 
     def add(self, keys: np.ndarray, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Keep one row of ``cols`` per key (keys not kept yet; a repeated key keeps its last row).
 
-        Returns the storage rows used, in the order of ``keys``.
+        Every call passes the same columns (besides the declared ones). Returns
+        the storage rows used, in the order of ``keys``.
         """
-        m = len(keys)
         start = self.size
-        need = start + m
-        cols = {**cols, "key": keys}
-        for name in self.cols.keys() | cols.keys():
-            col = self.cols.get(name)
-            values = cols.get(name)
-            if col is None or len(col) < need:
-                like = values if values is not None else col
-                assert like is not None
-                shape = (max(need, 2 * (len(col) if col is not None else 0), 64),) + like.shape[1:]
-                if name in self.fills:  # rows not in use hold the fill, so new rows need no write
-                    grown = np.full(shape, self.fills[name], dtype=like.dtype)
-                else:
-                    grown = np.empty(shape, dtype=like.dtype)
-                if col is not None:
-                    grown[:start] = col[:start]
-                self.cols[name] = col = grown
-            if values is not None:
-                col[start:need] = values
+        need = start + len(keys)
+        if need > self.capacity:
+            self._grow(need, cols)
+        store = self.cols
+        for name, values in cols.items():
+            store[name][start:need] = values
+        store["key"][start:need] = keys
         rows = np.arange(start, need, dtype=np.int64)
         self.slot_of[keys] = rows
         self.size = need
         return rows
+
+    def _grow(self, need: int, like: dict[str, np.ndarray]) -> None:
+        """Room for at least ``need`` rows in every column (declared ones filled with their fill)."""
+        capacity = max(need, 2 * self.capacity, 64)
+        shapes = {name: (values.shape[1:], values.dtype) for name, values in like.items()}
+        shapes["key"] = ((), np.dtype(np.int64))
+        for name, col in self.cols.items():
+            shapes.setdefault(name, (col.shape[1:], col.dtype))
+        for name, (tail, dtype) in shapes.items():
+            if name in self.fills:  # rows not in use hold the fill, so new rows need no write
+                grown = np.full((capacity,) + tail, self.fills[name], dtype=dtype)
+            else:
+                grown = np.empty((capacity,) + tail, dtype=dtype)
+            old = self.cols.get(name)
+            if old is not None:
+                grown[: self.size] = old[: self.size]
+            self.cols[name] = grown
+        self.capacity = capacity
 
     def prune(self, live_states: np.ndarray) -> None:
         """Forget the rows of states no node is in any more (compacting the columns)."""
@@ -91,7 +98,7 @@ class MemoTable:
         for name, col in self.cols.items():
             self.cols[name] = col[rows]  # (exactly the rows in use: the next add grows every column)
         self.slot_of[:] = -1
-        self.size = len(rows)
+        self.size = self.capacity = len(rows)
         self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
 
 
