@@ -383,6 +383,23 @@ def _schema_at(*path: str) -> Any:
     return node
 
 
+def _string_map_limits(
+    field: str, key: str,
+) -> list[tuple[str, tuple[str, ...], Callable[[int], Any], Callable[[int], tuple[str, str, Any]], str]]:
+    """The three limits of a string map field (``env``, ``labels``): key length, value length, entries."""
+    maps: list[tuple[str, tuple[str, ...], Callable[[int], dict[str, str]]]] = [
+        ("key", ("propertyNames", "maxLength"), lambda n: {key * n: "v"}),
+        ("value", ("additionalProperties", "maxLength"), lambda n: {key: "v" * n}),
+        ("entries", ("maxProperties",), lambda n: {f"{key}{i}": "v" for i in range(n)}),
+    ]
+    return [
+        (f"{field} {what}", ("JobSpec", "properties", field, *where),
+         lambda n, make=make: validate_spec(_spec_with(**{field: make(n)}), {"vision"}, _POOL),
+         lambda n, make=make: ("POST", "/api/v1/jobs", _spec_with(**{field: make(n)})), field)
+        for what, where, make in maps
+    ]
+
+
 # (field, where the schema states the limit, a value of size n for the core's own check,
 #  the HTTP request carrying a value of size n, a word the refusal must contain)
 LIMITED_FIELDS: list[tuple[str, tuple[str, ...], Callable[[int], Any], Callable[[int], tuple[str, str, Any]], str]] = [
@@ -401,24 +418,8 @@ LIMITED_FIELDS: list[tuple[str, tuple[str, ...], Callable[[int], Any], Callable[
     ("user name", ("TokenRequest", "properties", "user", "maxLength"),
      lambda n: validate_user("u" * n),
      lambda n: ("POST", "/api/v1/tokens", {"user": "u" * n}), "user"),
-    ("env key", ("JobSpec", "properties", "env", "propertyNames", "maxLength"),
-     lambda n: validate_spec(_spec_with(env={"K" * n: "v"}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={"K" * n: "v"})), "env"),
-    ("env value", ("JobSpec", "properties", "env", "additionalProperties", "maxLength"),
-     lambda n: validate_spec(_spec_with(env={"K": "v" * n}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={"K": "v" * n})), "env"),
-    ("env entries", ("JobSpec", "properties", "env", "maxProperties"),
-     lambda n: validate_spec(_spec_with(env={f"K{i}": "v" for i in range(n)}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(env={f"K{i}": "v" for i in range(n)})), "env"),
-    ("labels key", ("JobSpec", "properties", "labels", "propertyNames", "maxLength"),
-     lambda n: validate_spec(_spec_with(labels={"k" * n: "v"}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={"k" * n: "v"})), "labels"),
-    ("labels value", ("JobSpec", "properties", "labels", "additionalProperties", "maxLength"),
-     lambda n: validate_spec(_spec_with(labels={"k": "v" * n}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={"k": "v" * n})), "labels"),
-    ("labels entries", ("JobSpec", "properties", "labels", "maxProperties"),
-     lambda n: validate_spec(_spec_with(labels={f"k{i}": "v" for i in range(n)}), {"vision"}, _POOL),
-     lambda n: ("POST", "/api/v1/jobs", _spec_with(labels={f"k{i}": "v" for i in range(n)})), "labels"),
+    *_string_map_limits("env", "K"),
+    *_string_map_limits("labels", "k"),
 ]
 
 
