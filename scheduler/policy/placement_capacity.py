@@ -63,10 +63,12 @@ class CapacityModel(FragModel):
         self.fgd: FragModel | None = None  # built after our tables
         super().__init__(state, fixed=fixed, expect=expect, build=build)
         if self.LAMBDA:
-            # its tables are built at its first refresh (our rebuilds flag it), on our counts
+            # (its tables are built by our rebuilds, on our counts)
             self.fgd = FragModel(state, fixed=fixed, build=False)
             if fixed is None:
-                self.fgd.counts = self.counts  # one learned mix, counted once (both start empty)
+                self.fgd.counts = self.counts  # one learned mix, counted once
+            if build:
+                self.fgd.rebuild()
 
     def observe(self, request: Request) -> None:
         super().observe(request)
@@ -99,8 +101,7 @@ class CapacityModel(FragModel):
 
     def rebuild(self) -> None:
         if self.fgd is not None:
-            # the FGD term measures the same state: rebuilt at its next refresh, as after a new type
-            self.fgd._new_type = True
+            self.fgd.rebuild()  # the FGD term measures the same state and mix: rebuilt with us
         st = self.state
         n = len(st.names)
         keys = sorted(self.counts, key=repr)
