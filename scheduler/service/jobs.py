@@ -20,19 +20,37 @@ def gpus_text(milli: int) -> float | int:
     return milli // MILLI if milli % MILLI == 0 else milli / MILLI
 
 
+_INTERNED: dict[tuple[Any, ...], Request] = {}
+_INTERN_MAX = 4096
+
+
 def request_of(rec: JobRecord) -> Request:
-    """The policy Request of a stored job."""
+    """The policy Request of a stored job; equal requests are one shared object.
+
+    Queues hold many jobs asking for the same thing. Sharing the (immutable)
+    Request lets the engine and placement group them by identity instead of
+    hashing each one, and keeps one object per distinct request in memory.
+    """
     r = rec.request
-    milli = int(round((r.get("gpu_fraction") or 0) * MILLI))
     memory = r.get("gpu_memory") or 0
-    return Request(
-        gpus=int(r.get("gpus") or 0),
-        gpu_milli=milli,
-        gpu_memory_mib=-(-int(memory) // MIB) if memory else 0,
-        gpu_models=frozenset({r["gpu_model"]}) if r.get("gpu_model") else frozenset(),
-        cpu_milli=int(round((r.get("cpu") or 0) * 1000)),
-        memory_mib=-(-int(r.get("memory") or 0) // MIB),
+    key = (
+        int(r.get("gpus") or 0),
+        int(round((r.get("gpu_fraction") or 0) * MILLI)),
+        -(-int(memory) // MIB) if memory else 0,
+        r.get("gpu_model") or None,
+        int(round((r.get("cpu") or 0) * 1000)),
+        -(-int(r.get("memory") or 0) // MIB),
     )
+    found = _INTERNED.get(key)
+    if found is None:
+        if len(_INTERNED) >= _INTERN_MAX:
+            _INTERNED.clear()
+        gpus, milli, gpu_memory_mib, model, cpu_milli, memory_mib = key
+        found = _INTERNED[key] = Request(
+            gpus=gpus, gpu_milli=milli, gpu_memory_mib=gpu_memory_mib,
+            gpu_models=frozenset({model}) if model else frozenset(), cpu_milli=cpu_milli, memory_mib=memory_mib,
+        )
+    return found
 
 
 def assignment_of(rec: JobRecord) -> Assignment | None:
