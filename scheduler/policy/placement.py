@@ -116,6 +116,9 @@ class _Layout:
         self.topo_id = np.array(topo_rows, dtype=np.int64).reshape(n, g)
         widths = np.array([len(nd.gpus) for nd in nodes], dtype=np.int64).reshape(n, 1)
         self.valid = np.arange(g)[None, :] < widths
+        # every node's GPUs share one capacity and memory size (what the scorers' memo relies on)
+        self.gpus_alike = all(len(set(caps)) <= 1 for caps in self.gpu_caps) and all(
+            len(set(row[: int(w)])) <= 1 for row, w in zip(mem_rows, widths[:, 0], strict=True))
         classes: dict[tuple, int] = {}
         self.node_class = np.array([
             classes.setdefault(tuple(zip(*rows, strict=True)), len(classes))
@@ -168,6 +171,7 @@ class FreeState:
         self.gpu_ids = lay.gpu_ids
         self.gpu_slot = lay.gpu_slot
         self._gpu_caps = lay.gpu_caps
+        self.gpus_alike = lay.gpus_alike
         self.cap, self.gpu_mem, self.model_id, self.topo_id, self.valid = (
             lay.cap, lay.gpu_mem, lay.model_id, lay.topo_id, lay.valid)
         self.free = self.cap.copy()

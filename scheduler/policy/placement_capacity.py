@@ -60,6 +60,7 @@ class CapacityModel(FragModel):
         expect: Iterable[Request] = (), build: bool = True,
     ) -> None:
         fixed = list(fixed) if fixed is not None else None
+        self._w_version = 0  # bumped whenever the scarcity weights change
         self.fgd: FragModel | None = None  # built after our tables
         super().__init__(state, fixed=fixed, expect=expect, build=build)
         if self.LAMBDA:
@@ -132,7 +133,7 @@ class CapacityModel(FragModel):
         self.total = self.usable_now.sum(axis=0) if n else np.zeros(len(keys))
         self.frag_now = np.zeros(n)  # deltas are taken against usable_now directly
         self.memo.clear()
-        self._w_version = getattr(self, "_w_version", 0) + 1  # kept scores were weighed with older weights
+        self._w_version += 1  # kept scores were weighed with older weights
         self._table_keys = set(self.counts)
         self._w_age = 0  # weights are recomputed on first use
         self._kept = None

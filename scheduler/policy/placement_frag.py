@@ -61,6 +61,12 @@ def request_shape(request: Request) -> Shape | None:
     return None
 
 
+def request_type(request: Request) -> tuple[Shape, int] | None:
+    """The request type the mix counts: (GPU shape, CPU need); None for CPU-only work."""
+    shape = request_shape(request)
+    return None if shape is None else (shape, request.cpu_milli)
+
+
 def _volume(shape: Shape) -> float:
     """Milli-GPU a request of this shape takes (memory shapes: counted as half a GPU)."""
     kind, amount, _ = shape
@@ -128,12 +134,11 @@ class FragModel:
         self._new_type = True  # a request type the tables lack was seen: full rebuild needed
         self._shapes: list[Shape] = []
         self._table_keys: set[tuple[Shape, int]] = set()  # the types the tables were built for
+        self._mix_version = 0  # bumped whenever the mix's weights change
         self.memo = ScoreMemo()
         # The memo keys a node by its state (FreeState._key_of: hardware class and sorted free
         # shares); that names the after-state of a GPU too only if a node's GPUs are all alike.
-        valid = state.valid
-        self._memo_ok = bool(np.all((state.cap == state.cap[:, :1]) | ~valid)
-                             and np.all((state.gpu_mem == state.gpu_mem[:, :1]) | ~valid))
+        self._memo_ok = state.gpus_alike
         self._live: tuple[int, np.ndarray] | None = None
         if fixed is not None:
             for r in fixed:
@@ -144,30 +149,28 @@ class FragModel:
                 if id(r) in seen:
                     continue
                 seen.add(id(r))
-                shape = request_shape(r)
-                if shape is not None:
-                    self.counts.setdefault((shape, r.cpu_milli), 0.0)
+                key = request_type(r)
+                if key is not None:
+                    self.counts.setdefault(key, 0.0)
         if build:
             self.rebuild()
 
     # ------------------------------------------------------------ the request mix
 
-    def _count(self, request: Request, times: int = 1) -> bool:
-        """Count ``request``; True the first time its type is asked for."""
-        shape = request_shape(request)
-        if shape is None:
-            return False
-        key = (shape, request.cpu_milli)
+    def _count(self, request: Request, times: int = 1) -> tuple[Shape, int] | None:
+        """Count ``request``; returns its type the first time that type is asked for, else None."""
+        key = request_type(request)
+        if key is None:
+            return None
         before = self.counts.get(key, 0.0)
         self.counts[key] = before + float(times)
         self._total += float(times)
-        return before == 0.0
+        return key if before == 0.0 else None
 
-    def _flag_new(self, request: Request) -> None:
+    def _flag_new(self, key: tuple[Shape, int]) -> None:
         """A type asked for the first time: re-weigh, and rebuild the tables if they lack it."""
         self._dirty = True
-        shape = request_shape(request)
-        if (shape, request.cpu_milli) not in self._table_keys:
+        if key not in self._table_keys:
             self._new_type = True
 
     def observe(self, request: Request) -> None:
@@ -176,8 +179,8 @@ class FragModel:
             return
         new = self._count(request)
         self._seen_since += 1
-        if new:
-            self._flag_new(request)
+        if new is not None:
+            self._flag_new(new)
         elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
             self._dirty = True
 
@@ -201,8 +204,8 @@ class FragModel:
                 continue
             new = self._count(r, times)
             self._seen_since += times
-            if new:
-                self._flag_new(r)
+            if new is not None:
+                self._flag_new(new)
             elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
                 self._dirty = True
 
@@ -275,7 +278,7 @@ class FragModel:
             table[level:, self._sidx[shape]] += cnt / total
         self.cpu_table = table
         self.p_total = float(table[-1].sum()) if self._shapes else 0.0
-        self._version_w = getattr(self, "_version_w", 0) + 1  # fragmentation kept in the memo is stale
+        self._mix_version += 1  # fragmentation kept in the memo was measured with the old weights
 
     def reweigh(self) -> None:
         """Only the mix's proportions moved (no new type): new weights, same per-node tables.
@@ -473,12 +476,12 @@ class FragModel:
         cols = table.cols
         version = table.declare(prefix + "version", np.int64, -1)
         after = table.declare(prefix + "after", np.float64, 0.0)
-        stale = idx[version[idx] != self._version_w]
+        stale = idx[version[idx] != self._mix_version]
         if stale.size:
             ints = cols[prefix + "ints"][stale]
             after[stale] = self._frag(ints[:, 3], cols[prefix + "su"][stale].astype(np.float64),
                                       cols["ftot"][stale], ints[:, 0], ints[:, 1], ints[:, 2])
-            version[stale] = self._version_w
+            version[stale] = self._mix_version
         ftot = cols["ftot"]  # the free share after: the same for every scorer, kept once
         self._ftot_after = ftot[idx]
         self._after = (cols[prefix + "su"], ftot, after, idx)
