@@ -32,6 +32,18 @@ def fast_config(state_dir: Path, **overrides: Any) -> ServiceConfig:
 
 # A training job that checkpoints: counts to STEPS, saving its step to ckpt.txt;
 # on SIGTERM it saves and exits 0. Each start appends "attempt resume first_step" to starts.txt.
+SLOW_TO_STOP = r"""
+import signal, sys, time
+delay = float(sys.argv[1])  # seconds between SIGTERM and exit
+def term(*_):
+    time.sleep(delay); sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open("ready", "w").close()
+time.sleep(120)
+"""
+"""A job that writes ``ready`` once its SIGTERM handler is set, then takes argv[1] seconds to stop."""
+
+
 CHECKPOINTING_JOB = r"""
 import os, signal, sys, time
 steps = int(sys.argv[1]); delay = float(sys.argv[2])

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
-from tests.service.helpers import ADMIN, ALICE, BOB, CHECKPOINTING_JOB, PY, started, wait_for
+from tests.service.helpers import ADMIN, ALICE, BOB, CHECKPOINTING_JOB, PY, SLOW_TO_STOP, started, wait_for
 
 
 def _state(core, job_id):
@@ -306,16 +306,6 @@ async def test_build_only_split(make_core):
         await core.submit(ALICE, {"project": "p", "kind": "build", "gpus": 2})
 
 
-SLOW_TO_STOP = r"""
-import signal, sys, time
-def term(*_):
-    time.sleep(1.0); sys.exit(0)
-signal.signal(signal.SIGTERM, term)
-open("ready", "w").close()
-time.sleep(120)
-"""
-
-
 async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_path):
     core = await make_core(pause_grace_s=5.0)
     core.set_project(ADMIN, "research", {"train_guarantee": 0})
@@ -325,7 +315,7 @@ async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_p
         wd = tmp_path / f"v{i}"
         wd.mkdir()
         v, _ = await core.submit(BOB, {"project": "research", "gpus": 1, "workdir": str(wd),
-                                       "command": [PY, "-c", SLOW_TO_STOP]})
+                                       "command": [PY, "-c", SLOW_TO_STOP, "1.0"]})
         victims.append(v["id"])
     await wait_for(lambda: all((tmp_path / f"v{i}" / "ready").exists() for i in range(2)))
     owner, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1,
@@ -386,7 +376,7 @@ async def test_build_share_freed_by_a_stopping_job_is_granted_in_the_submit_repl
     wd = tmp_path / "w"
     wd.mkdir()
     train, _ = await core.submit(BOB, {"project": "research", "gpus": 2, "workdir": str(wd),
-                                       "command": [PY, "-c", SLOW_TO_STOP]})
+                                       "command": [PY, "-c", SLOW_TO_STOP, "1.0"]})
     await wait_for(lambda: (wd / "ready").exists())
     cancelling = asyncio.create_task(core.cancel(BOB, train["id"]))  # takes ~1 s to stop
     await asyncio.sleep(0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.service.core import SchedulerCore
-from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, fast_config, wait_for
+from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, SLOW_TO_STOP, fast_config, wait_for
 
 
 async def test_stop_mode_pauses_and_next_start_resumes(tmp_path):
@@ -144,16 +144,6 @@ def test_bad_simulation_spec_is_a_clear_error_and_frees_the_state_dir(tmp_path):
     SchedulerCore(fast_config(tmp_path / "s"))._lock.close()  # the lock was released
 
 
-SLOW_TO_STOP = r"""
-import signal, sys, time
-def term(*_):
-    time.sleep(0.8); sys.exit(0)
-signal.signal(signal.SIGTERM, term)
-open("ready", "w").close()
-time.sleep(120)
-"""
-
-
 async def _crash(core: SchedulerCore) -> None:
     """What kill -9 leaves: no stop(), loops and stop tasks gone, the state dir lock released."""
     import asyncio
@@ -172,7 +162,7 @@ async def test_crash_during_a_pause_still_ends_paused(tmp_path):
     core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
     await core.start()
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
-    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP]})
+    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP, "0.8"]})
     await wait_for(lambda: (wd / "ready").exists())
     reply = await core.pause(ALICE, job["id"])
     assert reply["state"] == "running"  # SIGTERM sent; the job takes its time
@@ -195,7 +185,7 @@ async def test_crash_during_a_cancel_still_ends_cancelled(tmp_path):
     core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
     await core.start()
     core.set_project(ADMIN, "p", {})
-    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP]})
+    job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP, "0.8"]})
     await wait_for(lambda: (wd / "ready").exists())
     await core.cancel(ALICE, job["id"])
     await _crash(core)
