@@ -56,13 +56,20 @@ def _bulk_queue(core: SchedulerCore, n: int) -> None:
     core._reload_live()
 
 
+async def _loaded_core(state_dir: Path, pending: int) -> SchedulerCore:
+    """A started core on a full pool with ``pending`` train jobs queued, after its first cycle
+    (which writes every wait reason once, so later cycles measure the steady state)."""
+    core = SchedulerCore(_config(state_dir))
+    await core.start()
+    await _full_pool(core)
+    _bulk_queue(core, pending)
+    core._cycle()
+    return core
+
+
 async def cycle_times(n: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as d:
-        core = SchedulerCore(_config(Path(d)))
-        await core.start()
-        await _full_pool(core)
-        _bulk_queue(core, n)
-        core._cycle()  # first cycle writes every wait reason once
+        core = await _loaded_core(Path(d), n)
         times = []
         for _ in range(5):
             t = time.perf_counter()
@@ -80,11 +87,7 @@ async def cycle_times(n: int) -> tuple[float, float, float]:
 async def submit_latency(pending: int, samples: int = 50) -> tuple[float, float]:
     """Median submit call, and wall time per submit including the cycles a burst causes."""
     with tempfile.TemporaryDirectory() as d:
-        core = SchedulerCore(_config(Path(d)))
-        await core.start()
-        await _full_pool(core)
-        _bulk_queue(core, pending)
-        core._cycle()
+        core = await _loaded_core(Path(d), pending)
         lat = []
         t0 = time.perf_counter()
         for _ in range(samples):
@@ -109,11 +112,7 @@ async def burst(pending: int, n: int = 1000, clients: int = 16) -> tuple[float, 
     HTTP in front of it.
     """
     with tempfile.TemporaryDirectory() as d:
-        core = SchedulerCore(_config(Path(d)))
-        await core.start()
-        await _full_pool(core)
-        _bulk_queue(core, pending)
-        core._cycle()
+        core = await _loaded_core(Path(d), pending)
         left = list(range(n))
         spec = {"project": "train", "gpus": 1, "command": ["true"]}
 
