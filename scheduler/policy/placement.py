@@ -40,15 +40,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 
 import numpy as np
 
 from scheduler.errors import InvalidRequest
 from scheduler.policy.model import Assignment, Node, Request, Workload
-from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.placement_capacity import CapacityModel
 from scheduler.policy.placement_frag import FragModel, request_shape
+from scheduler.policy.placement_layout import layout_of
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
 
@@ -68,73 +67,6 @@ def _check_request(request: Request) -> None:
         raise InvalidRequest(f"a GPU fraction is at most one GPU (got {request.gpu_milli} milli)")
     if request.cpu_milli < 0 or request.memory_mib < 0:
         raise InvalidRequest("CPU and memory in a request cannot be negative")
-
-
-class _Layout:
-    """What a pool's hardware fixes: names, GPU slots, capacities, models, topology.
-
-    Built from the node list alone and never written to after (the arrays are
-    read-only), so states over the same node objects share one
-    (:mod:`scheduler.policy.nodecache`): building this for thousands of GPUs
-    cost a tenth of a steady cycle.
-    """
-
-    def __init__(self, nodes: tuple[Node, ...]) -> None:
-        n = len(nodes)
-        g = max([len(nd.gpus) for nd in nodes] + [1])
-        self.names = [nd.name for nd in nodes]
-        self.node_index = {name: i for i, name in enumerate(self.names)}
-        if len(self.node_index) != n:
-            raise InvalidRequest("node names in a pool must be unique")
-        self.cpu_total = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64).reshape(n)
-        self.mem_total = np.array([nd.memory_mib for nd in nodes], dtype=np.int64).reshape(n)
-        self.models: dict[str, int] = {}
-        self.gpu_ids: list[list[str]] = []
-        self.gpu_slot: dict[str, tuple[int, int]] = {}
-        self.gpu_caps: list[tuple[int, ...]] = []  # per node, its GPUs' capacities in slot order
-        # rows as Python lists, turned into arrays once; padding slots: see FreeState's doc
-        cap_rows, mem_rows, model_rows, topo_rows = [], [], [], []
-        models, gpu_slot = self.models, self.gpu_slot
-        for i, nd in enumerate(nodes):
-            groups: dict[str, int] = {}
-            gpus = sorted(nd.gpus, key=_gpu_order)
-            pad = g - len(gpus)
-            cap_rows.append([gpu.capacity_milli for gpu in gpus] + [0] * pad)
-            mem_rows.append([max(gpu.memory_mib, 1) for gpu in gpus] + [1] * pad)
-            model_rows.append([models.setdefault(gpu.model, len(models)) for gpu in gpus] + [-1] * pad)
-            topo_rows.append([groups.setdefault(gpu.topology_group, len(groups)) for gpu in gpus] + [-1] * pad)
-            self.gpu_caps.append(tuple(gpu.capacity_milli for gpu in gpus))
-            ids = [gpu.id for gpu in gpus]
-            for j, gid in enumerate(ids):
-                if gid in gpu_slot:
-                    raise InvalidRequest(f"GPU id {gid!r} appears twice in the pool")
-                gpu_slot[gid] = (i, j)
-            self.gpu_ids.append(ids)
-        self.cap = np.array(cap_rows, dtype=np.int64).reshape(n, g)
-        self.gpu_mem = np.array(mem_rows, dtype=np.int64).reshape(n, g)
-        self.model_id = np.array(model_rows, dtype=np.int64).reshape(n, g)
-        self.topo_id = np.array(topo_rows, dtype=np.int64).reshape(n, g)
-        widths = np.array([len(nd.gpus) for nd in nodes], dtype=np.int64).reshape(n, 1)
-        self.valid = np.arange(g)[None, :] < widths
-        # every node's GPUs share one capacity and memory size (what the scorers' memo relies on)
-        self.gpus_alike = all(len(set(caps)) <= 1 for caps in self.gpu_caps) and all(
-            len(set(row[: int(w)])) <= 1 for row, w in zip(mem_rows, widths[:, 0], strict=True))
-        classes: dict[tuple, int] = {}
-        self.node_class = np.array([
-            classes.setdefault(tuple(zip(*rows, strict=True)), len(classes))
-            for rows in zip(cap_rows, mem_rows, model_rows, topo_rows, strict=True)
-        ], dtype=np.int64)
-        for arr in (self.cpu_total, self.mem_total, self.cap, self.gpu_mem, self.model_id, self.topo_id,
-                    self.valid, self.node_class):
-            arr.flags.writeable = False
-
-
-_gpu_order = attrgetter("index", "id")
-
-
-def _layout(nodes: tuple[Node, ...]) -> _Layout:
-    """The layout of these node objects, built or reused (:mod:`scheduler.policy.nodecache`)."""
-    return for_nodes("placement layout", nodes, _Layout)
 
 
 class FreeState:
@@ -162,7 +94,7 @@ class FreeState:
             raise InvalidRequest(f"unknown placement policy {policy!r}; known: {', '.join(POLICIES)}")
         self.policy = policy
         self.nodes = tuple(nodes)
-        lay = _layout(self.nodes)
+        lay = layout_of(self.nodes)
         n = len(self.nodes)
         self.names = lay.names
         self.node_index = lay.node_index

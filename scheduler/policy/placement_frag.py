@@ -250,7 +250,7 @@ class FragModel:
         st = self.state
         n = len(st.names)
         node_model = st.model_id[:, 0] if n else np.zeros(0, dtype=np.int64)
-        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)  # at least 1 (see _Layout)
+        gpu_mem = st.gpu_mem[:, 0] if n else np.zeros(0, dtype=np.int64)  # at least 1 (see placement_layout.Layout)
         cap = st.cap.max(axis=1) if n else np.zeros(0, dtype=np.int64)
         demand = np.zeros((n, len(shapes)), dtype=np.int64)
         allowed = np.ones((n, len(shapes)), dtype=bool)
