@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from scheduler.policy.held import Held, held_by
 from scheduler.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.placement import FreeState
@@ -25,51 +26,37 @@ def memory_milli(memory_mib: int, gpu: Gpu) -> int:
     return -(-memory_mib * MILLI // gpu.memory_mib)
 
 
-class _EmptyLedger:
-    """The ledger of an idle pool: what :class:`Ledger` starts from (shared, never written to)."""
+class _NodeFacts:
+    """What the ledger reads from the node list alone (shared by cycles over the same nodes, never written to)."""
 
     def __init__(self, nodes: tuple[Node, ...]) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.order = {n.name: i for i, n in enumerate(nodes)}
-        self.cpu = {n.name: n.cpu_milli for n in nodes}
-        self.mem = {n.name: n.memory_mib for n in nodes}
-        self.gpu = {n.name: {g.id: g.capacity_milli for g in n.gpus} for n in nodes}
         self.capacity = {g.id: g.capacity_milli for n in nodes for g in n.gpus}
 
 
 class Ledger:
     """Free CPU, memory and per-GPU share of every node, updated in place."""
 
-    def __init__(self, nodes: Sequence[Node], running: Iterable[Workload]) -> None:
-        empty = for_nodes("ledger", nodes, _EmptyLedger)
-        self.nodes, self.order, self.capacity = empty.nodes, empty.order, empty.capacity  # read-only
-        self.cpu = dict(empty.cpu)
-        self.mem = dict(empty.mem)
-        self.gpu = {name: dict(free) for name, free in empty.gpu.items()}
+    def __init__(self, nodes: Sequence[Node], running: Iterable[Workload] = (), held: Held | None = None) -> None:
+        """The nodes less ``held`` (a count over exactly ``nodes``), or else less ``running``."""
+        facts = for_nodes("ledger", nodes, _NodeFacts)
+        self.nodes, self.order, self.capacity = facts.nodes, facts.order, facts.capacity  # read-only
+        if held is None:
+            held = held_by(nodes, running)
+        lay = held.layout
+        names = lay.names
+        self.cpu = dict(zip(names, (lay.cpu_total - held.cpu).tolist(), strict=True))
+        self.mem = dict(zip(names, (lay.mem_total - held.mem).tolist(), strict=True))
+        free = lay.cap - held.gpu
         # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
-        self.whole: dict[str, int] = {}
+        self.whole = dict(zip(names, ((free >= lay.cap) & (lay.cap > 0)).sum(axis=1).tolist(), strict=True))
+        # per node: free share per GPU id, in slot order (padding slots have no id and are left out)
+        self.gpu = {name: dict(zip(ids, row, strict=False))
+                    for name, ids, row in zip(names, lay.gpu_ids, free.tolist(), strict=True)}
         self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
         self._ever: dict[tuple[str, int], tuple[Request, bool]] = {}
         self._room: dict[tuple[str, int], tuple[Request, int, tuple[int, int, int, int]]] = {}
-        # the running work, in one pass (the same sums as take() without its per-call bookkeeping)
-        cpu, mem, gpu = self.cpu, self.mem, self.gpu
-        for w in running:
-            a = w.assignment
-            if a is None:
-                continue
-            free = gpu.get(a.node)
-            if free is None:
-                continue
-            r = w.request
-            cpu[a.node] -= r.cpu_milli
-            mem[a.node] -= r.memory_mib
-            for gid, milli in a.gpus:
-                if gid in free:
-                    free[gid] -= milli
-        capacity = self.capacity
-        self.whole = {
-            name: sum(1 for gid, left in free.items() if left >= capacity[gid] > 0) for name, free in gpu.items()
-        }
 
     def take(self, assignment: Assignment, request: Request) -> None:
         self._add(assignment, request, -1)
@@ -249,9 +236,10 @@ class Capacity:
         pools = tuple(pools)
         expect = expect or {}
         self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in pools}
-        self.states = {p: FreeState.from_nodes(nodes, running, p, policy, expect=expect.get(p, ()))
+        held = held_by(nodes, running)  # counted once, for every pool's state and the ledger
+        self.states = {p: FreeState.from_held(nodes, held, p, policy, expect=expect.get(p, ()))
                        for p in (pools if active is None else active)}
-        self.ledger = Ledger(nodes, running)
+        self.ledger = Ledger(nodes, held=held)
         self.node_pools: dict[str, list[str]] = {}
         self._index_states()
         self.generation = 0  # bumped whenever free capacity grows within the cycle (see Ledger.grew)

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from scheduler.errors import InvalidRequest
+from scheduler.policy.held import Held, held_by
 from scheduler.policy.model import Assignment, Node, Request, Workload
 from scheduler.policy.placement_capacity import CapacityModel
 from scheduler.policy.placement_frag import FragModel, request_shape
@@ -158,68 +159,42 @@ class FreeState:
         Running workloads on nodes outside the pool, or on GPUs no longer in it,
         are skipped: they hold nothing this state hands out.
         """
+        return cls.from_held(nodes, held_by(nodes, running), pool, policy, tie_rank=tie_rank, workload=workload,
+                             expect=expect)
+
+    @classmethod
+    def from_held(
+        cls,
+        nodes: Sequence[Node],
+        held: Held,
+        pool: str | None = None,
+        policy: str = "default",
+        *,
+        tie_rank: Sequence[int] | None = None,
+        workload: Iterable[Request] | None = None,
+        expect: Iterable[Request] = (),
+    ) -> FreeState:
+        """:meth:`from_nodes` from a count of held capacity over exactly ``nodes`` (:func:`held_by`).
+
+        The engine counts once per cycle and builds the state of each pool and
+        its ledger from that one count.
+        """
         chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
         state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload, expect=expect, build=False)
-        held = state._subtract_all(running)
+        width = state.free.shape[1]
+        if len(chosen) == len(nodes):
+            gpu, cpu, mem = held.gpu[:, :width], held.cpu, held.mem
+        else:
+            rows = np.array([held.layout.node_index[nd.name] for nd in chosen], dtype=np.int64)
+            gpu, cpu, mem = held.gpu[rows, :width], held.cpu[rows], held.mem[rows]
+        state.free -= gpu
+        state.cpu_free -= cpu
+        state.mem_free -= mem
         state._refresh_all()
         if state.frag is not None:
-            state.frag.observe_counts(held)
+            state.frag.observe_counts(held.counts(pool))
             state.frag.rebuild()
         return state
-
-    def _subtract_all(self, running: Iterable[Workload]) -> list[tuple[Request, int]]:
-        """Subtract every running workload at once; how many of each request held capacity.
-
-        The same sums as :meth:`_apply` per workload (and the same errors), but
-        gathered in Python lists and added to the arrays in one call each: at
-        ~8k running workloads a cycle, per-element numpy updates cost most of
-        building the state. Requests are grouped by object (no hashing) for the
-        fragmentation model's mix, in order of first appearance.
-        """
-        node_index, gpu_slot = self.node_index.get, self.gpu_slot.get
-        width = self.free.shape[1]
-        rows: list[int] = []
-        cpu: list[int] = []
-        mem: list[int] = []
-        cells: list[int] = []
-        milli: list[int] = []
-        # (bound methods: this loop runs once per running workload, every cycle)
-        add_row, add_cpu, add_mem, add_cell, add_milli = rows.append, cpu.append, mem.append, cells.append, milli.append
-        counts: dict[int, int] = {}  # id(request) -> workloads holding it
-        objs: dict[int, Request] = {}
-        for w in running:
-            a = w.assignment
-            if a is None:
-                continue
-            i = node_index(a.node)
-            if i is None:
-                continue
-            r = w.request
-            add_row(i)
-            add_cpu(r.cpu_milli)
-            add_mem(r.memory_mib)
-            for gid, m in a.gpus:
-                slot = gpu_slot(gid)
-                if slot is None:
-                    continue  # a GPU gone from the inventory holds nothing we hand out
-                if slot[0] != i:
-                    raise InvalidRequest(f"GPU {gid!r} is not on node {a.node!r}")
-                add_cell(i * width + slot[1])
-                add_milli(m)
-            key = id(r)
-            seen = counts.get(key)
-            if seen is None:
-                counts[key] = 1
-                objs[key] = r
-            else:
-                counts[key] = seen + 1
-        if rows:
-            np.subtract.at(self.cpu_free, np.array(rows, dtype=np.int64), np.array(cpu, dtype=np.int64))
-            np.subtract.at(self.mem_free, np.array(rows, dtype=np.int64), np.array(mem, dtype=np.int64))
-        if cells:
-            np.subtract.at(self.free.reshape(-1), np.array(cells, dtype=np.int64), np.array(milli, dtype=np.int64))
-        # (equal requests held by distinct objects stay separate pairs: merging them would hash each)
-        return [(objs[key], count) for key, count in counts.items()]
 
     # ------------------------------------------------------------ bookkeeping
 
