@@ -160,12 +160,17 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         workloads = sorted(snap.workloads, key=_by_id)
         self.running = [w for w in workloads if w.assignment is not None]
         self.pending = [w for w in workloads if w.assignment is None]
-        active = {BUILD_POOL if w.kind is Kind.BUILD else TRAIN_POOL for w in self.pending}
+        self.rejects: list[Reject] = []
+        # Requests are interned (one hash per distinct object); the per-cycle memos are keyed by id()
+        # of the interned request, so equal shapes share memos and no lookup rehashes a dataclass.
+        self.canon: dict[Request, Request] = {}
+        self.req_of: dict[str, Request] = {}
+        self.builds, self.trains = self.sort_pending()
         self.cap = Capacity(
             snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
-            active=[p for p in (BUILD_POOL, TRAIN_POOL) if p in active],
-            expect={pool: [w.request for w in self.pending if w.kind is kind]
-                    for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))},
+            active=[pool for pool, jobs in ((BUILD_POOL, self.builds), (TRAIN_POOL, self.trains)) if jobs],
+            # the distinct requests each pool may be asked to place (interned: one object per shape)
+            expect={BUILD_POOL: self.distinct_requests(self.builds), TRAIN_POOL: self.distinct_requests(self.trains)},
         )
         self.train_nodes = set(self.cap.pool_nodes[TRAIN_POOL])
         self.train_capacity = 0  # GPU share on train nodes not held by anything but training
@@ -197,13 +202,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
 
         self.started: list[_Started] = []
         self.preempted: dict[str, str] = {}  # workload id -> reason, in decision order
-        self.rejects: list[Reject] = []
         self.waits: list[Wait] = []
         self.touched: set[str] = set()  # projects whose running set changed this cycle
-        # Requests are interned (one hash per job); the per-cycle memos are keyed by id() of the
-        # interned request, so equal shapes share memos and no lookup rehashes a dataclass.
-        self.canon: dict[Request, Request] = {}
-        self.req_of: dict[str, Request] = {}
         self.place_failed: FailureMemo[bool] = FailureMemo()  # context: the pool
         self.empty_fit: dict[tuple[str, int], bool] = {}
         self.estimates: dict[tuple[str, int], int] = {}
@@ -282,7 +282,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
 
     # ------------------------------------------------------------ the cycle
 
-    def run(self) -> Decisions:
+    def sort_pending(self) -> tuple[list[Workload], list[Workload]]:
+        """Intern the pending jobs' requests and reject what cannot be read; (build jobs, training jobs)."""
         builds: list[Workload] = []
         trains: list[Workload] = []
         canon, req_of, problems = self.canon, self.req_of, {}
@@ -307,11 +308,18 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 builds.append(w)
             else:
                 trains.append(w)
-        builds.sort(key=job_order)
+        return builds, trains
+
+    def distinct_requests(self, jobs: list[Workload]) -> list[Request]:
+        req_of = self.req_of
+        return list({id(r): r for r in (req_of[w.id] for w in jobs)}.values())
+
+    def run(self) -> Decisions:
+        builds = sorted(self.builds, key=job_order)
         for w in builds:
             self.schedule_build(w, self.req_of[w.id])
         self.cap.drop(BUILD_POOL)  # build work is placed; train commits need not update its state
-        trains = self.admissible_trains(trains)
+        trains = self.admissible_trains(self.trains)
         self.compute_shares(trains)
         self.train_pass(trains, first=True)
         return self.decisions()
