@@ -65,7 +65,7 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.queue import FairQueue, job_order
-from scheduler.policy.reclaim import ReclaimMixin
+from scheduler.policy.reclaim import ReclaimMixin, started_or_never
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
@@ -94,10 +94,6 @@ def schedule(snapshot: Snapshot) -> Decisions:
 
 _by_id = attrgetter("id")
 _by_start = attrgetter("started_at")
-
-
-def _started_or_never(w: Workload) -> float:
-    return w.started_at if w.started_at is not None else -math.inf
 
 
 def _new_then_priority(item: tuple[Workload, int]) -> tuple[int, int]:
@@ -642,7 +638,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         # every project above its guarantee on thousands of jobs each cycle
         running.sort(key=_by_id)
         if any(w.started_at is None for w in running):
-            running.sort(key=_started_or_never)
+            running.sort(key=started_or_never)
         else:
             running.sort(key=_by_start)
         # this cycle's starts come after every running job of their priority, in start order

@@ -26,6 +26,7 @@ shares and capacity, and records pauses and starts through it.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.policy import reasons as txt
@@ -36,6 +37,16 @@ if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cy
     from scheduler.policy.capacity import Capacity
     from scheduler.policy.model import Assignment, PolicyConfig
     from scheduler.policy.queue import FairQueue
+
+
+_by_id = attrgetter("id")
+_by_start = attrgetter("started_at")
+_by_priority = attrgetter("priority")
+
+
+def started_or_never(w: Workload) -> float:
+    """Sort key: when a running job started; one without a start time counts as started first."""
+    return w.started_at if w.started_at is not None else -math.inf
 
 
 class ReclaimMixin:
@@ -77,17 +88,29 @@ class ReclaimMixin:
         """
         if self._victims is None:
             min_start = self.now - self.cfg.min_runtime_s
+            train_nodes = self.train_nodes
+            every_node_trains = len(train_nodes) == len(self.cap.ledger.nodes)
+            over_at_start, milli = self.over_at_start, self.milli
             lists = {}
             for name, jobs in self.train_running.items():
-                cand = [v for v in jobs if v.assignment is not None and v.assignment.node in self.train_nodes]
+                cand = jobs if every_node_trains else [v for v in jobs if v.assignment.node in train_nodes]
+                # pause order as stable C-level sorts, last key first (this runs on every running job):
+                # id, then least run time (latest start first; no start time counts as the longest run),
+                # then lowest priority
+                cand = sorted(cand, key=_by_id)
+                if any(v.started_at is None for v in cand):
+                    cand.sort(key=started_or_never, reverse=True)
+                else:
+                    cand.sort(key=_by_start, reverse=True)
+                cand.sort(key=_by_priority)
                 young = [v for v in cand if v.started_at is not None and v.started_at > min_start]
-                cand = [v for v in cand if not (v.started_at is not None and v.started_at > min_start)]
-                cand.sort(key=lambda v: (v.priority, -(v.started_at if v.started_at is not None else -math.inf), v.id))
-                over = [v for v in cand if v.id in self.over_at_start]
+                if young:
+                    cand = [v for v in cand if not (v.started_at is not None and v.started_at > min_start)]
+                over = [v for v in cand if v.id in over_at_start]
                 lists[name] = (over, cand, len(young))
                 self._gpus_on[name] = (_gpus_per_node(cand), _gpus_per_node(over))
                 # a lower bound for the rest of the cycle: pausing only removes jobs from the list
-                self.smallest_over[name] = min((self.milli[v.id] for v in over), default=0)
+                self.smallest_over[name] = min((milli[v.id] for v in over), default=0)
             self._victims = lists
         return self._victims
 
