@@ -161,6 +161,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         # of the interned request, so equal shapes share memos and no lookup rehashes a dataclass.
         self.canon: dict[Request, Request] = {}
         self.req_of: dict[str, Request] = {}
+        self._needs: dict[int, int] = {}  # see needs()
         self.builds, self.trains = self.sort_pending()
         self.cap = Capacity(
             snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
@@ -394,18 +395,25 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
     def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]:
         """Fair shares of ``capacity``; demand: training in use plus the estimated needs of ``trains``."""
         demand = dict(self.usage)
+        req_of, needs = self.req_of, self.needs()
         for w in trains:
-            demand[w.project] += self.estimate(TRAIN_POOL, self.req_of[w.id])
+            demand[w.project] += needs[id(req_of[w.id])]
         inputs = {
             name: ShareInput(p.train_guarantee_milli, p.train_limit_milli, p.weight, demand[name])
             for name, p in self.projects.items()
         }
         return fair_shares(max(capacity, 0), inputs)
 
+    def needs(self) -> dict[int, int]:
+        """id of each interned request -> milli-GPU it is estimated to hold on the train pool."""
+        if len(self._needs) != len(self.canon):
+            self._needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
+        return self._needs
+
     def train_pass(self, jobs: list[Workload], first: bool) -> None:
         """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
         projects, usage, req_of = self.projects, self.usage, self.req_of
-        needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
+        needs = self.needs()
         starving_from = self.now - self.cfg.starvation_s
         deferred: list[Workload] = []
         if first:
@@ -513,30 +521,42 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         return text
 
     def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:
-        """Why a training job that does not fit waits (memoised per shape and project state)."""
-        key = ("room", id(req), p.name, self.usage[p.name], within, protected, tried, len(self.reserved))
-        return self.reason(key, lambda: self._no_room(req, p, within, protected, tried))
+        """Why a training job that does not fit waits.
 
-    def _no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:
+        Its two halves are memoised apart: what does not fit (per shape, while
+        the reservations stay the same) and why nothing gives way (per project
+        state). Thousands of waiting jobs mix a few hundred shapes with a few
+        dozen project states.
+        """
+        n_reserved = len(self.reserved)
+        what = self.reason(("room", id(req), n_reserved), lambda: self._no_room_for(req))
+        why = self.reason(("why", p.name, self.usage[p.name], within, protected, tried),
+                          lambda: self._why_no_room(p, within, protected, tried))
+        return what + why
+
+    def _no_room_for(self, req: Request) -> str:
         base = f"no room for {txt.describe(req)} on the train pool"
         if self.reserved:
             base += " (reserved for starving jobs: " + ", ".join(
                 f"{node} for {job}" for node, job in sorted(self.reserved.items())
             ) + ")"
+        return base
+
+    def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str:
         used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
         if not within:
             return (
-                f"{base}; project {p.name} runs {used} of training against a guarantee of {guarantee}, "
+                f"; project {p.name} runs {used} of training against a guarantee of {guarantee}, "
                 "so this job waits for idle GPUs"
             )
         if protected:
             return (
-                f"{base}; jobs that could be paused for it started less than "
+                f"; jobs that could be paused for it started less than "
                 f"{txt.seconds(self.cfg.min_runtime_s)} ago (minimum run time)"
             )
         if tried:
-            return f"{base}; pausing jobs above their guarantee would not free a node that fits it"
-        return f"{base}; no other project runs above its guarantee"
+            return "; pausing jobs above their guarantee would not free a node that fits it"
+        return "; no other project runs above its guarantee"
 
     # ------------------------------------------------------------ starvation
 
