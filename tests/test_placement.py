@@ -551,3 +551,20 @@ def test_memo_of_scored_states_changes_no_choice(policy: str, seed: int) -> None
     without = replay_with(policy, False, steps, expect=seed % 2 == 0)
     assert with_memo[-1] == ("memo rows", True)
     assert with_memo[:-1] == without
+
+
+def test_closest_node_for_a_starving_request() -> None:
+    """Most whole free GPUs of an allowed model first, then free CPU; skipped and too-small nodes never."""
+    nodes = [node("a", 4), node("b", 4, cpu=96_000), node("c", 8, model="T4"), node("d", 2)]
+    busy = [running("x", Request(gpus=3, cpu_milli=1000), Assignment("a", tuple((f"a-g{k}", 1000) for k in range(3)))),
+            running("y", Request(gpus=2), Assignment("b", (("b-g0", 1000), ("b-g1", 1000)))),
+            running("z", Request(gpu_milli=300), Assignment("d", (("d-g0", 300),)))]
+    state = FreeState.from_nodes(nodes, busy, policy="firstfit")
+    four = Request(gpus=4)
+    assert state.closest(four) == "c"  # 8 free T4s
+    assert state.closest(Request(gpus=4, gpu_models=frozenset({"A100"}))) == "b"  # 2 free, more than a's 1
+    assert state.closest(four, skip={"c", "b"}) == "a"  # d has 2 GPUs: it never holds 4
+    assert state.closest(Request(gpus=4, cpu_milli=100_000)) is None
+    # a fraction: the largest free share on one GPU, then free CPU (b has more than the others)
+    assert state.closest(Request(gpu_milli=800), skip={"c"}) == "b"
+    assert state.closest(Request(gpu_milli=800), skip={"c", "b"}) == "d"  # a whole GPU like a, more free CPU

@@ -569,12 +569,10 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         waited = self.now - since
         if waited < cfg.starvation_s:
             return None
-        ledger = self.cap.ledger
-        nodes = [n for n in self.cap.pool_nodes[TRAIN_POOL] if n not in self.reserved and ledger.could_ever_fit(n, req)]
-        if not nodes:
+        node = self.cap.states[TRAIN_POOL].closest(req, skip=self.reserved)
+        if node is None:
             return None
-        node = max(nodes, key=lambda n: (ledger.closeness(n, req), -ledger.order[n]))
-        have = ledger.free_gpus_text(node)
+        have = self.cap.ledger.free_gpus_text(node)
         self.cap.block(node)
         self.reserved[node] = w.id
         return (

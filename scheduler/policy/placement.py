@@ -304,6 +304,35 @@ class FreeState:
             ok &= self._model_mask(request.gpu_models)
         return ok, ok.any(axis=1)
 
+    def closest(self, request: Request, skip: Iterable[str] = ()) -> str | None:
+        """The node nearest to holding a GPU ``request`` now, among those that would hold it empty.
+
+        Nearest: most whole free GPUs of an allowed model (for a fraction or a
+        memory request: the largest free share on one), then the most free CPU,
+        then memory; ties by node order. Nodes in ``skip`` are left out. The
+        starvation rule reserves this node for a job that waited too long.
+        """
+        allowed = self.valid & (self.cap > 0)
+        if request.gpu_models:
+            allowed = allowed & self._model_mask(request.gpu_models)
+        ok = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
+        if request.gpus:
+            ok &= allowed.sum(axis=1) >= request.gpus
+            score = ((self.free >= self.cap) & allowed).sum(axis=1)
+        else:
+            need = self._need_per_gpu(request)
+            ok &= (allowed & (self.cap >= need)).any(axis=1)
+            score = np.where(allowed, self.free, np.iinfo(np.int64).min).max(axis=1) if len(ok) else ok
+        for name in skip:
+            i = self.node_index.get(name)
+            if i is not None:
+                ok[i] = False
+        idx = np.flatnonzero(ok)
+        if not len(idx):
+            return None
+        best = np.lexsort((-idx, self.mem_free[idx], self.cpu_free[idx], score[idx]))[-1]
+        return self.names[int(idx[best])]
+
     def fits_empty(self, request: Request) -> bool:
         """Whether ``request`` could ever fit in this pool if everything were free."""
         _check_request(request)
