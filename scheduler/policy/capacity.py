@@ -131,21 +131,6 @@ class Ledger:
             return any(0 < memory_milli(request.gpu_memory_mib, g) <= g.capacity_milli for g in gpus)
         return True
 
-    def closeness(self, name: str, request: Request) -> tuple[int, int, int]:
-        """How close node ``name`` is to fitting ``request`` (larger is closer).
-
-        Whole-GPU requests count the fully free GPUs of an allowed model;
-        fractional ones the largest free share on one allowed GPU. CPU and
-        memory free break ties.
-        """
-        free = self.gpu[name]
-        gpus = self._gpus(name, request)
-        if request.gpus:
-            gpu_score = sum(1 for g in gpus if free[g.id] >= g.capacity_milli > 0)
-        else:
-            gpu_score = max((free[g.id] for g in gpus), default=0)
-        return (gpu_score, self.cpu[name], self.mem[name])
-
     def headroom(self, name: str, request: Request) -> tuple[int, int, int, int]:
         """(whole free GPUs, largest free share, free CPU, free memory) on node ``name`` for ``request``'s models.
 
