@@ -568,3 +568,21 @@ def test_closest_node_for_a_starving_request() -> None:
     # a fraction: the largest free share on one GPU, then free CPU (b has more than the others)
     assert state.closest(Request(gpu_milli=800), skip={"c"}) == "b"
     assert state.closest(Request(gpu_milli=800), skip={"c", "b"}) == "d"  # a whole GPU like a, more free CPU
+
+
+def test_fits_empty_is_kept_with_the_hardware_and_still_refuses_bad_requests() -> None:
+    nodes = [node("a", 2), node("b", 4, model="T4")]
+    first = FreeState.from_nodes(nodes, [])
+    assert first.fits_empty(Request(gpus=4, gpu_models=frozenset({"T4"})))
+    assert not first.fits_empty(Request(gpus=3, gpu_models=frozenset({"A100"})))
+    # a later state over the same node objects, busy or not, gives the same answers
+    busy = FreeState.from_nodes(nodes, [running("x", Request(gpus=4), Assignment("b", tuple((f"b-g{k}", 1000)
+                                                                                            for k in range(4))))])
+    assert busy.fits_empty(Request(gpus=4, gpu_models=frozenset({"T4"})))
+    assert not busy.fits_empty(Request(gpus=3, gpu_models=frozenset({"A100"})))
+    # other hardware under the same names answers for itself
+    assert not FreeState.from_nodes([node("a", 2), node("b", 2, model="T4")], []).fits_empty(
+        Request(gpus=4, gpu_models=frozenset({"T4"})))
+    for _ in range(2):  # a malformed request is refused each time, never remembered
+        with pytest.raises(InvalidRequest):
+            busy.fits_empty(Request(gpus=1, gpu_milli=500))

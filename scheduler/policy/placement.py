@@ -52,6 +52,8 @@ from scheduler.policy.placement_layout import layout_of
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
 
+FITS_EMPTY_KEEP = 10_000  # requests whose "fits an empty pool" answer is kept with the layout
+
 # BestFit's normalisers are the paper's (the largest openb node: 128 cores, 8 GPUs).
 _BESTFIT_CPU = 128_000.0
 _BESTFIT_GPU = 8_000.0
@@ -125,6 +127,7 @@ class FreeState:
         self._found: dict[Request, tuple[int, Assignment]] = {}
         self.pair_cache: tuple | None = None  # see placement_frag.fraction_pairs
         self.node_class = lay.node_class
+        self._fits_empty = lay.fits_empty  # shared by every state over this hardware
         self._state_ids: dict[tuple, int] = {}
         self._refresh_all()
         self.frag: FragModel | None = None
@@ -334,8 +337,21 @@ class FreeState:
         return self.names[int(idx[best])]
 
     def fits_empty(self, request: Request) -> bool:
-        """Whether ``request`` could ever fit in this pool if everything were free."""
+        """Whether ``request`` could ever fit in this pool if everything were free.
+
+        The answer depends on the hardware alone, so it is kept with the layout
+        and outlives the cycle (a queue asks it for each of its shapes, every cycle).
+        """
+        known = self._fits_empty.get(request)
+        if known is not None:
+            return known
         _check_request(request)
+        if len(self._fits_empty) >= FITS_EMPTY_KEEP:
+            self._fits_empty.clear()
+        known = self._fits_empty[request] = self._fits_when_empty(request)
+        return known
+
+    def _fits_when_empty(self, request: Request) -> bool:
         mask = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
         if request.gpus or request.gpu_milli or request.gpu_memory_mib:
             _, gmask = self._gpu_ok(request, self.cap, self.cap)

@@ -74,6 +74,9 @@ class Layout:
         for arr in (self.cpu_total, self.mem_total, self.cap, self.gpu_mem, self.model_id, self.topo_id,
                     self.valid, self.node_class):
             arr.flags.writeable = False
+        # request -> whether it fits this hardware when empty (FreeState.fits_empty): the one mutable part,
+        # a cache of a fact of the hardware
+        self.fits_empty: dict[object, bool] = {}
 
 
 _gpu_order = attrgetter("index", "id")
