@@ -108,7 +108,6 @@ class ReclaimMixin:
                     cand = [v for v in cand if not (v.started_at is not None and v.started_at > min_start)]
                 over = [v for v in cand if v.id in over_at_start]
                 lists[name] = (over, cand, len(young))
-                self._gpus_on[name] = (_gpus_per_node(cand), _gpus_per_node(over))
                 # a lower bound for the rest of the cycle: pausing only removes jobs from the list
                 self.smallest_over[name] = min((milli[v.id] for v in over), default=0)
             self._victims = lists
@@ -215,6 +214,18 @@ class ReclaimMixin:
             return (protected, bool(per_node))
         return self.apply_reclaim(w, req, p, best[3], best[4])
 
+    def gpus_on(self, name: str) -> tuple[dict[str, int], dict[str, int]]:
+        """GPUs project ``name``'s pause candidates hold per node: (all of them, the over-guarantee ones).
+
+        Counted on first use (only gang claimants ask) from the victim lists as
+        they are then; jobs only leave those lists, so the counts stay upper bounds.
+        """
+        counts = self._gpus_on.get(name)
+        if counts is None:
+            over, cand, _ = self.victim_lists()[name]
+            counts = self._gpus_on[name] = (_gpus_per_node(cand), _gpus_per_node(over))
+        return counts
+
     def _gang_reachable(self, gpus: int, own: str, names: list[str]) -> bool:
         """Upper bound: could pausing every candidate of ``names`` free ``gpus`` whole GPUs on one node?
 
@@ -227,11 +238,11 @@ class ReclaimMixin:
         """
         whole = self.cap.ledger.whole
         if len(names) == 1:
-            counts = self._gpus_on[names[0]][0 if names[0] == own else 1]
+            counts = self.gpus_on(names[0])[0 if names[0] == own else 1]
             return any(n + whole[node] >= gpus for node, n in counts.items())
         total: dict[str, int] = {}
         for name in names:
-            for node, n in self._gpus_on[name][0 if name == own else 1].items():
+            for node, n in self.gpus_on(name)[0 if name == own else 1].items():
                 total[node] = total.get(node, 0) + n
         return any(n + whole[node] >= gpus for node, n in total.items())
 
