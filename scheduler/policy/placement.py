@@ -205,7 +205,11 @@ class FreeState:
         full = (self.free == self.cap) & self.valid
         self.whole_free = full.sum(axis=1)
         self.max_share = np.where(self.valid, self.free, 0).max(axis=1) if len(self.names) else self.max_share
-        self.state_key = np.array([self._key_of(i) for i in range(len(self.names))], dtype=np.int64)
+        # (_key_of for every node, with the row work done in numpy: this runs at every state's build)
+        ids = self._state_ids
+        keys = zip(self.node_class.tolist(), self.cpu_free.tolist(), map(tuple, np.sort(self.free, axis=1).tolist()),
+                   strict=True)
+        self.state_key = np.array([ids.setdefault(key, len(ids)) for key in keys], dtype=np.int64)
         self._maxima = None
 
     def _refresh_row(self, i: int) -> None:
