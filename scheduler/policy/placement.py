@@ -391,7 +391,7 @@ class FreeState:
         elif request.gpu_milli or request.gpu_memory_mib:
             ok, gmask = self._gpu_ok(request, self.free, self.cap)
             mask &= gmask
-        cand = np.flatnonzero(mask)
+        cand = mask.nonzero()[0]
         if cand.size == 0:
             self._failed[request] = self._release_version
             self._global_max()  # a full pool: the next requests are likely to fail too
@@ -424,7 +424,7 @@ class FreeState:
         # by state, then tie rank, then node order (both sorts are stable and cand is ascending,
         # so with tie ranks in node order sorting by state alone is the same order)
         if self._rank_is_order:
-            order = np.argsort(keys, kind="stable")
+            order = keys.argsort(kind="stable")
         else:
             order = np.lexsort((self.tie_rank[cand], keys))
         by_state = keys[order]

@@ -91,8 +91,8 @@ def fraction_pairs(
     free = st.free[cand]
     cap = st.cap[cand]
     full = (free == cap) & st.valid[cand]
-    first_full = full & (np.cumsum(full, axis=1) == 1)
-    kk, jj = np.nonzero(ok & (~full | first_full))
+    first_full = full & (full.cumsum(axis=1) == 1)
+    kk, jj = (ok & (~full | first_full)).nonzero()
     rows = cand[kk]
     f_old = free[kk, jj]
     if request.gpu_memory_mib:
@@ -320,8 +320,8 @@ class FragModel:
         if not self._shapes:
             return np.zeros(len(rows))
         fits = np.where(self.whole, whole[:, None], maxfree[:, None]) >= self.threshold[rows]
-        pc = self.cpu_table[np.searchsorted(self.cpu_levels, cpu, side="right")]
-        return ftot * self.p_total + (np.where(fits, pc, 0.0) * (su - ftot[:, None])).sum(axis=1)
+        pc = self.cpu_table[self.cpu_levels.searchsorted(cpu, side="right")]
+        return ftot * self.p_total + np.add.reduce(np.where(fits, pc, 0.0) * (su - ftot[:, None]), axis=1)
 
     def update_row(self, i: int, request: Request | None = None) -> None:
         """Refresh node ``i`` after a commit or release.
@@ -384,8 +384,8 @@ class FragModel:
                 self._kept = None
                 return int(idle[k]), []
         rows, slot, delta = self.deltas(cand, ok, request)
-        delta = np.round(delta, 6)
-        best = np.flatnonzero(delta == delta.min())
+        delta = delta.round(6)
+        best = (delta == delta.min()).nonzero()[0]
         if best.size == 1:  # the usual case: no tie to break
             k = int(best[0])
         else:  # least fragmentation, then (default) least GPU and CPU left, then node order
@@ -432,7 +432,7 @@ class FragModel:
         table = self.memo.table(request, span)
         n_states = len(st._state_ids)
         idx = table.lookup(keys, n_states)
-        miss = np.flatnonzero(idx < 0)
+        miss = (idx < 0).nonzero()[0]
         if miss.size:
             if node:
                 cols = self._memo_rows_node(rows[miss], request)
