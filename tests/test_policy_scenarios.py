@@ -11,6 +11,7 @@ import dataclasses
 
 from test_policy_helpers import (
     BUILD_ONLY,
+    apply,
     build,
     cycle,
     finish,
@@ -92,6 +93,26 @@ def test_min_runtime_protects_a_job_that_just_started() -> None:
     s, d = cycle(s, advance=60)
     assert [p.workload_id for p in d.preempts] == ["a1"]
     assert [st.workload_id for st in d.starts] == ["b0"]
+
+
+def test_victims_go_lowest_priority_then_least_run_time_then_no_start_time_last() -> None:
+    """B claims its guarantee from A one job at a time: A's jobs are paused in the documented order."""
+    a = [
+        on(train("a1", "A"), "n1", 0, started=100.0),
+        on(train("a2", "A"), "n1", 1, started=200.0),
+        dataclasses.replace(on(train("a3", "A"), "n1", 2), started_at=None),  # no start time: the longest run
+        on(train("a4", "A", prio=1), "n1", 3, started=300.0),  # higher priority: fills A's guarantee
+    ]
+    s = snap([node("n1", 4)], [project("A", 1), project("B", 3)],
+             a + [train(f"b{i}", "B", t=500.0 + i) for i in range(3)], now=1000.0)
+    d = schedule(s)
+    assert [p.workload_id for p in d.preempts] == ["a2", "a1", "a3"]
+    assert sorted(st.workload_id for st in d.starts) == ["b0", "b1", "b2"]
+    assert running_ids(apply(s, d), "A") == {"a4"}
+    # the same with every start time known: a3 started first, so it still goes last
+    a[2] = on(train("a3", "A"), "n1", 2, started=50.0)
+    d = schedule(dataclasses.replace(s, workloads=tuple(a) + s.workloads[4:]))
+    assert [p.workload_id for p in d.preempts] == ["a2", "a1", "a3"]
 
 
 # ------------------------------------------------------------------ priority
