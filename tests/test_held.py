@@ -72,7 +72,7 @@ def test_carried_count_equals_a_fresh_count(seed: int, steps: int) -> None:
         running = [w for w in running if rng.random() > 0.2]  # finished or paused
         # a re-created object for an unchanged job is counted afresh: it must still come out equal
         running = [dataclasses.replace(w) if rng.random() < 0.1 else w for w in running]
-        state = FreeState.from_held(nodes, held_by(nodes, running), None, "firstfit")
+        state = FreeState.from_nodes(nodes, running, policy="firstfit", held=held_by(nodes, running))
         running += place(state, rng, rng.randrange(0, 12), f"s{step}-")
         same(held_by(nodes, running), fresh(nodes, list(running)))
 

@@ -222,7 +222,7 @@ class Capacity:
         expect = expect or {}
         self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in pools}
         held = held_by(nodes, running)  # counted once, for every pool's state and the ledger
-        self.states = {p: FreeState.from_held(nodes, held, p, policy, expect=expect.get(p, ()))
+        self.states = {p: FreeState.from_nodes(nodes, running, p, policy, expect=expect.get(p, ()), held=held)
                        for p in (pools if active is None else active)}
         self.ledger = Ledger(nodes, held=held)
         self.node_pools: dict[str, list[str]] = {}

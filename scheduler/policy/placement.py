@@ -149,6 +149,7 @@ class FreeState:
         tie_rank: Sequence[int] | None = None,
         workload: Iterable[Request] | None = None,
         expect: Iterable[Request] = (),
+        held: Held | None = None,
     ) -> FreeState:
         """Free capacity of ``pool`` (None: every node) once ``running`` is subtracted.
 
@@ -161,27 +162,12 @@ class FreeState:
         instead of rebuilding them at each new type.
         Running workloads on nodes outside the pool, or on GPUs no longer in it,
         are skipped: they hold nothing this state hands out.
+        ``held`` (optional): what ``running`` holds, counted over exactly
+        ``nodes`` (:func:`~scheduler.policy.held.held_by`); ``running`` is then
+        not read. The engine counts once per cycle for every pool and its ledger.
         """
-        return cls.from_held(nodes, held_by(nodes, running), pool, policy, tie_rank=tie_rank, workload=workload,
-                             expect=expect)
-
-    @classmethod
-    def from_held(
-        cls,
-        nodes: Sequence[Node],
-        held: Held,
-        pool: str | None = None,
-        policy: str = "default",
-        *,
-        tie_rank: Sequence[int] | None = None,
-        workload: Iterable[Request] | None = None,
-        expect: Iterable[Request] = (),
-    ) -> FreeState:
-        """:meth:`from_nodes` from a count of held capacity over exactly ``nodes`` (:func:`held_by`).
-
-        The engine counts once per cycle and builds the state of each pool and
-        its ledger from that one count.
-        """
+        if held is None:
+            held = held_by(nodes, running)
         chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
         state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload, expect=expect, build=False)
         width = state.free.shape[1]
