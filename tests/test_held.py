@@ -90,6 +90,8 @@ def test_states_and_ledger_from_the_carried_count_match_counting_from_scratch() 
     scratch = FreeState.from_nodes(nodes, later, "train", policy="default")
     assert np.array_equal(carried.free, scratch.free) and np.array_equal(carried.cpu_free, scratch.cpu_free)
     assert carried.frag.counts == scratch.frag.counts  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="another node list"):  # a count over other nodes is refused
+        FreeState.from_nodes(nodes[1:], later, held=held_by(nodes, later))
     held_mod._carry.clear()
     again = Ledger(nodes, later)
     assert (led.cpu, led.mem, led.gpu, led.whole) == (again.cpu, again.mem, again.gpu, again.whole)

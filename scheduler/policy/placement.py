@@ -168,6 +168,8 @@ class FreeState:
         """
         if held is None:
             held = held_by(nodes, running)
+        elif held.layout is not layout_of(tuple(nodes)):
+            raise ValueError("held capacity was counted over another node list")
         chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
         state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload, expect=expect, build=False)
         width = state.free.shape[1]
