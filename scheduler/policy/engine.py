@@ -603,24 +603,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 starts.append(Start(w.id, s.assignment, False, reason))
                 continue
             pre = w.id in flagged
-            used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
-            if pre:
-                reason = (
-                    f"starts on {s.assignment.node} as preemptible: project {p.name} runs {used} of training, "
-                    f"over its guarantee of {guarantee}, on idle GPUs "
-                    f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
-                )
-            elif self.usage[p.name] > p.train_guarantee_milli:
-                reason = (
-                    f"starts on {s.assignment.node} on project {p.name}'s guarantee of {guarantee}: the project "
-                    f"was below it, and a job started below the guarantee is not preemptible even where it "
-                    f"goes past it (the project runs {used} of training after this cycle)"
-                )
-            else:
-                reason = (
-                    f"starts on {s.assignment.node} within project {p.name}'s guarantee of {guarantee} "
-                    f"(the project runs {used} of training after this cycle)"
-                )
+            # (what follows the node depends only on the project and the flag: built once for each)
+            reason = f"starts on {s.assignment.node}" + self.reason(("start", p.name, pre),
+                                                                   lambda p=p, pre=pre: self._start_reason(p, pre))
             if s.note:
                 reason += " " + s.note
             starts.append(Start(w.id, s.assignment, pre, reason))
@@ -634,6 +619,26 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             rejects=tuple(self.rejects),
             waits=tuple(self.waits),
             preemptible=tuple(running_flagged),
+        )
+
+    def _start_reason(self, p: Project, pre: bool) -> str:
+        """Why a training job of project ``p`` starts, after "starts on <node>" (usage as after this cycle)."""
+        used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
+        if pre:
+            return (
+                f" as preemptible: project {p.name} runs {used} of training, "
+                f"over its guarantee of {guarantee}, on idle GPUs "
+                f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
+            )
+        if self.usage[p.name] > p.train_guarantee_milli:
+            return (
+                f" on project {p.name}'s guarantee of {guarantee}: the project "
+                f"was below it, and a job started below the guarantee is not preemptible even where it "
+                f"goes past it (the project runs {used} of training after this cycle)"
+            )
+        return (
+            f" within project {p.name}'s guarantee of {guarantee} "
+            f"(the project runs {used} of training after this cycle)"
         )
 
     def over_guarantee(self, name: str, new_starts: Sequence[tuple[int, _Started]] = ()) -> set[str]:
