@@ -17,6 +17,7 @@ from scheduler.policy.held import Held, held_by
 from scheduler.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.placement import FreeState
+from scheduler.policy.placement_layout import layout_of
 
 
 def memory_milli(memory_mib: int, gpu: Gpu) -> int:
@@ -39,24 +40,60 @@ class Ledger:
     """Free CPU, memory and per-GPU share of every node, updated in place."""
 
     def __init__(self, nodes: Sequence[Node], running: Iterable[Workload] = (), held: Held | None = None) -> None:
-        """The nodes less ``held`` (a count over exactly ``nodes``), or else less ``running``."""
+        """The nodes less what ``running`` holds, or less ``held`` (a count over exactly ``nodes``)."""
         facts = for_nodes("ledger", nodes, _NodeFacts)
         self.nodes, self.order, self.capacity = facts.nodes, facts.order, facts.capacity  # read-only
-        if held is None:
-            held = held_by(nodes, running)
+        # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
+        self.whole: dict[str, int] = {}
+        self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
+        self._ever: dict[tuple[str, int], tuple[Request, bool]] = {}
+        self._room: dict[tuple[str, int], tuple[Request, int, tuple[int, int, int, int]]] = {}
+        if held is not None:
+            if held.layout is not layout_of(tuple(nodes)):
+                raise ValueError("held capacity was counted over another node list than the ledger's")
+            self._from_held(held)
+        else:
+            self._subtract(nodes, running)
+
+    def _from_held(self, held: Held) -> None:
+        """Free amounts from a count the placement states were built from (dicts from its arrays)."""
         lay = held.layout
         names = lay.names
         self.cpu = dict(zip(names, (lay.cpu_total - held.cpu).tolist(), strict=True))
         self.mem = dict(zip(names, (lay.mem_total - held.mem).tolist(), strict=True))
         free = lay.cap - held.gpu
-        # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
         self.whole = dict(zip(names, ((free >= lay.cap) & (lay.cap > 0)).sum(axis=1).tolist(), strict=True))
         # per node: free share per GPU id, in slot order (padding slots have no id and are left out)
         self.gpu = {name: dict(zip(ids, row, strict=False))
                     for name, ids, row in zip(names, lay.gpu_ids, free.tolist(), strict=True)}
-        self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
-        self._ever: dict[tuple[str, int], tuple[Request, bool]] = {}
-        self._room: dict[tuple[str, int], tuple[Request, int, tuple[int, int, int, int]]] = {}
+
+    def _subtract(self, nodes: Sequence[Node], running: Iterable[Workload]) -> None:
+        """Free amounts counted here, leniently: work on unknown nodes or GPUs holds nothing.
+
+        (Used when no placement state covers every node, e.g. nothing is
+        pending, or build-only and train-only nodes: those states count per pool.)
+        """
+        self.cpu = {n.name: n.cpu_milli for n in nodes}
+        self.mem = {n.name: n.memory_mib for n in nodes}
+        self.gpu = {n.name: {g.id: g.capacity_milli for g in n.gpus} for n in nodes}
+        cpu, mem, gpu = self.cpu, self.mem, self.gpu
+        for w in running:
+            a = w.assignment
+            if a is None:
+                continue
+            free = gpu.get(a.node)
+            if free is None:
+                continue
+            r = w.request
+            cpu[a.node] -= r.cpu_milli
+            mem[a.node] -= r.memory_mib
+            for gid, milli in a.gpus:
+                if gid in free:
+                    free[gid] -= milli
+        capacity = self.capacity
+        self.whole = {
+            name: sum(1 for gid, left in free.items() if left >= capacity[gid] > 0) for name, free in gpu.items()
+        }
 
     def take(self, assignment: Assignment, request: Request) -> None:
         self._add(assignment, request, -1)
@@ -221,10 +258,22 @@ class Capacity:
         pools = tuple(pools)
         expect = expect or {}
         self.pool_nodes = {p: [n.name for n in nodes if p in n.pools] for p in pools}
-        held = held_by(nodes, running)  # counted once, for every pool's state and the ledger
-        self.states = {p: FreeState.from_nodes(nodes, running, p, policy, expect=expect.get(p, ()), held=held)
-                       for p in (pools if active is None else active)}
-        self.ledger = Ledger(nodes, held=held)
+        # what running work holds: counted once per distinct pool node list (usually one list, every
+        # node, for both pools), carried from the last cycle (scheduler/policy/held.py)
+        self.states = {}
+        ledger_held = None
+        counted: list[tuple[list[Node], Held]] = []
+        for p in (pools if active is None else active):
+            chosen = [n for n in nodes if p in n.pools]
+            held = next((h for c, h in counted
+                         if len(c) == len(chosen) and all(a is b for a, b in zip(c, chosen, strict=True))), None)
+            if held is None:
+                held = held_by(chosen, running)
+                counted.append((chosen, held))
+            if len(chosen) == len(nodes):
+                ledger_held = held
+            self.states[p] = FreeState.from_nodes(chosen, running, None, policy, expect=expect.get(p, ()), held=held)
+        self.ledger = Ledger(nodes, running, held=ledger_held)
         self.node_pools: dict[str, list[str]] = {}
         self._index_states()
         self.generation = 0  # bumped whenever free capacity grows within the cycle (see Ledger.grew)

@@ -41,12 +41,7 @@ class Held:
     cpu: np.ndarray  # (nodes,) CPU milli held
     mem: np.ndarray  # (nodes,) memory MiB held
     gpu: np.ndarray  # (nodes, slots) milli-GPU held per GPU slot
-    # (pools of the node, request object, how many running jobs on such nodes hold it)
-    requests: tuple[tuple[frozenset[str], Request, int], ...]
-
-    def counts(self, pool: str | None) -> list[tuple[Request, int]]:
-        """How many running jobs hold each request object on the nodes of ``pool`` (None: all)."""
-        return [(r, n) for pools, r, n in self.requests if pool is None or pool in pools]
+    counts: tuple[tuple[Request, int], ...]  # request object, how many running jobs on these nodes hold it
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,7 @@ class _Carry:
     layout: Layout
     jobs: dict[int, Workload]  # id -> the workload object counted (keeps the id from being reused)
     held: Held
-    tally: dict[tuple[frozenset[str], int], tuple[Request, int]]  # (node pools, id(request)) -> count
+    tally: dict[int, tuple[Request, int]]  # id(request) -> (request, count)
 
 
 _carry: dict[int, _Carry] = {}
@@ -63,37 +58,42 @@ _carry: dict[int, _Carry] = {}
 def held_by(nodes: Sequence[Node], running: Iterable[Workload]) -> Held:
     """What ``running`` holds on ``nodes``, from the last count over the same node objects when there is one.
 
-    Work on a node not in ``nodes``, or on a GPU gone from it, holds nothing
-    here. A GPU placed on a node other than its own is an error.
+    Work on a node not in ``nodes``, or on a GPU gone from them, holds
+    nothing here. A GPU placed on a node other than its own is an error.
     """
     lay = layout_of(tuple(nodes))
-    jobs = {id(w): w for w in running if w.assignment is not None}
+    listed = [w for w in running if w.assignment is not None]
+    jobs = {id(w): w for w in listed}
+    if len(jobs) != len(listed):  # the same object twice: each counts, as in any fresh count; no carry
+        return _apply(_empty(lay), {}, listed, [])[0]
     last = _carry.get(id(lay))
     if last is not None and last.layout is lay:
         before = last.jobs
         gone = [before[k] for k in before.keys() - jobs.keys()]
         new = [jobs[k] for k in jobs.keys() - before.keys()]
         if len(gone) + len(new) <= FRESH_SHARE * max(len(jobs), 1):
-            held, tally = _apply(last.held, dict(last.tally), nodes, new, gone)
+            held, tally = _apply(last.held, dict(last.tally), new, gone)
             _remember(lay, jobs, held, tally)
             return held
-    n, g = lay.cap.shape
-    empty = Held(lay, np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, g), np.int64), ())
-    held, tally = _apply(empty, {}, nodes, list(jobs.values()), [])
+    held, tally = _apply(_empty(lay), {}, listed, [])
     _remember(lay, jobs, held, tally)
     return held
 
 
-def _remember(lay: Layout, jobs: dict[int, Workload], held: Held,
-              tally: dict[tuple[frozenset[str], int], tuple[Request, int]]) -> None:
+def _empty(lay: Layout) -> Held:
+    n, g = lay.cap.shape
+    return Held(lay, np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, g), np.int64), ())
+
+
+def _remember(lay: Layout, jobs: dict[int, Workload], held: Held, tally: dict[int, tuple[Request, int]]) -> None:
     _carry.pop(id(lay), None)
     _carry[id(lay)] = _Carry(lay, jobs, held, tally)
-    while len(_carry) > KEEP:
-        del _carry[next(iter(_carry))]  # the least recently counted node list
+    while len(_carry) > KEEP:  # the least recently counted node lists go (another thread may be evicting too)
+        _carry.pop(next(iter(_carry), None), None)  # type: ignore[arg-type]
 
 
-def _apply(base: Held, tally: dict[tuple[frozenset[str], int], tuple[Request, int]], nodes: Sequence[Node],
-           taken: list[Workload], given: list[Workload]) -> tuple[Held, dict]:
+def _apply(base: Held, tally: dict[int, tuple[Request, int]], taken: list[Workload],
+           given: list[Workload]) -> tuple[Held, dict[int, tuple[Request, int]]]:
     """``base`` plus ``taken`` minus ``given``, as new arrays; ``tally`` (a copy) is updated in place."""
     lay = base.layout
     node_index, gpu_slot = lay.node_index.get, lay.gpu_slot.get
@@ -124,7 +124,7 @@ def _apply(base: Held, tally: dict[tuple[frozenset[str], int], tuple[Request, in
                     raise InvalidRequest(f"GPU {gid!r} is not on node {a.node!r}")
                 add_cell(i * width + slot[1])
                 add_milli(sign * m)
-            key = (nodes[i].pools, id(r))
+            key = id(r)
             seen = tally.get(key)
             count = (seen[1] if seen is not None else 0) + sign
             if count:
@@ -140,5 +140,4 @@ def _apply(base: Held, tally: dict[tuple[frozenset[str], int], tuple[Request, in
         np.add.at(gpu_held.reshape(-1), np.array(cells, dtype=np.int64), np.array(milli, dtype=np.int64))
     for arr in (cpu_held, mem_held, gpu_held):
         arr.flags.writeable = False
-    requests = tuple((pools, r, count) for (pools, _), (r, count) in tally.items())
-    return Held(lay, cpu_held, mem_held, gpu_held, requests), tally
+    return Held(lay, cpu_held, mem_held, gpu_held, tuple(tally.values())), tally

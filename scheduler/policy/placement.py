@@ -109,6 +109,7 @@ class FreeState:
         self.gpus_alike = lay.gpus_alike
         self.cap, self.gpu_mem, self.model_id, self.topo_id, self.valid = (
             lay.cap, lay.gpu_mem, lay.model_id, lay.topo_id, lay.valid)
+        self.has_memory = lay.has_memory
         self.free = self.cap.copy()
         self.cpu_free = self.cpu_total.copy()
         self.mem_free = self.mem_total.copy()
@@ -162,28 +163,23 @@ class FreeState:
         instead of rebuilding them at each new type.
         Running workloads on nodes outside the pool, or on GPUs no longer in it,
         are skipped: they hold nothing this state hands out.
-        ``held`` (optional): what ``running`` holds, counted over exactly
-        ``nodes`` (:func:`~scheduler.policy.held.held_by`); ``running`` is then
-        not read. The engine counts once per cycle for every pool and its ledger.
+        ``held`` (optional): what ``running`` holds, counted over exactly the
+        pool's nodes (:func:`~scheduler.policy.held.held_by`); ``running`` is
+        then not read. The engine counts once per pool and cycle, and builds the
+        ledger from the count of a pool that has every node.
         """
-        if held is None:
-            held = held_by(nodes, running)
-        elif held.layout is not layout_of(tuple(nodes)):
-            raise ValueError("held capacity was counted over another node list")
         chosen = [nd for nd in nodes if pool is None or pool in nd.pools]
+        if held is None:
+            held = held_by(chosen, running)
+        elif held.layout is not layout_of(tuple(chosen)):
+            raise ValueError("held capacity was counted over another node list than the pool's")
         state = cls(chosen, policy=policy, tie_rank=tie_rank, workload=workload, expect=expect, build=False)
-        width = state.free.shape[1]
-        if len(chosen) == len(nodes):
-            gpu, cpu, mem = held.gpu[:, :width], held.cpu, held.mem
-        else:
-            rows = np.array([held.layout.node_index[nd.name] for nd in chosen], dtype=np.int64)
-            gpu, cpu, mem = held.gpu[rows, :width], held.cpu[rows], held.mem[rows]
-        state.free -= gpu
-        state.cpu_free -= cpu
-        state.mem_free -= mem
+        state.free -= held.gpu
+        state.cpu_free -= held.cpu
+        state.mem_free -= held.mem
         state._refresh_all()
         if state.frag is not None:
-            state.frag.observe_counts(held.counts(pool))
+            state.frag.observe_counts(held.counts)
             state.frag.rebuild()
         return state
 
@@ -283,7 +279,8 @@ class FreeState:
         """Milli a fractional/memory request takes on each GPU (memory: per GPU size)."""
         if request.gpu_memory_mib:
             need = -(-request.gpu_memory_mib * 1000 // self.gpu_mem)
-            return np.where(need <= self.cap, need, np.iinfo(np.int64).max)
+            # (a GPU that reports no memory size never holds a memory request)
+            return np.where((need <= self.cap) & self.has_memory, need, np.iinfo(np.int64).max)
         return request.gpu_milli
 
     def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,16 +304,20 @@ class FreeState:
         then memory; ties by node order. Nodes in ``skip`` are left out. The
         starvation rule reserves this node for a job that waited too long.
         """
-        allowed = self.valid & (self.cap > 0)
+        allowed = self.valid
         if request.gpu_models:
             allowed = allowed & self._model_mask(request.gpu_models)
+        if request.gpu_memory_mib:
+            allowed = allowed & self.has_memory
         ok = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
         if request.gpus:
-            ok &= allowed.sum(axis=1) >= request.gpus
-            score = ((self.free >= self.cap) & allowed).sum(axis=1)
+            whole = allowed & (self.cap > 0)
+            ok &= whole.sum(axis=1) >= request.gpus
+            score = ((self.free >= self.cap) & whole).sum(axis=1)
         else:
             need = self._need_per_gpu(request)
-            ok &= (allowed & (self.cap >= need)).any(axis=1)
+            ok &= (allowed & (self.cap >= need) & (self.cap > 0)).any(axis=1)
+            # the largest free share on an allowed GPU, over-full ones (below 0) included
             score = np.where(allowed, self.free, np.iinfo(np.int64).min).max(axis=1) if len(ok) else ok
         for name in skip:
             i = self.node_index.get(name)

@@ -40,7 +40,7 @@ class Layout:
         self.gpu_slot: dict[str, tuple[int, int]] = {}
         self.gpu_caps: list[tuple[int, ...]] = []  # per node, its GPUs' capacities in slot order
         # rows as Python lists, turned into arrays once; padding slots: see FreeState's doc
-        cap_rows, mem_rows, model_rows, topo_rows = [], [], [], []
+        cap_rows, mem_rows, model_rows, topo_rows, known_rows = [], [], [], [], []
         models, gpu_slot = self.models, self.gpu_slot
         for i, nd in enumerate(nodes):
             groups: dict[str, int] = {}
@@ -48,6 +48,7 @@ class Layout:
             pad = g - len(gpus)
             cap_rows.append([gpu.capacity_milli for gpu in gpus] + [0] * pad)
             mem_rows.append([max(gpu.memory_mib, 1) for gpu in gpus] + [1] * pad)
+            known_rows.append([gpu.memory_mib > 0 for gpu in gpus] + [False] * pad)
             model_rows.append([models.setdefault(gpu.model, len(models)) for gpu in gpus] + [-1] * pad)
             topo_rows.append([groups.setdefault(gpu.topology_group, len(groups)) for gpu in gpus] + [-1] * pad)
             self.gpu_caps.append(tuple(gpu.capacity_milli for gpu in gpus))
@@ -59,6 +60,8 @@ class Layout:
             self.gpu_ids.append(ids)
         self.cap = np.array(cap_rows, dtype=np.int64).reshape(n, g)
         self.gpu_mem = np.array(mem_rows, dtype=np.int64).reshape(n, g)
+        # GPUs that report a memory size (a memory request never fits one that reports none)
+        self.has_memory = np.array(known_rows, dtype=bool).reshape(n, g)
         self.model_id = np.array(model_rows, dtype=np.int64).reshape(n, g)
         self.topo_id = np.array(topo_rows, dtype=np.int64).reshape(n, g)
         widths = np.array([len(nd.gpus) for nd in nodes], dtype=np.int64).reshape(n, 1)
@@ -71,8 +74,8 @@ class Layout:
             classes.setdefault(tuple(zip(*rows, strict=True)), len(classes))
             for rows in zip(cap_rows, mem_rows, model_rows, topo_rows, strict=True)
         ], dtype=np.int64)
-        for arr in (self.cpu_total, self.mem_total, self.cap, self.gpu_mem, self.model_id, self.topo_id,
-                    self.valid, self.node_class):
+        for arr in (self.cpu_total, self.mem_total, self.cap, self.gpu_mem, self.has_memory, self.model_id,
+                    self.topo_id, self.valid, self.node_class):
             arr.flags.writeable = False
         # request -> whether it fits this hardware when empty (FreeState.fits_empty): the one mutable part,
         # a cache of a fact of the hardware
