@@ -115,6 +115,19 @@ def test_victims_go_lowest_priority_then_least_run_time_then_no_start_time_last(
     assert [p.workload_id for p in d.preempts] == ["a2", "a1", "a3"]
 
 
+def test_a_gang_that_no_pause_can_seat_is_told_so_not_that_nobody_is_over_quota() -> None:
+    """X runs above its guarantee, but only on a node with too few cores for Y's gang."""
+    small, big = node("a", 2, cpu=4000), node("b", 2, cpu=16_000)
+    work = [on(train("x1", "X"), "a", 0), on(train("x2", "X"), "a", 1),
+            on(train("z1", "Z"), "b", 0), on(train("z2", "Z"), "b", 1),
+            train("y1", "Y", prio=1, t=10), train("y2", "Y", gpus=2, cpu=8000, t=10)]
+    d = schedule(snap([small, big], [project("X"), project("Y", 3), project("Z", 2)], work, now=100.0))
+    assert [p.workload_id for p in d.preempts] == ["x1"]  # for y1, which fits on a
+    (wait,) = [w for w in d.waits if w.workload_id == "y2"]
+    assert "pausing jobs above their guarantee would not free a node that fits it" in wait.reason
+    assert "no other project runs above its guarantee" not in wait.reason
+
+
 # ------------------------------------------------------------------ priority
 
 

@@ -162,12 +162,14 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.canon: dict[Request, Request] = {}
         self.req_of: dict[str, Request] = {}
         self._needs: dict[int, int] = {}  # see needs()
-        self.builds, self.trains = self.sort_pending()
+        self.builds, self.trains, asked = self.sort_pending()
         self.cap = Capacity(
             snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
-            active=[pool for pool, jobs in ((BUILD_POOL, self.builds), (TRAIN_POOL, self.trains)) if jobs],
-            # the distinct requests each pool may be asked to place (interned: one object per shape)
-            expect={BUILD_POOL: self.distinct_requests(self.builds), TRAIN_POOL: self.distinct_requests(self.trains)},
+            active=[pool for pool in (BUILD_POOL, TRAIN_POOL) if asked[pool]],
+            # The distinct requests of each pool's pending jobs (interned: one object per shape), those
+            # about to be rejected included: the scorers' tables hold their types (with no weight), and
+            # the tables' make-up, not only the weights, fixes the last bits of the scores.
+            expect=asked,
         )
         self.train_nodes = set(self.cap.pool_nodes[TRAIN_POOL])
         self.train_capacity = 0  # GPU share on train nodes not held by anything but training
@@ -279,10 +281,14 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
 
     # ------------------------------------------------------------ the cycle
 
-    def sort_pending(self) -> tuple[list[Workload], list[Workload]]:
-        """Intern the pending jobs' requests and reject what cannot be read; (build jobs, training jobs)."""
+    def sort_pending(self) -> tuple[list[Workload], list[Workload], dict[str, list[Request]]]:
+        """Intern the pending jobs' requests and reject what cannot be read.
+
+        Returns (build jobs, training jobs, per pool the distinct requests of all its pending jobs).
+        """
         builds: list[Workload] = []
         trains: list[Workload] = []
+        asked: dict[str, dict[int, Request]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
         canon, req_of, problems = self.canon, self.req_of, {}
         # Callers often share one Request object among many workloads: look those up by identity
         # before hashing the dataclass (the snapshot keeps every request alive, so ids are stable).
@@ -297,6 +303,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                     problems[id(req)] = request_problem(req)
                 by_obj[id(r)] = req
             req_of[w.id] = req
+            asked[BUILD_POOL if w.kind is Kind.BUILD else TRAIN_POOL][id(req)] = req
             if w.project not in self.projects:
                 self.rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
             elif (problem := problems[id(req)]) is not None:
@@ -305,11 +312,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 builds.append(w)
             else:
                 trains.append(w)
-        return builds, trains
-
-    def distinct_requests(self, jobs: list[Workload]) -> list[Request]:
-        req_of = self.req_of
-        return list({id(r): r for r in (req_of[w.id] for w in jobs)}.values())
+        return builds, trains, {pool: list(reqs.values()) for pool, reqs in asked.items()}
 
     def run(self) -> Decisions:
         builds = sorted(self.builds, key=job_order)

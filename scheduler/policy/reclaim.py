@@ -26,6 +26,7 @@ shares and capacity, and records pauses and starts through it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -89,15 +90,15 @@ class ReclaimMixin:
         if self._victims is None:
             min_start = self.now - self.cfg.min_runtime_s
             train_nodes = self.train_nodes
-            every_node_trains = len(train_nodes) == len(self.cap.ledger.nodes)
             over_at_start, milli = self.over_at_start, self.milli
             lists = {}
             for name, jobs in self.train_running.items():
-                cand = jobs if every_node_trains else [v for v in jobs if v.assignment.node in train_nodes]
+                # (a job on a node gone from the inventory, or off the train pool, is nobody's victim)
+                cand = [v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
                 # pause order as stable C-level sorts, last key first (this runs on every running job):
                 # id, then least run time (latest start first; no start time counts as the longest run),
                 # then lowest priority
-                cand = sorted(cand, key=_by_id)
+                cand.sort(key=_by_id)
                 if any(v.started_at is None for v in cand):
                     cand.sort(key=started_or_never, reverse=True)
                 else:
@@ -211,14 +212,17 @@ class ReclaimMixin:
             if best is None or cand[:3] < best[:3]:
                 best = cand
         if best is None:
-            return (protected, bool(per_node))
+            # (tried: some project's jobs could be paused, even if none sits on a node that could hold
+            # the claimant; the reason must not say that nobody runs above a guarantee then)
+            return (protected, bool(names))
         return self.apply_reclaim(w, req, p, best[3], best[4])
 
     def gpus_on(self, name: str) -> tuple[dict[str, int], dict[str, int]]:
         """GPUs project ``name``'s pause candidates hold per node: (all of them, the over-guarantee ones).
 
         Counted on first use (only gang claimants ask) from the victim lists as
-        they are then; jobs only leave those lists, so the counts stay upper bounds.
+        they are then; jobs only leave those lists (and the GPUs of paused ones
+        count as free), so the counts stay upper bounds.
         """
         counts = self._gpus_on.get(name)
         if counts is None:
@@ -326,7 +330,7 @@ class ReclaimMixin:
         return None
 
 
-def _gpus_per_node(jobs: list[Workload]) -> dict[str, int]:
+def _gpus_per_node(jobs: Sequence[Workload]) -> dict[str, int]:
     """GPUs the jobs hold per node (a GPU shared by two jobs counts twice: an upper bound)."""
     out: dict[str, int] = {}
     for v in jobs:
