@@ -9,6 +9,10 @@ must stay so.
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from scheduler.policy import (
     Assignment,
     Gpu,
@@ -99,3 +103,29 @@ def test_a_gpu_that_reports_no_memory_never_takes_a_memory_request() -> None:
     busy_b = FreeState.from_nodes(nodes, [running("rb", "o", Request(gpus=1), "b", ("b-g0", 1000))])
     assert busy_b.find(Request(gpu_memory_mib=1)) is None
     assert busy_b.closest(Request(gpu_memory_mib=1)) == "b"  # the starvation rule waits for b, never a
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+@pytest.mark.parametrize("memory", [(81_920, 81_920, 81_920), (81_920, 40_960, 40_960)])
+def test_a_fraction_bound_to_a_model_finds_its_gpu_on_a_mixed_node(policy: str, memory: tuple[int, ...]) -> None:
+    """One machine with an A100 first and an H100 after (the first untouched GPU is not the one it may use)."""
+    node = Node("n1", 64_000, 262_144, tuple(Gpu(f"n1-g{i}", i, model, mem) for i, (model, mem)
+                                             in enumerate(zip(("A100", "H100", "A100"), memory, strict=True))), BOTH)
+    state = FreeState.from_nodes([node], [], policy=policy)
+    a = state.find(Request(gpu_milli=500, gpu_models=frozenset({"H100"})))
+    assert a is not None and a.gpus == (("n1-g1", 500),)
+    d = schedule(Snapshot((node,), (Project("p", train_guarantee_milli=1000),),
+                          (Workload("w", "p", Kind.TRAIN, Request(gpu_milli=500, gpu_models=frozenset({"H100"}))),),
+                          now=1.0, config=dataclasses.replace(CFG, placement=policy)))
+    assert [(s.workload_id, s.assignment.gpus) for s in d.starts] == [("w", (("n1-g1", 500),))]
+
+
+def test_work_left_on_a_gpu_of_capacity_zero_breaks_no_placement() -> None:
+    """Held share beyond a GPU's capacity makes the pool's free share negative; the scorer's weights stay finite."""
+    node = Node("n0", 64_000, 262_144, (Gpu("n0-g0", 0, "H100", 40_960, "", 0), Gpu("n0-g1", 1, "H100", 81_920)),
+                TRAIN)
+    held = (running("a", "p", Request(gpu_milli=700), "n0", ("n0-g0", 700)),
+            running("b", "p", Request(gpu_milli=500), "n0", ("n0-g1", 500)))
+    d = schedule(Snapshot((node,), (Project("p", train_guarantee_milli=2000),),
+                          held + (Workload("c", "p", Kind.TRAIN, Request(gpu_milli=400)),), now=100.0, config=CFG))
+    assert [(s.workload_id, s.assignment.gpus) for s in d.starts] == [("c", (("n0-g1", 400),))]

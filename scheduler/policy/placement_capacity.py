@@ -190,7 +190,8 @@ class CapacityModel(FragModel):
 
     def _weights(self) -> np.ndarray:
         """p_m * (pool free share / share usable by m) ** SCARCITY_EXP."""
-        scarcity = float(self.ftot.sum()) / np.maximum(self.total, self.t_vol)
+        # (over-full GPUs, e.g. work left on a GPU whose capacity was lowered, make free share negative)
+        scarcity = max(float(self.ftot.sum()), 0.0) / np.maximum(self.total, self.t_vol)
         return self.p * scarcity**self.SCARCITY_EXP
 
     def update_row(self, i: int, request: Request | None = None) -> None:

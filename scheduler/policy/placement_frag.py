@@ -81,8 +81,9 @@ def fraction_pairs(
     Returns (cand index, slot, node, free share of the GPU, share taken, whole
     free GPUs after, GPUs of the node with more free share than this one).
 
-    Untouched GPUs of a node are interchangeable, so only the first of them is a
-    candidate; partly used GPUs are each a candidate. Both scorers of ``default``
+    Untouched GPUs of a node that the request may use are interchangeable when
+    the node's GPUs are alike, so only the first of them is a candidate; partly
+    used GPUs are each a candidate. Both scorers of ``default``
     ask for the same pairs in one query, so the last answer is kept on the state.
     """
     cached = st.pair_cache
@@ -91,8 +92,14 @@ def fraction_pairs(
     free = st.free[cand]
     cap = st.cap[cand]
     full = (free == cap) & st.valid[cand]
-    first_full = full & (full.cumsum(axis=1) == 1)
-    kk, jj = (ok & (~full | first_full)).nonzero()
+    if st.gpus_alike:
+        # untouched GPUs the request may use are interchangeable where a node's GPUs share capacity and
+        # memory size: keep the first (a model restriction is in ``ok``: the first untouched GPU of the
+        # node may be of another model)
+        usable_full = full & ok
+        kk, jj = (ok & (~full | (usable_full & (usable_full.cumsum(axis=1) == 1)))).nonzero()
+    else:
+        kk, jj = ok.nonzero()
     rows = cand[kk]
     f_old = free[kk, jj]
     if request.gpu_memory_mib:
