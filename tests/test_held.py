@@ -38,6 +38,7 @@ def fresh(nodes, running):
 
 def same(a, b) -> None:
     assert np.array_equal(a.cpu, b.cpu) and np.array_equal(a.mem, b.mem) and np.array_equal(a.gpu, b.gpu)
+    assert a.outside == b.outside
 
     def tally(h):
         out: dict[Request, int] = {}
@@ -117,7 +118,8 @@ def test_a_gpu_on_the_wrong_node_is_refused_and_the_carry_survives() -> None:
     assert int(after.gpu.sum()) == 1000
     # work on a node or GPU the pool no longer has holds nothing
     gone = ok + [Workload("c", "p", Kind.TRAIN, SHAPES[0], assignment=Assignment("zz", (("zz-g0", 1000),)))]
-    assert int(held_by(nodes, gone).gpu.sum()) == 1000
+    assert int(held_by(nodes, gone).gpu.sum()) == 1000 and held_by(nodes, gone).outside == 1
+    assert held_by(nodes, ok).outside == 0  # carried back: the job on the unknown node left
 
 
 def test_the_same_running_object_twice_counts_twice() -> None:

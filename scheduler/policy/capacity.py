@@ -262,6 +262,9 @@ class Capacity:
         # node, for both pools), carried from the last cycle (scheduler/policy/held.py)
         self.states = {}
         ledger_held = None
+        # True when a pool has every node and no running job sits on a node outside the list (known
+        # from its count; False when not known): lets per-job "is its node still here" checks go
+        self.every_job_on_a_node = False
         counted: list[tuple[list[Node], Held]] = []
         for p in (pools if active is None else active):
             chosen = [n for n in nodes if p in n.pools]
@@ -272,6 +275,7 @@ class Capacity:
                 counted.append((chosen, held))
             if len(chosen) == len(nodes):
                 ledger_held = held
+                self.every_job_on_a_node = held.outside == 0
             self.states[p] = FreeState.from_nodes(chosen, running, None, policy, expect=expect.get(p, ()), held=held)
         self.ledger = Ledger(nodes, running, held=ledger_held)
         self.node_pools: dict[str, list[str]] = {}

@@ -288,13 +288,14 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         """
         builds: list[Workload] = []
         trains: list[Workload] = []
-        asked: dict[str, dict[int, Request]] = {BUILD_POOL: {}, TRAIN_POOL: {}}
         canon, req_of, problems = self.canon, self.req_of, {}
         # Callers often share one Request object among many workloads: look those up by identity
         # before hashing the dataclass (the snapshot keeps every request alive, so ids are stable).
-        by_obj: dict[int, Request] = {}
+        # One table per kind, so that its values are also each pool's distinct requests.
+        by_kind: dict[Kind, dict[int, Request]] = {Kind.BUILD: {}, Kind.TRAIN: {}}
         for w in self.pending:
             r = w.request
+            by_obj = by_kind[w.kind]
             req = by_obj.get(id(r))
             if req is None:
                 req = canon.get(r)
@@ -303,7 +304,6 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                     problems[id(req)] = request_problem(req)
                 by_obj[id(r)] = req
             req_of[w.id] = req
-            asked[BUILD_POOL if w.kind is Kind.BUILD else TRAIN_POOL][id(req)] = req
             if w.project not in self.projects:
                 self.rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
             elif (problem := problems[id(req)]) is not None:
@@ -312,7 +312,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 builds.append(w)
             else:
                 trains.append(w)
-        return builds, trains, {pool: list(reqs.values()) for pool, reqs in asked.items()}
+        asked = {pool: list({id(req): req for req in by_kind[kind].values()}.values())
+                 for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))}
+        return builds, trains, asked
 
     def run(self) -> Decisions:
         builds = sorted(self.builds, key=job_order)

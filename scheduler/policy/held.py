@@ -42,6 +42,7 @@ class Held:
     mem: np.ndarray  # (nodes,) memory MiB held
     gpu: np.ndarray  # (nodes, slots) milli-GPU held per GPU slot
     counts: tuple[tuple[Request, int], ...]  # request object, how many running jobs on these nodes hold it
+    outside: int = 0  # running jobs on nodes not in the list (they hold nothing here)
 
 
 @dataclass(frozen=True)
@@ -105,12 +106,14 @@ def _apply(base: Held, tally: dict[int, tuple[Request, int]], taken: list[Worklo
     milli: list[int] = []
     # (bound methods: on a fresh count this runs once per running job)
     add_row, add_cpu, add_mem, add_cell, add_milli = rows.append, cpu.append, mem.append, cells.append, milli.append
+    outside = base.outside
     for sign, group in ((1, taken), (-1, given)):
         for w in group:
             a = w.assignment
             assert a is not None
             i = node_index(a.node)
             if i is None:
+                outside += sign
                 continue
             r = w.request
             add_row(i)
@@ -140,4 +143,4 @@ def _apply(base: Held, tally: dict[int, tuple[Request, int]], taken: list[Worklo
         np.add.at(gpu_held.reshape(-1), np.array(cells, dtype=np.int64), np.array(milli, dtype=np.int64))
     for arr in (cpu_held, mem_held, gpu_held):
         arr.flags.writeable = False
-    return Held(lay, cpu_held, mem_held, gpu_held, tuple(tally.values())), tally
+    return Held(lay, cpu_held, mem_held, gpu_held, tuple(tally.values()), outside), tally

@@ -92,9 +92,11 @@ class ReclaimMixin:
             train_nodes = self.train_nodes
             over_at_start, milli = self.over_at_start, self.milli
             lists = {}
+            # (a job on a node gone from the inventory, or off the train pool, is nobody's victim)
+            every_node = self.cap.every_job_on_a_node and len(train_nodes) == len(self.cap.ledger.nodes)
             for name, jobs in self.train_running.items():
-                # (a job on a node gone from the inventory, or off the train pool, is nobody's victim)
-                cand = [v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
+                cand = list(jobs) if every_node else [
+                    v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
                 # pause order as stable C-level sorts, last key first (this runs on every running job):
                 # id, then least run time (latest start first; no start time counts as the longest run),
                 # then lowest priority
