@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -586,3 +587,14 @@ def test_fits_empty_is_kept_with_the_hardware_and_still_refuses_bad_requests() -
     for _ in range(2):  # a malformed request is refused each time, never remembered
         with pytest.raises(InvalidRequest):
             busy.fits_empty(Request(gpus=1, gpu_milli=500))
+
+
+def test_fgd_ranks_by_the_authors_integer_node_score() -> None:
+    """Near-equal increases of fragmentation tie (then node order decides); large ones saturate."""
+    from scheduler.policy.placement_frag import fgd_node_score
+
+    score = fgd_node_score(np.array([1.0, 39.0, 45.0, 5000.0, 9000.0, -5000.0, -9000.0, 0.0]))
+    assert score[0] == score[1] != score[2]  # within one step of the score (~40 milli near 0)
+    assert score[3] == score[4] == 0.0  # both stranding several GPUs: equally bad to the baseline
+    assert score[5] == score[6] == -99.0
+    assert score[7] == -50.0 and score[2] > score[0] > score[7] > score[5]  # less increase ranks first

@@ -23,7 +23,8 @@ Policies (``FreeState.from_nodes(..., policy=...)``):
 ``fgd``
     Fragmentation Gradient Descent (Weng et al., ATC'23) as a baseline
     (:mod:`scheduler.policy.placement_frag`): least increase of expected
-    fragmentation, ties by node order, no packing tie-break.
+    fragmentation as the authors' simulator scores it (an integer score, so
+    near-equal increases tie), ties by node order, no packing tie-break.
 ``bestfit``
     The FGD paper's BestFit baseline: node score
     ``int(100 * (1 - (0.5 * cpu_after / 128000 + 0.5 * gpu_after / 8000)))``,
