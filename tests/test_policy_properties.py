@@ -211,15 +211,20 @@ def test_no_flapping_when_nothing_changes(s: Snapshot) -> None:
 # ---------------------------------------------------------------- guarantees
 
 
+def _four_gpu_train_nodes(n: int) -> tuple[Node, ...]:
+    """Train-only nodes of 4 one-model GPUs, with CPU and memory to spare (only GPUs constrain)."""
+    return tuple(
+        Node(f"n{i}", 1_000_000, 1_000_000, tuple(Gpu(f"n{i}-g{j}", j, "A100", 40_000) for j in range(4)),
+             frozenset({TRAIN_POOL}))
+        for i in range(n)
+    )
+
+
 @st.composite
 def guarantee_worlds(draw: st.DrawFn) -> Snapshot:
     """Train-only nodes, one-GPU jobs, whole-GPU guarantees that the pool can honour."""
     n_nodes = draw(st.integers(1, 3))
-    ns = tuple(
-        Node(f"n{i}", 1_000_000, 1_000_000, tuple(Gpu(f"n{i}-g{j}", j, "A100", 40_000) for j in range(4)),
-             frozenset({TRAIN_POOL}))
-        for i in range(n_nodes)
-    )
+    ns = _four_gpu_train_nodes(n_nodes)
     total = 4 * n_nodes
     guarantees = draw(st.lists(st.integers(0, 4), min_size=2, max_size=3).filter(lambda g: sum(g) <= total))
     ps = tuple(Project(n, train_guarantee_milli=g * 1000, weight=draw(st.sampled_from([1.0, 2.0])))
@@ -258,11 +263,7 @@ def test_project_below_guarantee_gets_its_job_in_the_same_cycle(s: Snapshot) -> 
 def gang_worlds(draw: st.DrawFn) -> Snapshot:
     """Full train-only nodes of one-GPU jobs of several projects, and pending gangs that may reclaim."""
     n_nodes = draw(st.integers(1, 4))
-    ns = tuple(
-        Node(f"n{i}", 1_000_000, 1_000_000, tuple(Gpu(f"n{i}-g{j}", j, "A100", 40_000) for j in range(4)),
-             frozenset({TRAIN_POOL}))
-        for i in range(n_nodes)
-    )
+    ns = _four_gpu_train_nodes(n_nodes)
     names = ("A", "B", "C")
     guarantees = draw(st.lists(st.integers(0, 4), min_size=3, max_size=3))
     ps = tuple(Project(n, train_guarantee_milli=g * 1000) for n, g in zip(names, guarantees, strict=True))
