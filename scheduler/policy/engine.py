@@ -161,7 +161,6 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         # of the interned request, so equal shapes share memos and no lookup rehashes a dataclass.
         self.canon: dict[Request, Request] = {}
         self.req_of: dict[str, Request] = {}
-        self._needs: dict[int, int] = {}  # see needs()
         self.builds, self.trains, asked = self.sort_pending()
         self.cap = Capacity(
             snap.nodes, self.running, (BUILD_POOL, TRAIN_POOL), self.cfg.placement,
@@ -206,6 +205,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.place_failed: FailureMemo[bool] = FailureMemo()  # context: the pool
         self.empty_fit: dict[tuple[str, int], bool] = {}
         self.estimates: dict[tuple[str, int], int] = {}
+        # id of each interned request -> milli-GPU it is estimated to hold on the train pool
+        self.needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
         self.reasons: dict[tuple, str] = {}
         self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
@@ -400,7 +401,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
     def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]:
         """Fair shares of ``capacity``; demand: training in use plus the estimated needs of ``trains``."""
         demand = dict(self.usage)
-        req_of, needs = self.req_of, self.needs()
+        req_of, needs = self.req_of, self.needs
         for w in trains:
             demand[w.project] += needs[id(req_of[w.id])]
         inputs = {
@@ -409,16 +410,10 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         }
         return fair_shares(max(capacity, 0), inputs)
 
-    def needs(self) -> dict[int, int]:
-        """id of each interned request -> milli-GPU it is estimated to hold on the train pool."""
-        if len(self._needs) != len(self.canon):
-            self._needs = {id(req): self.estimate(TRAIN_POOL, req) for req in self.canon.values()}
-        return self._needs
-
     def train_pass(self, jobs: list[Workload], first: bool) -> None:
         """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
         projects, usage, req_of = self.projects, self.usage, self.req_of
-        needs = self.needs()
+        needs = self.needs
         starving_from = self.now - self.cfg.starvation_s
         deferred: list[Workload] = []
         if first:
