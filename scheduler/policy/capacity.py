@@ -265,14 +265,13 @@ class Capacity:
         # True when a pool has every node and no running job sits on a node outside the list (known
         # from its count; False when not known): lets per-job "is its node still here" checks go
         self.every_job_on_a_node = False
-        counted: list[tuple[list[Node], Held]] = []
+        counted: dict[int, Held] = {}  # id(layout) -> its count (pools over the same nodes share a layout)
         for p in (pools if active is None else active):
             chosen = [n for n in nodes if p in n.pools]
-            held = next((h for c, h in counted
-                         if len(c) == len(chosen) and all(a is b for a, b in zip(c, chosen, strict=True))), None)
+            lay = layout_of(tuple(chosen))
+            held = counted.get(id(lay))
             if held is None:
-                held = held_by(chosen, running)
-                counted.append((chosen, held))
+                held = counted[id(lay)] = held_by(chosen, running)
             if len(chosen) == len(nodes):
                 ledger_held = held
                 self.every_job_on_a_node = held.outside == 0
