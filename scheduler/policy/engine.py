@@ -65,7 +65,7 @@ from scheduler.policy.model import (
 )
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.queue import FairQueue, job_order
-from scheduler.policy.reclaim import ReclaimMixin, started_or_never
+from scheduler.policy.reclaim import ReclaimMixin, sort_by_start
 
 
 def schedule(snapshot: Snapshot) -> Decisions:
@@ -93,7 +93,6 @@ def schedule(snapshot: Snapshot) -> Decisions:
 
 
 _by_id = attrgetter("id")
-_by_start = attrgetter("started_at")
 
 
 def _new_then_priority(item: tuple[Workload, int]) -> tuple[int, int]:
@@ -660,10 +659,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         # (priority desc, start asc, id) as stable C-level sorts, last key first: this runs for
         # every project above its guarantee on thousands of jobs each cycle
         running.sort(key=_by_id)
-        if any(w.started_at is None for w in running):
-            running.sort(key=started_or_never)
-        else:
-            running.sort(key=_by_start)
+        sort_by_start(running)
         # this cycle's starts come after every running job of their priority, in start order
         order = [(w, 0) for w in running] + [(s.workload, 1) for _, s in new_starts]
         order.sort(key=_new_then_priority, reverse=True)

@@ -45,9 +45,19 @@ _by_start = attrgetter("started_at")
 _by_priority = attrgetter("priority")
 
 
-def started_or_never(w: Workload) -> float:
-    """Sort key: when a running job started; one without a start time counts as started first."""
+def _started_or_never(w: Workload) -> float:
     return w.started_at if w.started_at is not None else -math.inf
+
+
+def sort_by_start(jobs: list[Workload], latest_first: bool = False) -> None:
+    """Stable in-place sort of running jobs by start time; one without a start time counts as started first.
+
+    A C-level key (no tuple per job) whenever every job has a start time: the
+    engine sorts thousands of running jobs this way each cycle, after sorting
+    by id and before sorting by priority, so equal keys keep the earlier order.
+    """
+    key = _started_or_never if any(v.started_at is None for v in jobs) else _by_start
+    jobs.sort(key=key, reverse=latest_first)
 
 
 class ReclaimMixin:
@@ -101,10 +111,7 @@ class ReclaimMixin:
                 # id, then least run time (latest start first; no start time counts as the longest run),
                 # then lowest priority
                 cand.sort(key=_by_id)
-                if any(v.started_at is None for v in cand):
-                    cand.sort(key=started_or_never, reverse=True)
-                else:
-                    cand.sort(key=_by_start, reverse=True)
+                sort_by_start(cand, latest_first=True)
                 cand.sort(key=_by_priority)
                 young = [v for v in cand if v.started_at is not None and v.started_at > min_start]
                 if young:
