@@ -190,6 +190,9 @@ class FreeState:
         full = (self.free == self.cap) & self.valid
         self.whole_free = full.sum(axis=1)
         self.max_share = np.where(self.valid, self.free, 0).max(axis=1) if len(self.names) else self.max_share
+        self.free_or_neg = np.where(self.valid, self.free, -1)
+        self.part_share = (np.where(self.valid & (self.free < self.cap), self.free, 0).max(axis=1)
+                           if len(self.names) else self.max_share.copy())
         # (_key_of for every node, with the row work done in numpy: this runs at every state's build)
         ids = self._state_ids
         keys = zip(self.node_class.tolist(), self.cpu_free.tolist(), map(tuple, np.sort(self.free, axis=1).tolist()),
@@ -204,6 +207,9 @@ class FreeState:
         shares = row[: len(caps)]
         self.whole_free[i] = sum(1 for f, c in zip(shares, caps, strict=True) if f == c)
         self.max_share[i] = max(shares, default=0)
+        self.free_or_neg[i, : len(caps)] = shares
+        part = [f if f < c else 0 for f, c in zip(shares, caps, strict=True)]
+        self.part_share[i] = max(part) if part and len(row) == len(caps) else max(part + [0])
         self.state_key[i] = self._key_of(i, row)
         self._maxima = None
 

@@ -211,6 +211,9 @@ class CapacityModel(FragModel):
         rows = np.array([i])
         self._set_row(i, self._usable(rows, self.su[rows], st.whole_free[rows], st.cpu_free[rows])[0])
 
+    def _set_parts(self, i: int, parts: tuple[np.ndarray, int] | None) -> None:
+        """Our measure keeps no weight-free parts per node (its FGD term keeps its own)."""
+
     def _set_row(self, i: int, after: np.ndarray | float) -> None:
         new = np.asarray(after)
         self.total += new - self.usable_now[i]
@@ -299,7 +302,7 @@ class CapacityModel(FragModel):
         score = table.declare("score", np.float64, 0.0)
         stale = idx[version[idx] != self._w_version]
         if stale.size:
-            score[stale] = cols["after"][stale] @ self._w
+            score[stale] = cols["after"].take(stale, axis=0) @ self._w
             version[stale] = self._w_version
         delta = self._value_now[rows] - score[idx]
         if self.fgd is not None:

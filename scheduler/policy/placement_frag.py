@@ -124,7 +124,7 @@ def fraction_pairs(
         need = np.full(len(rows), request.gpu_milli, dtype=np.int64)
     whole = st.whole_free[rows] - (f_old == cap[kk, jj])
     # GPUs of the node with more free share than this one: tells a node state's distinct shares apart
-    above = (np.where(st.valid[cand], free, -1)[kk] > f_old[:, None]).sum(axis=1)
+    above = (st.free_or_neg[rows] > f_old[:, None]).sum(axis=1)
     out = (kk, jj, rows, f_old, need, whole, above)
     st.pair_cache = (cand, request, out)
     return out
@@ -163,6 +163,7 @@ class FragModel:
         # shares); that names the after-state of a GPU too only if a node's GPUs are all alike.
         self._memo_ok = state.gpus_alike
         self._live: tuple[int, np.ndarray] | None = None
+        self._after_parts: tuple[np.ndarray, np.ndarray] | None = None  # (gain, level) of the last after-states
         if fixed is not None:
             for r in fixed:
                 self._count(r)
@@ -254,7 +255,10 @@ class FragModel:
         self.threshold = np.where(self.allowed, np.where(self.whole, self.n_whole, demand), np.iinfo(np.int64).max)
         self.su = self._unusable(st.free, st.valid, demand) if n else np.zeros((0, s_count))
         self.ftot = np.where(st.valid, st.free, 0).sum(axis=1).astype(np.float64)
-        self.frag_now = self._frag(np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free)
+        self.node_gain, self.node_level = self._frag_parts(
+            np.arange(n), self.su, self.ftot, st.whole_free, st.max_share, st.cpu_free
+        )
+        self.frag_now = self._frag_weighed(self.ftot, self.node_gain, self.node_level)
         self.memo.clear()
         self._table_keys = set(self.counts)
         self._kept = None
@@ -309,10 +313,9 @@ class FragModel:
         Cheaper than :meth:`rebuild` (no pass over every GPU of every node); the
         node rows kept by :meth:`update_row` are exact, so the result is the same.
         """
-        st = self.state
         self._weigh()
-        self.frag_now = self._frag(np.arange(len(st.names)), self.su, self.ftot, st.whole_free, st.max_share,
-                                   st.cpu_free)
+        # (the fit tests do not depend on the weights: each node's are kept, only the weighing is redone)
+        self.frag_now = self._frag_weighed(self.ftot, self.node_gain, self.node_level)
         self._kept = None
         self._dirty = False
         self._seen_since = 0
@@ -346,6 +349,30 @@ class FragModel:
         pc = self.cpu_table[self.cpu_levels.searchsorted(cpu, side="right")]
         return ftot * self.p_total + np.add.reduce(np.where(fits, pc, 0.0) * (su - ftot[:, None]), axis=1)
 
+    def _frag_parts(
+        self, rows: np.ndarray, su: np.ndarray, ftot: np.ndarray, whole: np.ndarray, maxfree: np.ndarray,
+        cpu: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The parts of :meth:`_frag` that do not depend on the mix's weights.
+
+        (gain, level): ``_frag = ftot * p_total + sum(gain * cpu_table[level])``,
+        the same floats in the same order (``gain`` is 0 where one request of the
+        shape fits, else the shape's unusable minus free share). Kept in the memo,
+        they make re-weighing a node state one gather, one product and one sum
+        instead of redoing the fit tests. ``gain`` is a whole number no larger
+        than a node's free share, so float32 holds it exactly.
+        """
+        fits = np.where(self.whole, whole[:, None], maxfree[:, None]) >= self.threshold[rows]
+        gain = np.where(fits, su - ftot[:, None], 0.0).astype(np.float32)
+        # (cpu_levels change only with the table's types, and a rebuild drops the memo)
+        return gain, self.cpu_levels.searchsorted(cpu, side="right")
+
+    def _frag_weighed(self, ftot: np.ndarray, gain: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """:meth:`_frag` from its kept parts, weighed with the current mix."""
+        if not self._shapes:
+            return np.zeros(len(ftot))
+        return ftot * self.p_total + np.add.reduce(gain * self.cpu_table.take(level, axis=0), axis=1)
+
     def update_row(self, i: int, request: Request | None = None) -> None:
         """Refresh node ``i`` after a commit or release.
 
@@ -362,6 +389,7 @@ class FragModel:
                 and kept[2] == request:
             self.su[i], self.ftot[i] = kept[3], kept[4]
             self._set_row(i, kept[5])
+            self._set_parts(i, kept[6])
             return
         self._compute_row(i)
 
@@ -369,14 +397,23 @@ class FragModel:
         st = self.state
         self.su[i] = self._unusable(st.free[i : i + 1], st.valid[i : i + 1], self.demand[i : i + 1])[0]
         self.ftot[i] = float(np.where(st.valid[i], st.free[i], 0).sum())
-        rows = np.array([i])
-        self.frag_now[i] = self._frag(
-            rows, self.su[rows], self.ftot[rows], st.whole_free[rows], st.max_share[rows], st.cpu_free[rows]
-        )[0]
+        self._set_parts(i, None)
+        self.frag_now[i] = self._frag_weighed(self.ftot[i : i + 1], self.node_gain[i : i + 1],
+                                              self.node_level[i : i + 1])[0]
 
     def _set_row(self, i: int, after: np.ndarray | float) -> None:
         """Store the measure of node ``i``'s new state (computed while choosing)."""
         self.frag_now[i] = after
+
+    def _set_parts(self, i: int, parts: tuple[np.ndarray, int] | None) -> None:
+        """Store the weight-free parts of node ``i``'s measure (computed here when not kept)."""
+        if parts is None:
+            st = self.state
+            rows = np.array([i])
+            gain, level = self._frag_parts(rows, self.su[rows], self.ftot[rows], st.whole_free[rows],
+                                           st.max_share[rows], st.cpu_free[rows])
+            parts = (gain[0], int(level[0]))
+        self.node_gain[i], self.node_level[i] = parts
 
     def age_weights(self) -> None:
         """Hook for measures whose weights refresh lazily on the next choice (none here)."""
@@ -386,7 +423,8 @@ class FragModel:
         su, ftot, after, idx = self._after
         if idx is not None:  # memo columns, addressed through each candidate's storage row
             k = int(idx[k])
-        self._kept = (self.state._version, i, request, su[k].copy(), float(ftot[k]), after[k].copy())
+        parts = None if self._after_parts is None else (self._after_parts[0][k].copy(), int(self._after_parts[1][k]))
+        self._kept = (self.state._version, i, request, su[k].copy(), float(ftot[k]), after[k].copy(), parts)
 
     # ------------------------------------------------------------ choosing
 
@@ -490,9 +528,8 @@ class FragModel:
         Shares are whole numbers, so float32 keeps them exactly at half the memory.
         """
         su, ftot, whole, maxfree, cpu = after
-        ints = np.empty((len(rows), 4), dtype=np.int64)
-        ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3] = whole, maxfree, cpu, rows
-        return {"su": su.astype(np.float32), "ftot": ftot, "ints": ints}
+        gain, level = self._frag_parts(rows, su, ftot, whole, maxfree, cpu)
+        return {"su": su.astype(np.float32), "ftot": ftot, "gain": gain, "level": level}
 
     def _memo_delta(self, table: MemoTable, idx: np.ndarray, rows: np.ndarray, prefix: str = "") -> np.ndarray:
         """Increase of fragmentation per candidate from kept after-states (storage rows ``idx``).
@@ -504,13 +541,13 @@ class FragModel:
         after = table.declare(prefix + "after", np.float64, 0.0)
         stale = idx[version[idx] != self._mix_version]
         if stale.size:
-            ints = cols[prefix + "ints"][stale]
-            after[stale] = self._frag(ints[:, 3], cols[prefix + "su"][stale].astype(np.float64),
-                                      cols["ftot"][stale], ints[:, 0], ints[:, 1], ints[:, 2])
+            after[stale] = self._frag_weighed(cols["ftot"][stale], cols[prefix + "gain"].take(stale, axis=0),
+                                              cols[prefix + "level"][stale])
             version[stale] = self._mix_version
         ftot = cols["ftot"]  # the free share after: the same for every scorer, kept once
         self._ftot_after = ftot[idx]
         self._after = (cols[prefix + "su"], ftot, after, idx)
+        self._after_parts = (cols[prefix + "gain"], cols[prefix + "level"])
         return after[idx] - self.frag_now[rows]
 
     def _live_states(self) -> np.ndarray:
@@ -528,7 +565,7 @@ class FragModel:
         ftot = self.ftot[cand] - n * self.node_cap[cand]
         su = self.su[cand]
         if n:
-            part = np.where(st.valid[cand] & (st.free[cand] < st.cap[cand]), st.free[cand], 0).max(axis=1)
+            part = st.part_share[cand]  # largest free share of a partly used GPU (0 if none)
             maxfree = np.where(whole > 0, self.node_cap[cand], part)
             cap = self.node_cap[cand][:, None]
             su = su - n * np.where(cap < self.demand[cand], cap, 0)  # a GPU too small for a shape leaves its Su
@@ -542,6 +579,7 @@ class FragModel:
         self._ftot_after = ftot
         after = self._frag(cand, su, ftot, whole, maxfree, cpu)
         self._after = (su, ftot, after, None)
+        self._after_parts = None
         return after - self.frag_now[cand]
 
     def _delta_fraction(
@@ -553,6 +591,7 @@ class FragModel:
         self._ftot_after = ftot
         after = self._frag(rows, su, ftot, whole, maxfree, cpu)
         self._after = (su, ftot, after, None)
+        self._after_parts = None
         return rows, jj, after - self.frag_now[rows]
 
     def _after_pairs(
@@ -562,7 +601,7 @@ class FragModel:
         """As :meth:`_after_node`, once a fraction takes ``need`` of GPU ``jj`` (free ``f_old``) of each node."""
         st = self.state
         f_new = f_old - need
-        fv = np.where(st.valid[rows], st.free[rows], -1)
+        fv = st.free_or_neg[rows]  # (a copy: changed below)
         r = np.arange(len(rows))
         top = fv.argmax(axis=1)
         top1 = fv[r, top]
