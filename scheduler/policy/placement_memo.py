@@ -90,14 +90,19 @@ class MemoTable:
             self.cols[name] = grown
         self.capacity = capacity
 
-    def prune(self, live_states: np.ndarray) -> None:
-        """Forget the rows of states no node is in any more (compacting the columns)."""
+    def prune(self, live: np.ndarray) -> None:
+        """Forget the rows of states no node is in any more (compacting the columns).
+
+        ``live[state]``: whether some node is in that state now.
+        """
         keys = self.cols["key"][: self.size]
-        alive = np.isin(keys // self.span, live_states) & (self.slot_of[keys] == np.arange(self.size))
+        alive = live[keys // self.span] & (self.slot_of[keys] == np.arange(self.size))
         rows = np.flatnonzero(alive)
         for name, col in self.cols.items():
             self.cols[name] = col[rows]  # (exactly the rows in use: the next add grows every column)
-        self.slot_of[:] = -1
+        # only the kept keys' entries are set: clearing them, not the whole index (sized by every
+        # state id the cycle made), keeps a sweep proportional to the memo
+        self.slot_of[keys] = -1
         self.size = self.capacity = len(rows)
         self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
 
@@ -129,7 +134,11 @@ class ScoreMemo:
         self.rows += n
         if self.rows < self.prune_at:
             return False
-        live = live_states()
+        states = live_states()
+        # one yes/no per state id any table may hold (every key is below its table's index length)
+        known = max((-(-len(t.slot_of) // t.span) for t in self.tables.values()), default=0)
+        live = np.zeros(max(known, int(states[-1]) + 1 if states.size else 0), dtype=bool)
+        live[states] = True
         for table in self.tables.values():
             table.prune(live)
         self.rows = sum(t.size for t in self.tables.values())
