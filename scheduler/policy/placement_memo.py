@@ -98,13 +98,21 @@ class MemoTable:
         keys = self.cols["key"][: self.size]
         alive = live[keys // self.span] & (self.slot_of[keys] == np.arange(self.size))
         rows = np.flatnonzero(alive)
+        size = len(rows)
+        # room to grow by half again (most tables keep being added to), so the next adds copy nothing
+        capacity = size + max(size // 2, 64)
         for name, col in self.cols.items():
-            self.cols[name] = col[rows]  # (exactly the rows in use: the next add grows every column)
+            if name in self.fills:  # rows not in use hold the fill (see _grow)
+                kept = np.full((capacity,) + col.shape[1:], self.fills[name], dtype=col.dtype)
+            else:
+                kept = np.empty((capacity,) + col.shape[1:], dtype=col.dtype)
+            kept[:size] = col[rows]
+            self.cols[name] = kept
         # only the kept keys' entries are set: clearing them, not the whole index (sized by every
         # state id the cycle made), keeps a sweep proportional to the memo
         self.slot_of[keys] = -1
-        self.size = self.capacity = len(rows)
-        self.slot_of[self.cols["key"]] = np.arange(self.size, dtype=np.int32)
+        self.size, self.capacity = size, capacity
+        self.slot_of[self.cols["key"][:size]] = np.arange(size, dtype=np.int32)
 
 
 class ScoreMemo:
