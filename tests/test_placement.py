@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -475,6 +478,38 @@ def test_mix_learned_in_groups_matches_one_by_one(policy: str) -> None:
         one_by_one.observe(shared)
     assert (grouped._dirty, grouped._new_type, grouped._seen_since) == (False, False, 10)
     assert (one_by_one._dirty, one_by_one._new_type, one_by_one._seen_since) == (False, False, 10)
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_mix_learned_in_groups_matches_one_by_one_on_random_runs(policy: str) -> None:
+    """Grouped and one-by-one learning agree on counts and flags, with and without new types."""
+    rng = random.Random(7)
+    kinds = [Request(gpus=1, cpu_milli=4_000), Request(gpus=2, cpu_milli=8_000), Request(cpu_milli=1_000),
+             Request(gpu_milli=500, cpu_milli=2_000), Request(gpu_milli=250, cpu_milli=2_000)]
+    for _ in range(60):
+        state = FreeState.from_nodes(cluster(), [], policy=policy)
+        grouped, one_by_one = type(state.frag)(state), type(state.frag)(state)
+        # some types known beforehand (so later requests of them are not new), then a rebuild
+        known = rng.sample(kinds, rng.randrange(len(kinds) + 1))
+        for frag in (grouped, one_by_one):
+            for r in known:
+                frag.observe(r)
+            frag.rebuild()
+        # equal requests as separate objects and shared ones, in random amounts
+        seq = [rng.choice(kinds) if rng.random() < 0.5 else dataclasses.replace(rng.choice(kinds))
+               for _ in range(rng.randrange(0, 90))]
+        pairs: dict[int, list] = {}
+        for r in seq:
+            pairs.setdefault(id(r), [r, 0])[1] += 1
+        grouped.observe_counts((r, n) for r, n in pairs.values())
+        for r in seq:
+            one_by_one.observe(r)
+        for a, b in ((grouped, one_by_one), (getattr(grouped, "fgd", None), getattr(one_by_one, "fgd", None))):
+            if a is None:
+                continue
+            assert a.counts == b.counts
+            assert (a._dirty, a._new_type, a._seen_since, a._total) == (
+                b._dirty, b._new_type, b._seen_since, b._total)
 
 
 @pytest.mark.parametrize("policy", ["fgd", "default"])

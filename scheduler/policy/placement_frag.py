@@ -223,15 +223,32 @@ class FragModel:
         """
         if self.fixed:
             return
+        # Summed per type first (in order of first appearance): the running work of a busy pool is
+        # thousands of request objects of a few dozen types. A new type sets the flags whatever the
+        # rest; without one, the refresh test after the last request sees the final totals.
+        by_type: dict[tuple[Shape, int], int] = {}
+        untyped = 0  # CPU-only requests: seen, but of no type
         for r, times in counts:
             if times <= 0:
                 continue
-            new = self._count(r, times)
+            key = request_type(r)
+            if key is None:
+                untyped += times
+            else:
+                by_type[key] = by_type.get(key, 0) + times
+        tested = untyped > 0
+        self._seen_since += untyped
+        for key, times in by_type.items():
+            before = self.counts.get(key, 0.0)
+            self.counts[key] = before + float(times)
+            self._total += float(times)
             self._seen_since += times
-            if new is not None:
-                self._flag_new(new)
-            elif self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
-                self._dirty = True
+            if before == 0.0:
+                self._flag_new(key)
+            else:
+                tested = True
+        if tested and self._seen_since >= max(self.REFRESH_MIN, self.REFRESH_FRACTION * self._total):
+            self._dirty = True
 
     # ------------------------------------------------------------ tables
 
