@@ -210,6 +210,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
         self.shares: dict[str, float] = {}
+        self.pending_need: dict[str, int] | None = None  # per project, set by admissible_trains
         self.queue: FairQueue | None = None
         # per project: running training jobs beyond the guarantee now (the only ones another
         # project's reclaim may pause)
@@ -369,6 +370,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         kept = []
         need_of: dict[int, int | None] = {}  # id(request) -> estimated need, None if no empty node holds it
         req_of, projects = self.req_of, self.projects
+        # what the kept jobs ask for per project, summed here rather than in a second pass for the shares
+        self.pending_need = pending = dict.fromkeys(projects, 0)
         for w in trains:
             req = req_of[w.id]
             need = need_of.get(id(req), -1)
@@ -388,6 +391,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 ))
                 continue
             kept.append(w)
+            pending[w.project] += need
         return kept
 
     def compute_shares(self, trains: list[Workload]) -> None:
@@ -395,14 +399,23 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         for s in self.started:  # build work started this cycle on train nodes
             if s.assignment.node in self.train_nodes:
                 capacity -= s.assignment.total_milli
-        self.shares = self.train_shares(trains, capacity)
+        self.shares = self.train_shares(trains, capacity, self.pending_need)
 
-    def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]:
-        """Fair shares of ``capacity``; demand: training in use plus the estimated needs of ``trains``."""
+    def train_shares(
+        self, trains: Iterable[Workload], capacity: int, pending: dict[str, int] | None = None
+    ) -> dict[str, float]:
+        """Fair shares of ``capacity``; demand: training in use plus the estimated needs of ``trains``.
+
+        ``pending``: those needs already summed per project (by :meth:`admissible_trains`).
+        """
         demand = dict(self.usage)
-        req_of, needs = self.req_of, self.needs
-        for w in trains:
-            demand[w.project] += needs[id(req_of[w.id])]
+        if pending is not None:
+            for name, need in pending.items():
+                demand[name] += need
+        else:
+            req_of, needs = self.req_of, self.needs
+            for w in trains:
+                demand[w.project] += needs[id(req_of[w.id])]
         inputs = {
             name: ShareInput(p.train_guarantee_milli, p.train_limit_milli, p.weight, demand[name])
             for name, p in self.projects.items()
