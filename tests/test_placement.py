@@ -459,17 +459,7 @@ def test_mix_learned_in_groups_matches_one_by_one(policy: str) -> None:
     seq += [Request(gpus=2, cpu_milli=8_000), shared, Request(gpu_milli=500, cpu_milli=2_000)] * 7
     state = FreeState.from_nodes(cluster(), [], policy=policy)
     grouped, one_by_one = type(state.frag)(state), type(state.frag)(state)
-    pairs: dict[int, list] = {}
-    for r in seq:
-        pairs.setdefault(id(r), [r, 0])[1] += 1
-    grouped.observe_counts((r, n) for r, n in pairs.values())
-    for r in seq:
-        one_by_one.observe(r)
-    for a, b in ((grouped, one_by_one), (getattr(grouped, "fgd", None), getattr(one_by_one, "fgd", None))):
-        if a is None:
-            continue
-        assert list(a.counts.items()) == list(b.counts.items())
-        assert (a._dirty, a._new_type, a._seen_since, a._total) == (b._dirty, b._new_type, b._seen_since, b._total)
+    _learn_both_ways(grouped, one_by_one, seq)
     # a few more of known types after a rebuild: not yet due for a re-weigh, either way
     grouped.rebuild()
     one_by_one.rebuild()
@@ -498,18 +488,22 @@ def test_mix_learned_in_groups_matches_one_by_one_on_random_runs(policy: str) ->
         # equal requests as separate objects and shared ones, in random amounts
         seq = [rng.choice(kinds) if rng.random() < 0.5 else dataclasses.replace(rng.choice(kinds))
                for _ in range(rng.randrange(0, 90))]
-        pairs: dict[int, list] = {}
-        for r in seq:
-            pairs.setdefault(id(r), [r, 0])[1] += 1
-        grouped.observe_counts((r, n) for r, n in pairs.values())
-        for r in seq:
-            one_by_one.observe(r)
-        for a, b in ((grouped, one_by_one), (getattr(grouped, "fgd", None), getattr(one_by_one, "fgd", None))):
-            if a is None:
-                continue
-            assert a.counts == b.counts
-            assert (a._dirty, a._new_type, a._seen_since, a._total) == (
-                b._dirty, b._new_type, b._seen_since, b._total)
+        _learn_both_ways(grouped, one_by_one, seq)
+
+
+def _learn_both_ways(grouped: object, one_by_one: object, seq: list[Request]) -> None:
+    """``seq`` learned grouped by request object and one by one: same counts (in order) and flags."""
+    pairs: dict[int, list] = {}
+    for r in seq:
+        pairs.setdefault(id(r), [r, 0])[1] += 1
+    grouped.observe_counts((r, n) for r, n in pairs.values())  # type: ignore[attr-defined]
+    for r in seq:
+        one_by_one.observe(r)  # type: ignore[attr-defined]
+    for a, b in ((grouped, one_by_one), (getattr(grouped, "fgd", None), getattr(one_by_one, "fgd", None))):
+        if a is None:
+            continue
+        assert list(a.counts.items()) == list(b.counts.items())
+        assert (a._dirty, a._new_type, a._seen_since, a._total) == (b._dirty, b._new_type, b._seen_since, b._total)
 
 
 @pytest.mark.parametrize("policy", ["fgd", "default"])
