@@ -627,3 +627,36 @@ def test_fgd_ranks_by_the_authors_integer_node_score() -> None:
     assert score[3] == score[4] == 0.0  # both stranding several GPUs: equally bad to the baseline
     assert score[5] == score[6] == -99.0
     assert score[7] == -50.0 and score[2] > score[0] > score[7] > score[5]  # less increase ranks first
+
+
+def _cpu_table_by_hand(frag: object) -> np.ndarray:
+    """The FGD weight table as first written: each type added from its CPU level up, in repr order."""
+    counts = frag.counts  # type: ignore[attr-defined]
+    levels = np.asarray(sorted({c for (_, c) in counts}), dtype=np.int64)
+    table = np.zeros((len(levels) + 1, len(frag._shapes)))  # type: ignore[attr-defined]
+    total = sum(counts.values()) or 1.0
+    for (shape, cpu), cnt in sorted(counts.items(), key=repr):
+        level = int(np.searchsorted(levels, cpu, side="left")) + 1
+        table[level:, frag._sidx[shape]] += cnt / total  # type: ignore[attr-defined]
+    return table
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_fgd_weights_planned_once_equal_the_plain_sums(policy: str) -> None:
+    """The planned re-weighing gives the very table of the plain per-type loop, bit for bit."""
+    rng = random.Random(11)
+    for _ in range(40):
+        state = FreeState.from_nodes(cluster(), [], policy=policy)
+        frag = state.frag if policy == "fgd" else state.frag.fgd  # type: ignore[union-attr]
+        kinds = [Request(gpus=rng.choice([1, 2, 4]), cpu_milli=rng.choice([1_000, 3_000, 8_000, 11_000]))
+                 for _ in range(rng.randrange(1, 6))]
+        kinds += [Request(gpu_milli=rng.choice([100, 250, 470, 810]), cpu_milli=rng.choice([2_000, 3_000, 11_000]))
+                  for _ in range(rng.randrange(1, 8))]
+        for r in kinds:
+            state.frag.observe(r)  # type: ignore[union-attr]
+        state.frag.refresh()  # type: ignore[union-attr]
+        for _ in range(3):  # new proportions of the same types: only re-weighed
+            for r in rng.choices(kinds, k=rng.randrange(1, 200)):
+                state.frag.observe(r)  # type: ignore[union-attr]
+            frag._weigh()  # (refresh() re-weighs only once enough requests came)
+            assert np.array_equal(frag.cpu_table, _cpu_table_by_hand(frag))

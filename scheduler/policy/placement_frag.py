@@ -164,6 +164,7 @@ class FragModel:
         self._memo_ok = state.gpus_alike
         self._live: tuple[int, np.ndarray] | None = None
         self._after_parts: tuple[np.ndarray, np.ndarray] | None = None  # (gain, level) of the last after-states
+        self._plan: tuple | None = None  # how _weigh adds up the types (made at a rebuild)
         if fixed is not None:
             for r in fixed:
                 self._count(r)
@@ -261,6 +262,7 @@ class FragModel:
         s_count = len(shapes)
         sidx = {s: k for k, s in enumerate(shapes)}
         self._sidx = sidx
+        self._plan = None  # the types may have changed: plan the weighing again
         self._weigh()
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([s[1] if s[0] == "w" else 0 for s in shapes], dtype=np.int64)
@@ -312,17 +314,45 @@ class FragModel:
         return demand, allowed, cap
 
     def _weigh(self) -> None:
-        """cpu_table[level, s]: weight of shape-s types whose CPU need is within ``cpu_levels[level-1]``."""
-        cpus = sorted({c for (_, c) in self.counts})
-        self.cpu_levels = np.asarray(cpus, dtype=np.int64)
-        table = np.zeros((len(cpus) + 1, len(self._shapes)))
+        """cpu_table[level, s]: weight of shape-s types whose CPU need is within ``cpu_levels[level-1]``.
+
+        Each type's weight is added to its shape's column from its CPU level up, types in ``repr``
+        order. The types change only with the tables (a rebuild), so where each one goes is planned
+        once (:meth:`_weigh_plan`); a re-weighing then adds, for the k-th type of every shape at once,
+        its weight or 0.0 below its level: the same sums in the same order.
+        """
+        plan = self._plan
+        if plan is None or plan[0] != len(self.counts):
+            plan = self._plan = self._weigh_plan()
+        _, order, steps = plan
         total = sum(self.counts.values()) or 1.0
-        for (shape, cpu), cnt in sorted(self.counts.items(), key=repr):
-            level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
-            table[level:, self._sidx[shape]] += cnt / total
+        weight = np.array([self.counts[k] for k in order], dtype=np.float64) / total
+        table = np.zeros((len(self.cpu_levels) + 1, len(self._shapes)))
+        levels = np.arange(len(self.cpu_levels) + 1)[:, None]
+        for at, cols, level in steps:
+            table[:, cols] += np.where(levels >= level, weight[at], 0.0)
         self.cpu_table = table
         self.p_total = float(table[-1].sum()) if self._shapes else 0.0
         self._mix_version += 1  # fragmentation kept in the memo was measured with the old weights
+
+    def _weigh_plan(self) -> tuple[int, list[tuple[Shape, int]], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+        """(number of types, types in ``repr`` order, steps): step k holds the k-th type of each shape.
+
+        Also sets ``cpu_levels`` (the distinct CPU needs, sorted).
+        """
+        order = sorted(self.counts, key=repr)
+        self.cpu_levels = np.asarray(sorted({c for (_, c) in order}), dtype=np.int64)
+        per_shape: dict[int, list[tuple[int, int]]] = {}
+        for at, (shape, cpu) in enumerate(order):
+            level = int(np.searchsorted(self.cpu_levels, cpu, side="left")) + 1
+            per_shape.setdefault(self._sidx[shape], []).append((at, level))
+        steps = []
+        for k in range(max((len(v) for v in per_shape.values()), default=0)):
+            kth = [(col, v[k]) for col, v in per_shape.items() if len(v) > k]
+            steps.append((np.array([t[0] for _, t in kth], dtype=np.int64),
+                          np.array([col for col, _ in kth], dtype=np.int64),
+                          np.array([t[1] for _, t in kth], dtype=np.int64)))
+        return len(self.counts), order, steps
 
     def reweigh(self) -> None:
         """Only the mix's proportions moved (no new type): new weights, same per-node tables.
