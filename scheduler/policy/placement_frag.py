@@ -113,7 +113,11 @@ def fraction_pairs(
         # memory size: keep the first (a model restriction is in ``ok``: the first untouched GPU of the
         # node may be of another model)
         usable_full = full & ok
-        kk, jj = (ok & (~full | (usable_full & (usable_full.cumsum(axis=1) == 1)))).nonzero()
+        pick = ok & ~full
+        first = usable_full.argmax(axis=1)  # the first usable untouched GPU of each node (if any)
+        at = np.arange(len(cand))
+        pick[at, first] |= usable_full[at, first]
+        kk, jj = pick.nonzero()
     else:
         kk, jj = ok.nonzero()
     rows = cand[kk]
@@ -269,6 +273,10 @@ class FragModel:
         # a whole-GPU type can use only untouched GPUs: its demand is the node's GPU capacity
         demand, self.allowed, self.node_cap = self._shape_tables(shapes)
         self.demand = demand
+        # per node and shape: a whole GPU's share where it is too small for the shape (else 0): what a
+        # whole-GPU placement takes out of the shape's unusable share, per GPU
+        node_cap = self.node_cap[:, None]
+        self.small_cap = np.where(node_cap < demand, node_cap, 0)
         # what a node state must reach for one request of each shape to fit (models folded in):
         # whole free GPUs for whole-GPU shapes, the largest free share for the others
         self.threshold = np.where(self.allowed, np.where(self.whole, self.n_whole, demand), np.iinfo(np.int64).max)
@@ -614,8 +622,7 @@ class FragModel:
         if n:
             part = st.part_share[cand]  # largest free share of a partly used GPU (0 if none)
             maxfree = np.where(whole > 0, self.node_cap[cand], part)
-            cap = self.node_cap[cand][:, None]
-            su = su - n * np.where(cap < self.demand[cand], cap, 0)  # a GPU too small for a shape leaves its Su
+            su = su - n * self.small_cap[cand]  # a GPU too small for a shape leaves its Su
         else:
             maxfree = st.max_share[cand]
         return su, ftot, whole, maxfree, st.cpu_free[cand] - request.cpu_milli
