@@ -621,10 +621,11 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             if s.note:
                 reason += " " + s.note
             starts.append(Start(w.id, s.assignment, pre, reason))
-        running_flagged = sorted(
-            w.id for jobs in self.train_running.values() for w in jobs
-            if w.id in flagged and w.id not in self.preempted
-        )
+        # flagged holds running training jobs and this cycle's starts (over_guarantee): the running ones
+        # still running are the rest, found without a pass over every running job
+        started_ids = {s.workload.id for s in self.started}
+        preempted = self.preempted
+        running_flagged = sorted(i for i in flagged if i not in preempted and i not in started_ids)
         return Decisions(
             starts=tuple(starts),
             preempts=tuple(Preempt(i, r) for i, r in self.preempted.items()),
