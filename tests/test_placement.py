@@ -660,3 +660,38 @@ def test_fgd_weights_planned_once_equal_the_plain_sums(policy: str) -> None:
                 state.frag.observe(r)  # type: ignore[union-attr]
             frag._weigh()  # (refresh() re-weighs only once enough requests came)
             assert np.array_equal(frag.cpu_table, _cpu_table_by_hand(frag))
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+@pytest.mark.parametrize("uniform", [True, False])
+def test_kept_node_arrays_match_a_fresh_count_after_commits_and_releases(policy: str, uniform: bool) -> None:
+    """What placement keeps per node across commits equals what the GPU matrix and a fresh measure say.
+
+    (free shares with -1 on empty slots, the largest partly used share, and FGD's weight-free parts;
+    on identical nodes the memo hands the committed node's parts over, on mixed ones they are computed)
+    """
+    rng = random.Random(3)
+    state = FreeState.from_nodes(uniform_cluster() if uniform else cluster(), [], policy=policy)
+    placed: list[tuple[Assignment, Request]] = []
+    for _ in range(300):
+        if placed and rng.random() < 0.3:
+            a, r = placed.pop(rng.randrange(len(placed)))
+            state.release(a, r)
+        else:
+            r = rng.choice(SHAPES)
+            a = state.find(r)
+            if a is None:
+                continue
+            state.commit(a, r)
+            placed.append((a, r))
+        assert np.array_equal(state.free_or_neg, np.where(state.valid, state.free, -1))
+        part = np.where(state.valid & (state.free < state.cap), state.free, 0).max(axis=1)
+        assert np.array_equal(state.part_share, part)
+        frag = state.frag if policy == "fgd" else state.frag.fgd  # type: ignore[union-attr]
+        frag.refresh()
+        assert np.array_equal(frag.su, frag._unusable(state.free, state.valid, frag.demand))
+        n = np.arange(len(state.names))
+        gain, level = frag._frag_parts(n, frag.su, frag.ftot, state.whole_free, state.max_share, state.cpu_free)
+        assert np.array_equal(frag.node_gain, gain) and np.array_equal(frag.node_level, level)
+        assert np.array_equal(frag.frag_now, frag._frag(n, frag.su, frag.ftot, state.whole_free, state.max_share,
+                                                        state.cpu_free))
