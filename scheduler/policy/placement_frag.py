@@ -388,34 +388,20 @@ class FragModel:
         f = np.where(valid, free, 0)[:, :, None]
         return np.where(f < demand[:, None, :], f, 0).sum(axis=1).astype(np.float64)
 
-    def _frag(
-        self,
-        rows: np.ndarray,
-        su: np.ndarray,
-        ftot: np.ndarray,
-        whole: np.ndarray,
-        maxfree: np.ndarray,
-        cpu: np.ndarray,
-    ) -> np.ndarray:
-        """Expected fragmentation of node states (one per entry of ``rows``)."""
-        if not self._shapes:
-            return np.zeros(len(rows))
-        fits = np.where(self.whole, whole[:, None], maxfree[:, None]) >= self.threshold[rows]
-        pc = self.cpu_table[self.cpu_levels.searchsorted(cpu, side="right")]
-        return ftot * self.p_total + np.add.reduce(np.where(fits, pc, 0.0) * (su - ftot[:, None]), axis=1)
-
     def _frag_parts(
         self, rows: np.ndarray, su: np.ndarray, ftot: np.ndarray, whole: np.ndarray, maxfree: np.ndarray,
         cpu: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The parts of :meth:`_frag` that do not depend on the mix's weights.
+        """The parts of the expected fragmentation of node states that do not depend on the mix's weights.
 
-        (gain, level): ``_frag = ftot * p_total + sum(gain * cpu_table[level])``,
-        the same floats in the same order (``gain`` is 0 where one request of the
-        shape fits, else the shape's unusable minus free share). Kept in the memo,
-        they make re-weighing a node state one gather, one product and one sum
-        instead of redoing the fit tests. ``gain`` is a whole number no larger
-        than a node's free share, so float32 holds it exactly.
+        (gain, level), one row per entry of ``rows``: ``gain`` is 0 for a shape of
+        which one request still fits, else the shape's unusable share minus the
+        free share; ``level`` indexes the node's free CPU in ``cpu_levels``. The
+        measure is ``ftot * p_total + sum(gain * cpu_table[level])``
+        (:meth:`_frag_weighed`). Kept in the memo and per node, they make
+        re-weighing a node state one gather, one product and one sum instead of
+        redoing the fit tests. ``gain`` is a whole number no larger than a node's
+        free share, so float32 holds it exactly.
         """
         fits = np.where(self.whole, whole[:, None], maxfree[:, None]) >= self.threshold[rows]
         gain = np.where(fits, su - ftot[:, None], 0.0).astype(np.float32)
@@ -423,7 +409,7 @@ class FragModel:
         return gain, self.cpu_levels.searchsorted(cpu, side="right")
 
     def _frag_weighed(self, ftot: np.ndarray, gain: np.ndarray, level: np.ndarray) -> np.ndarray:
-        """:meth:`_frag` from its kept parts, weighed with the current mix."""
+        """Expected fragmentation of node states from their weight-free parts, weighed with the current mix."""
         if not self._shapes:
             return np.zeros(len(ftot))
         return ftot * self.p_total + np.add.reduce(gain * self.cpu_table.take(level, axis=0), axis=1)
@@ -631,8 +617,10 @@ class FragModel:
         """Increase of fragmentation for whole-GPU or CPU-only work on each candidate node."""
         su, ftot, whole, maxfree, cpu = self._after_node(cand, request)
         self._ftot_after = ftot
-        after = self._frag(cand, su, ftot, whole, maxfree, cpu)
+        after = self._frag_weighed(ftot, *self._frag_parts(cand, su, ftot, whole, maxfree, cpu))
         self._after = (su, ftot, after, None)
+        # (unlike the memo's, these after-states are estimates on a node whose GPUs differ, so the
+        # committed node's weight-free parts are taken from its real state, as a re-weighing always did)
         self._after_parts = None
         return after - self.frag_now[cand]
 
@@ -643,9 +631,9 @@ class FragModel:
         _, jj, rows, f_old, need, whole, _ = fraction_pairs(self.state, cand, ok, request)
         su, ftot, whole, maxfree, cpu = self._after_pairs(rows, jj, f_old, need, whole, request.cpu_milli)
         self._ftot_after = ftot
-        after = self._frag(rows, su, ftot, whole, maxfree, cpu)
+        after = self._frag_weighed(ftot, *self._frag_parts(rows, su, ftot, whole, maxfree, cpu))
         self._after = (su, ftot, after, None)
-        self._after_parts = None
+        self._after_parts = None  # (estimates: see _delta_node)
         return rows, jj, after - self.frag_now[rows]
 
     def _after_pairs(
