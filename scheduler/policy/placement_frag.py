@@ -189,12 +189,16 @@ class FragModel:
     def _count(self, request: Request, times: int = 1) -> tuple[Shape, int] | None:
         """Count ``request``; returns its type the first time that type is asked for, else None."""
         key = request_type(request)
-        if key is None:
+        if key is None or not self._count_type(key, times):
             return None
+        return key
+
+    def _count_type(self, key: tuple[Shape, int], times: int) -> bool:
+        """Count ``times`` requests of type ``key``; True the first time the type is asked for."""
         before = self.counts.get(key, 0.0)
         self.counts[key] = before + float(times)
         self._total += float(times)
-        return key if before == 0.0 else None
+        return before == 0.0
 
     def _flag_new(self, key: tuple[Shape, int]) -> None:
         """A type asked for the first time: re-weigh, and rebuild the tables if they lack it."""
@@ -221,10 +225,11 @@ class FragModel:
         """Learn ``times`` requests like ``r`` for each ``(r, times)`` (no-op when the mix was given).
 
         Counts and flags end exactly as after observing the requests one by one
-        in order of first appearance: whole numbers added to floats are exact,
-        a type is new at its first appearance whatever the grouping, and the
-        refresh test (``seen - 0.05 * total``) only grows call by call, so
-        testing it after each group sets the same flags as after each call.
+        in order of first appearance: whole numbers added to floats are exact, a
+        type is new at its first appearance whatever the grouping, a new type
+        flags a re-weighing anyway, and the refresh test (``seen - 0.05 *
+        total``) only grows request by request, so without a new type testing it
+        once with the final totals sets the flag the last request would have.
         """
         if self.fixed:
             return
@@ -244,11 +249,8 @@ class FragModel:
         tested = untyped > 0
         self._seen_since += untyped
         for key, times in by_type.items():
-            before = self.counts.get(key, 0.0)
-            self.counts[key] = before + float(times)
-            self._total += float(times)
             self._seen_since += times
-            if before == 0.0:
+            if self._count_type(key, times):
                 self._flag_new(key)
             else:
                 tested = True
