@@ -80,15 +80,19 @@ class MemoTable:
         for name, col in self.cols.items():
             shapes.setdefault(name, (col.shape[1:], col.dtype))
         for name, (tail, dtype) in shapes.items():
-            if name in self.fills:  # rows not in use hold the fill, so new rows need no write
-                grown = np.full((capacity,) + tail, self.fills[name], dtype=dtype)
-            else:
-                grown = np.empty((capacity,) + tail, dtype=dtype)
+            grown = self._column(name, capacity, tail, dtype)
             old = self.cols.get(name)
             if old is not None:
                 grown[: self.size] = old[: self.size]
             self.cols[name] = grown
         self.capacity = capacity
+
+    def _column(self, name: str, capacity: int, tail: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new column of ``capacity`` rows: a declared one holds its fill in rows not in use, so new rows
+        need no write; the others are left uninitialised (every add writes them)."""
+        if name in self.fills:
+            return np.full((capacity,) + tail, self.fills[name], dtype=dtype)
+        return np.empty((capacity,) + tail, dtype=dtype)
 
     def prune(self, live: np.ndarray) -> None:
         """Forget the rows of states no node is in any more (compacting the columns).
@@ -102,10 +106,7 @@ class MemoTable:
         # room to grow by half again (most tables keep being added to), so the next adds copy nothing
         capacity = size + max(size // 2, 64)
         for name, col in self.cols.items():
-            if name in self.fills:  # rows not in use hold the fill (see _grow)
-                kept = np.full((capacity,) + col.shape[1:], self.fills[name], dtype=col.dtype)
-            else:
-                kept = np.empty((capacity,) + col.shape[1:], dtype=col.dtype)
+            kept = self._column(name, capacity, col.shape[1:], col.dtype)
             kept[:size] = col[rows]
             self.cols[name] = kept
         # only the kept keys' entries are set: clearing them, not the whole index (sized by every
