@@ -208,8 +208,9 @@ class FreeState:
         self.whole_free[i] = sum(1 for f, c in zip(shares, caps, strict=True) if f == c)
         self.max_share[i] = max(shares, default=0)
         self.free_or_neg[i, : len(caps)] = shares
-        part = [f if f < c else 0 for f, c in zip(shares, caps, strict=True)]
-        self.part_share[i] = max(part) if part and len(row) == len(caps) else max(part + [0])
+        # (as _refresh_all: untouched GPUs and empty slots count 0)
+        part = [f if f < c else 0 for f, c in zip(shares, caps, strict=True)] + [0] * (len(row) - len(caps))
+        self.part_share[i] = max(part, default=0)
         self.state_key[i] = self._key_of(i, row)
         self._maxima = None
 
