@@ -431,6 +431,32 @@ def test_default_weighs_the_fgd_term_by_the_gang_share_of_the_mix() -> None:
     assert half.frag.lam == pytest.approx(base * (1 + gain * 0.5**exp))
 
 
+def test_default_starts_from_a_gang_prior_that_fades_as_work_is_seen() -> None:
+    """Learning the mix, ``default`` first weighs FGD's whole-node lookahead as if gangs were coming.
+
+    The prior is gang work of 1 % of the pool's GPUs; every request counted dilutes it, so the
+    weight falls toward the plain learned share. A mix given up front gets no prior (see the test above).
+    """
+    from scheduler.policy.placement_capacity import CapacityModel
+
+    base, gain, exp = CapacityModel.LAMBDA, CapacityModel.GANG_GAIN, CapacityModel.GANG_EXP
+    nodes = [node(f"n{k}", 8) for k in range(25)]  # 200 GPUs: the prior counts as 2,000 milli of gangs
+    empty = FreeState.from_nodes(nodes, (), policy="default")
+    assert empty.frag.lam == pytest.approx(base * (1 + gain))  # nothing seen: all the mix is the prior
+    held = [running(f"w{k}", Request(gpus=1), Assignment(f"n{k}", ((f"n{k}-g0", 1000),))) for k in range(8)]
+    busy = FreeState.from_nodes(nodes, held, policy="default")
+    assert busy.frag.lam == pytest.approx(base * (1 + gain * (2000 / (8000 + 2000)) ** exp))
+    # one-GPU work keeps coming: the weight only falls, toward the learned share (0 here)
+    weights = [busy.frag.lam]
+    for _ in range(120):
+        req = Request(gpus=1)
+        busy.commit(busy.find(req), req)
+        busy.frag.refresh()
+        weights.append(busy.frag.lam)
+    assert all(later <= earlier for earlier, later in zip(weights, weights[1:], strict=False))
+    assert weights[-1] < weights[0] and weights[-1] < base * 1.01  # (re-weighed every few dozen requests)
+
+
 def test_layout_reused_only_for_the_same_node_objects() -> None:
     """States over the same node objects share the hardware layout; equal-named new nodes get their own."""
     nodes = cluster()

@@ -27,7 +27,10 @@ beats either alone, see docs/benchmarks.md), weighted by
 learned mix's GPU volume asked for in multi-GPU gangs: FGD's one-request
 lookahead is what keeps whole 8-GPU nodes free, and that matters in proportion
 to how much of the work needs them (``g`` is ~0.07 on the openb default mix, so
-the weight stays near 1 there, and ~0.3 on the gang-heavy mix). Equal costs go
+the weight stays near 1 there, and ~0.3 on the gang-heavy mix). While the mix
+is learned, ``g`` starts from a prior of gang work worth 1 % of the pool's GPUs
+(``PRIOR_GANG_SHARE``): on an empty pool the first placements lean on FGD's
+whole-node lookahead, and the prior fades as real work is counted. Equal costs go
 to the node left with the least free CPU and GPU, then by node order.
 """
 
@@ -52,6 +55,7 @@ class CapacityModel(FragModel):
     LAMBDA = 1.0  # weight of the FGD term (one-request fragmentation) added to ours ...
     GANG_GAIN = 300.0  # ... times 1 + this x (share of GPU volume asked for in multi-GPU gangs) ** GANG_EXP
     GANG_EXP = 3.0
+    PRIOR_GANG_SHARE = 0.01  # before any work is seen, assume gang work of this share of the pool's GPUs
     SCARCITY_EXP = 0.5  # exponent of the pool-level scarcity factor in a type's weight
     WEIGHT_REFRESH = 8  # scarcity weights move slowly: recompute them every this many commits
 
@@ -61,6 +65,7 @@ class CapacityModel(FragModel):
     ) -> None:
         fixed = list(fixed) if fixed is not None else None
         self._w_version = 0  # bumped whenever the scarcity weights change
+        self._pool_share = 0.0  # milli-GPU of the pool's GPUs (set at a rebuild): sizes the gang prior
         self.fgd: FragModel | None = None  # built after our tables
         super().__init__(state, fixed=fixed, expect=expect, build=build)
         if self.LAMBDA:
@@ -110,6 +115,7 @@ class CapacityModel(FragModel):
         self._shapes = shapes
         sidx = {s: k for k, s in enumerate(shapes)}
         self._keys = keys
+        self._pool_share = float(np.where(st.valid, st.cap, 0).sum()) if n else 0.0
         self._weigh()
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
         self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
@@ -146,7 +152,15 @@ class CapacityModel(FragModel):
         self.p = weights / weights.sum() if weights.sum() > 0 else weights  # (only expected types: all 0)
         volume = np.array([self.counts[k] * _volume(k[0]) for k in self._keys], dtype=np.float64)
         gang = np.array([k[0][0] == "w" and k[0][1] > 1 for k in self._keys], dtype=bool)
-        share = float(volume[gang].sum() / volume.sum()) if volume.sum() > 0 else 0.0
+        # The gang share starts from a prior: as if gang work of PRIOR_GANG_SHARE of the pool had been
+        # seen. An empty pool's first placements decide which kinds of node get opened, and with
+        # little of the mix seen the per-type terms rest on a handful of requests; keeping whole
+        # nodes whole (FGD's lookahead, weighed up) is the choice that is safe whatever comes. The
+        # prior fades as the pool's work is counted: on a busy pool it is ~1 % of the mix. A mix given
+        # up front (``fixed``) is known, so it gets no prior.
+        prior = 0.0 if self.fixed else self.PRIOR_GANG_SHARE * self._pool_share
+        total = float(volume.sum()) + prior
+        share = (float(volume[gang].sum()) + prior) / total if total > 0 else 0.0
         self.lam = self.LAMBDA * (1.0 + self.GANG_GAIN * share**self.GANG_EXP)
 
     def reweigh(self) -> None:
