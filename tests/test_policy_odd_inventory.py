@@ -124,3 +124,20 @@ def test_work_left_on_a_gpu_of_capacity_zero_breaks_no_placement() -> None:
     d = schedule(Snapshot((node,), (Project("p", train_guarantee_milli=2000),),
                           held + (Workload("c", "p", Kind.TRAIN, Request(gpu_milli=400)),), now=100.0, config=CFG))
     assert [(s.workload_id, s.assignment.gpus) for s in d.starts] == [("c", (("n0-g1", 400),))]
+
+
+@pytest.mark.parametrize("policy", ["default", "fgd", "bestfit", "firstfit"])
+def test_a_gpu_of_capacity_zero_never_takes_whole_gpu_work(policy: str) -> None:
+    """A GPU whose share is withheld (capacity 0) is free of work, yet no whole-GPU job may start on it."""
+    cfg = dataclasses.replace(CFG, placement=policy)
+    withheld = Gpu("n0-g0", 0, "H100", 81_920, "", 0)
+    jobs = (Workload("a", "p", Kind.TRAIN, Request(gpus=1)), Workload("b", "p", Kind.TRAIN, Request(gpus=1)))
+    only = (Node("n0", 64_000, 262_144, (withheld,), TRAIN_ONLY),)
+    d = schedule(Snapshot(only, (Project("p", train_guarantee_milli=2000),), jobs, now=100.0, config=cfg))
+    assert d.starts == ()
+    assert {r.workload_id for r in d.rejects} == {"a", "b"}  # no node can ever hold one
+    mixed = (Node("n0", 64_000, 262_144, (withheld, Gpu("n0-g1", 1, "H100", 81_920)), TRAIN_ONLY),)
+    d = schedule(Snapshot(mixed, (Project("p", train_guarantee_milli=2000),), jobs, now=100.0, config=cfg))
+    assert [(s.workload_id, s.assignment.gpus) for s in d.starts] == [("a", (("n0-g1", 1000),))]
+    state = FreeState.from_nodes(mixed, [], policy=policy)
+    assert state.find(Request(gpus=2)) is None

@@ -110,6 +110,7 @@ class FreeState:
         self.gpus_alike = lay.gpus_alike
         self.cap, self.gpu_mem, self.model_id, self.topo_id, self.valid = (
             lay.cap, lay.gpu_mem, lay.model_id, lay.topo_id, lay.valid)
+        self.whole_slot = lay.whole_slot  # valid slots of capacity above 0: what whole-GPU work may take
         self.has_memory = lay.has_memory
         self.free = self.cap.copy()
         self.cpu_free = self.cpu_total.copy()
@@ -187,7 +188,7 @@ class FreeState:
     # ------------------------------------------------------------ bookkeeping
 
     def _refresh_all(self) -> None:
-        full = (self.free == self.cap) & self.valid
+        full = (self.free == self.cap) & self.whole_slot
         self.whole_free = full.sum(axis=1)
         self.max_share = np.where(self.valid, self.free, 0).max(axis=1) if len(self.names) else self.max_share
         self.free_or_neg = np.where(self.valid, self.free, -1)
@@ -205,7 +206,7 @@ class FreeState:
         row = self.free[i].tolist()
         caps = self._gpu_caps[i]
         shares = row[: len(caps)]
-        self.whole_free[i] = sum(1 for f, c in zip(shares, caps, strict=True) if f == c)
+        self.whole_free[i] = sum(1 for f, c in zip(shares, caps, strict=True) if f == c and c > 0)
         self.max_share[i] = max(shares, default=0)
         self.free_or_neg[i, : len(caps)] = shares
         # (as _refresh_all: untouched GPUs and empty slots count 0)
@@ -294,7 +295,7 @@ class FreeState:
     def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(usable GPU slots, node mask) for a GPU request on the given free matrix."""
         if request.gpus:
-            ok = (free == cap) & self.valid
+            ok = (free == cap) & self.whole_slot
             if request.gpu_models:
                 ok &= self._model_mask(request.gpu_models)
             return ok, ok.sum(axis=1) >= request.gpus
@@ -438,14 +439,14 @@ class FreeState:
 
     def whole_usable(self, i: int, request: Request) -> np.ndarray:
         """Slots of node ``i`` wholly free (and of an allowed model) for whole-GPU work."""
-        ok = (self.free[i] == self.cap[i]) & self.valid[i]
+        ok = (self.free[i] == self.cap[i]) & self.whole_slot[i]
         if request.gpu_models:
             ok &= self._model_mask(request.gpu_models)[i]
         return np.flatnonzero(ok)
 
     def _prefer_one_group(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """Keep only nodes that can seat a multi-GPU request inside one topology group, if any can."""
-        full = (self.free[cand] == self.cap[cand]) & self.valid[cand]
+        full = (self.free[cand] == self.cap[cand]) & self.whole_slot[cand]
         if request.gpu_models:
             full &= self._model_mask(request.gpu_models)[cand]
         topo = self.topo_id[cand]

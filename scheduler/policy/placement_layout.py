@@ -66,6 +66,9 @@ class Layout:
         self.topo_id = np.array(topo_rows, dtype=np.int64).reshape(n, g)
         widths = np.array([len(nd.gpus) for nd in nodes], dtype=np.int64).reshape(n, 1)
         self.valid = np.arange(g)[None, :] < widths
+        # slots that can be handed out as a whole GPU: a GPU of capacity 0 (its share withheld from the
+        # pool) is never free for whole-GPU work, though it equals its capacity when nothing runs on it
+        self.whole_slot = self.valid & (self.cap > 0)
         # every node's GPUs share one capacity and memory size (what the scorers' memo relies on)
         self.gpus_alike = all(len(set(caps)) <= 1 for caps in self.gpu_caps) and all(
             len(set(row[: int(w)])) <= 1 for row, w in zip(mem_rows, widths[:, 0], strict=True))
@@ -75,7 +78,7 @@ class Layout:
             for rows in zip(cap_rows, mem_rows, model_rows, topo_rows, strict=True)
         ], dtype=np.int64)
         for arr in (self.cpu_total, self.mem_total, self.cap, self.gpu_mem, self.has_memory, self.model_id,
-                    self.topo_id, self.valid, self.node_class):
+                    self.topo_id, self.valid, self.whole_slot, self.node_class):
             arr.flags.writeable = False
         # request -> whether it fits this hardware when empty (FreeState.fits_empty): the one mutable part,
         # a cache of a fact of the hardware
