@@ -58,7 +58,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
                 continue
             gpus = [g for g in node.gpus if not w.request.gpu_models or g.model in w.request.gpu_models]
             if w.request.gpus:
-                free = [g for g in gpus if used.get(g.id, 0) == 0]
+                free = [g for g in gpus if used.get(g.id, 0) == 0 and g.capacity_milli > 0]
                 if len(free) >= w.request.gpus:
                     placed = Assignment(node.name, tuple((g.id, g.capacity_milli) for g in free[: w.request.gpus]))
             elif w.request.gpu_milli or w.request.gpu_memory_mib:
