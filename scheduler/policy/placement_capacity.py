@@ -30,7 +30,10 @@ to how much of the work needs them (``g`` is ~0.07 on the openb default mix, so
 the weight stays near 1 there, and ~0.3 on the gang-heavy mix). While the mix
 is learned, ``g`` starts from a prior of gang work worth 1 % of the pool's GPUs
 (``PRIOR_GANG_SHARE``): on an empty pool the first placements lean on FGD's
-whole-node lookahead, and the prior fades as real work is counted. Equal costs go
+whole-node lookahead, and the prior fades as work is counted. The engine counts
+the mix afresh each cycle (running work and that cycle's requests), so there the
+prior acts on pools nearly empty at a cycle's start and returns when one drains.
+Equal costs go
 to the node left with the least free CPU and GPU, then by node order.
 """
 
@@ -156,8 +159,9 @@ class CapacityModel(FragModel):
         # seen. An empty pool's first placements decide which kinds of node get opened, and with
         # little of the mix seen the per-type terms rest on a handful of requests; keeping whole
         # nodes whole (FGD's lookahead, weighed up) is the choice that is safe whatever comes. The
-        # prior fades as the pool's work is counted: on a busy pool it is ~1 % of the mix. A mix given
-        # up front (``fixed``) is known, so it gets no prior.
+        # prior fades as work is counted (in the engine, whose mix is each cycle's running and asked-for
+        # work, it matters on nearly empty pools only). A mix given up front (``fixed``) is known, so it
+        # gets no prior.
         prior = 0.0 if self.fixed else self.PRIOR_GANG_SHARE * self._pool_share
         total = float(volume.sum()) + prior
         share = (float(volume[gang].sum()) + prior) / total if total > 0 else 0.0
