@@ -43,7 +43,9 @@ def nodes(draw: st.DrawFn) -> tuple[Node, ...]:
     for i in range(draw(st.integers(1, 4))):
         n_gpus = draw(st.integers(0, 4))
         model = draw(st.sampled_from(MODELS))
-        gpus = tuple(Gpu(f"n{i}-g{j}", j, model, 40_000, f"grp{j // 2}") for j in range(n_gpus))
+        # mostly whole GPUs; some with part of their share withheld or all of it (capacity 0)
+        caps = [draw(st.sampled_from([1000, 1000, 1000, 500, 0])) for _ in range(n_gpus)]
+        gpus = tuple(Gpu(f"n{i}-g{j}", j, model, 40_000, f"grp{j // 2}", caps[j]) for j in range(n_gpus))
         out.append(Node(f"n{i}", draw(st.sampled_from([8_000, 32_000])), draw(st.sampled_from([32_768, 131_072])),
                         gpus, draw(st.sampled_from(POOLS))))
     return tuple(out)
@@ -126,6 +128,10 @@ def test_capacity_quotas_gangs_and_build_safety(s: Snapshot) -> None:
             assert not start.preemptible
         if w.request.gpus:
             assert len(start.assignment.gpus) == w.request.gpus  # the whole gang, one node
+            node = next(n for n in s.nodes if n.name == start.assignment.node)
+            capacity = {g.id: g.capacity_milli for g in node.gpus}
+            # each GPU held in full, and none of them withheld from the pool
+            assert all(capacity[gid] > 0 and milli == capacity[gid] for gid, milli in start.assignment.gpus)
     decided = [x.workload_id for x in d.starts + d.rejects + d.waits]
     pending = sorted(w.id for w in s.workloads if not w.running)
     assert sorted(decided) == pending, "every pending workload gets exactly one decision"
