@@ -320,7 +320,7 @@ class FreeState:
             allowed = allowed & self.has_memory
         ok = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
         if request.gpus:
-            whole = allowed & (self.cap > 0)
+            whole = allowed & self.whole_slot
             ok &= whole.sum(axis=1) >= request.gpus
             score = ((self.free >= self.cap) & whole).sum(axis=1)
         else:
