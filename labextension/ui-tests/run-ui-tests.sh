@@ -43,4 +43,38 @@ trap 'rm -rf "$ROOT_DIR"' EXIT
 export JUPYTERLAB_GALATA_ROOT_DIR="$ROOT_DIR"
 # A free port for the test server, unless one is given.
 export GPUPOOL_UI_PORT="${GPUPOOL_UI_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
-jlpm playwright test "$@"
+
+# The tests write only to temporary or ignored paths (screenshots go to
+# ui-tests/screenshots/ or $GPUPOOL_SCREENSHOTS_DIR; scripts/screenshots refreshes
+# docs/screenshots/). Check that: the tracked files the browser run reads or could
+# write (docs, the front end, the examples and the demo pool) are as they were.
+# Python sources are left out, so a colleague's edit during the run is no failure.
+REPO="$(cd ../.. && pwd)"
+WATCHED=(docs labextension examples binder)
+tracked_changes() {
+  git -C "$REPO" ls-files --modified --deleted -- "${WATCHED[@]}" | sort -u | while IFS= read -r f; do
+    if [ -e "$REPO/$f" ]; then
+      echo "$f $(git -C "$REPO" hash-object -- "$f")"
+    else
+      echo "$f deleted"
+    fi
+  done
+}
+CHECK_TREE=""
+if git -C "$REPO" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  CHECK_TREE=1
+  BEFORE="$(tracked_changes)"
+fi
+
+STATUS=0
+jlpm playwright test "$@" || STATUS=$?
+
+if [ -n "$CHECK_TREE" ]; then
+  CHANGED="$(comm -13 <(echo "$BEFORE" | sort) <(tracked_changes | sort) | cut -d' ' -f1)"
+  if [ -n "$CHANGED" ]; then
+    echo "ui-tests: the browser tests changed tracked files (they must write to temporary or ignored paths):" >&2
+    echo "$CHANGED" | sed 's/^/  /' >&2
+    [ "$STATUS" -ne 0 ] || STATUS=1
+  fi
+fi
+exit "$STATUS"
