@@ -5,14 +5,16 @@
  * They walk what a user does: pick a ¼ GPU kernel in the Launcher and see its
  * share in the status bar; promote a notebook with parameters and follow it to
  * completion in the GPU Pool panel, then open its output notebook from there.
- * Screenshots land in docs/screenshots/ for the README.
+ * Screenshots land in ui-tests/screenshots/ (ignored by git), or in
+ * $GPUPOOL_SCREENSHOTS_DIR; `scripts/screenshots` copies them into
+ * docs/screenshots/ for the README.
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { Locator } from '@playwright/test';
 import * as fs from 'fs';
 import * as path from 'path';
 
-const SHOTS = path.resolve(__dirname, '..', '..', '..', 'docs', 'screenshots');
+const SHOTS = process.env.GPUPOOL_SCREENSHOTS_DIR || path.resolve(__dirname, '..', 'screenshots');
 const EXAMPLES = path.resolve(__dirname, '..', '..', '..', 'examples');
 
 /** A notebook with a papermill `parameters` cell and a short "training" loop. */
