@@ -23,6 +23,7 @@ import tornado.web
 from scheduler.api import auth
 from scheduler.api.schemas import validate
 from scheduler.errors import GpupoolError, InvalidRequest, Unauthorized
+from scheduler.service.validation import decode_json
 
 log = logging.getLogger("scheduler.api")
 
@@ -32,10 +33,6 @@ async def maybe_await(value: Any) -> Any:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise InvalidRequest(f"malformed JSON: {name} is not a JSON number")
 
 
 def _within(name: str, value: Any, minimum: Any, maximum: Any) -> Any:
@@ -90,14 +87,7 @@ class ApiHandler(tornado.web.RequestHandler):
                 raise InvalidRequest(f"missing request body: expected a JSON {what}")
             body = empty
         else:
-            try:
-                body = json.loads(raw, parse_constant=_reject_constant)
-            except UnicodeDecodeError:
-                raise InvalidRequest("malformed JSON: the body is not UTF-8") from None
-            except RecursionError:
-                raise InvalidRequest("malformed JSON: nested too deeply") from None
-            except ValueError as e:
-                raise InvalidRequest(f"malformed JSON: {e}") from None
+            body = decode_json(raw)  # NaN, lone surrogates and deep nesting are 400s here
         if schema is not None:
             validate(schema, body, what)
         return body

@@ -7,6 +7,7 @@ act on, and the store is never touched by bad input.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -36,6 +37,10 @@ NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_PROJECT_NAME - 1}}}$"
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"  # with at most MAX_USER_NAME characters; the schema's pattern too
 USER_RE = re.compile(USER_PATTERN)
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Arrays and objects inside one another in a request body. Our own bodies need three or
+# four levels; deeper ones are mistakes or attacks, and Python code that walks them
+# (schema checks, papermill, the store's JSON) would hit the recursion limit.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,75 @@ class JobSpec:
         """The Job's ``request`` object (wire units)."""
         return {"gpus": self.gpus, "gpu_fraction": self.gpu_fraction, "gpu_memory": self.gpu_memory,
                 "gpu_model": self.gpu_model, "cpu": self.cpu, "memory": self.memory}
+
+
+def _reject_constant(name: str) -> Any:
+    raise InvalidRequest(f"malformed JSON: {name} is not a JSON number")
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Parse a request body, refusing what Python's JSON accepts but the rest of the system cannot hold.
+
+    ``json.loads`` takes NaN and Infinity, lone surrogates such as ``"\\ud800"``
+    (which cannot be encoded as UTF-8, so SQLite, files and process arguments
+    fail on them later) and nesting until the interpreter's recursion limit: each
+    becomes an InvalidRequest here, where the body enters, instead of a crash
+    further in. Used by the scheduler's API and the Jupyter extension's handlers.
+    """
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise InvalidRequest("malformed JSON: the body is not UTF-8") from None
+    except RecursionError:
+        raise InvalidRequest(_too_deep()) from None
+    except ValueError as e:
+        raise InvalidRequest(f"malformed JSON: {e}") from None
+    check_json_value(value)
+    return value
+
+
+def _too_deep() -> str:
+    return f"malformed JSON: nested too deeply (at most {MAX_JSON_DEPTH} levels of arrays and objects)"
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p)[:40] for p in path) or "the body"
+
+
+def _unicode_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored (a lone surrogate and where), or None when it can."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"is not valid Unicode (a lone surrogate {ascii(text[e.start])[1:-1]} at character {e.start})"
+    return None
+
+
+def check_json_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """InvalidRequest unless every string (keys too) is valid Unicode and nesting stays within ``max_depth``.
+
+    Iterative, so a deep value cannot exhaust the stack while being checked.
+    """
+    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 0, ())]
+    while stack:
+        item, depth, path = stack.pop()
+        if isinstance(item, str):
+            problem = _unicode_problem(item)
+            if problem:
+                raise InvalidRequest(f"{_where(path)}: the string {problem}")
+        elif isinstance(item, (dict, list)):
+            if depth >= max_depth:
+                raise InvalidRequest(_too_deep())
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    problem = _unicode_problem(key)
+                    if problem:
+                        raise InvalidRequest(f"{_where(path)}: a key {problem}")
+                    stack.append((child, depth + 1, (*path, key)))
+            else:
+                stack.extend((child, depth + 1, (*path, i)) for i, child in enumerate(item))
 
 
 def _is_int(v: Any) -> bool:
@@ -113,6 +187,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
     """Turn a wire JobSpec into a :class:`JobSpec`, or raise ``InvalidRequest``."""
     if not isinstance(spec, dict):
         raise InvalidRequest("the job spec must be a JSON object")
+    check_json_value(spec)  # every string storable, whoever called (the API has checked already)
     unknown = sorted(set(spec) - SPEC_FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown job spec field(s): {', '.join(map(str, unknown))}")
@@ -258,6 +333,7 @@ def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
                              "starting with a letter or digit")
     if not isinstance(fields, dict):
         raise InvalidRequest("project fields must be a JSON object")
+    check_json_value(fields)
     unknown = sorted(set(fields) - PROJECT_FIELDS)
     if unknown:
         raise InvalidRequest(f"unknown project field(s): {', '.join(map(str, unknown))}")

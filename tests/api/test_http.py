@@ -441,3 +441,36 @@ def test_published_limits_are_the_enforced_ones(svc, field, schema_path, core_ch
     # Nothing was made (earlier tests' jobs may still change state, so only counts and projects are compared).
     assert len(admin.jobs(limit=1000)) == jobs_before
     assert [p["name"] for p in admin.projects()] == [p["name"] for p in projects_before]
+
+
+LONE = "\ud800"  # a lone surrogate: valid in a JSON escape, not encodable as UTF-8
+
+
+@pytest.mark.parametrize("spec", [
+    {"name": LONE}, {"client_key": "k" + LONE}, {"command": ["true", LONE]}, {"workdir": "/tmp/" + LONE},
+    {"env": {"A": LONE}}, {"labels": {"x": LONE}}, {"labels": {LONE: "x"}}, {"gpu_model": LONE},
+    {"project": LONE},
+])
+def test_lone_surrogates_in_any_string_are_400(svc, spec):
+    before = snapshot(svc)
+    body = {"project": "vision", "command": ["true"], **spec}
+    status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.user, body=body)
+    assert status == 400, (status, reply)
+    assert "not valid Unicode" in reply["error"] and "\\ud800" in reply["error"], reply
+    status, reply = http("PUT", svc.url + "/api/v1/projects/vision", token="admin-t", body={LONE: 1})
+    assert status == 400 and "not valid Unicode" in reply["error"], reply
+    status, reply = http("POST", svc.url + "/api/v1/tokens", token="admin-t", body={"user": "a" + LONE})
+    assert status == 400 and "not valid Unicode" in reply["error"], reply
+    assert snapshot(svc) == before
+
+
+@pytest.mark.parametrize("depth", [65, 900, 100_000])
+def test_json_nested_too_deep_is_400(svc, depth):
+    before = snapshot(svc)
+    raw = b'{"project": "vision", "command": ["true"], "labels": {"x": ' + b"[" * depth + b"]" * depth + b"}}"
+    status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.user, raw_body=raw)
+    assert status == 400 and "nested too deeply" in reply["error"] and "at most 64" in reply["error"], reply
+    status, reply = http("PUT", svc.url + "/api/v1/projects/vision", token="admin-t",
+                         raw_body=b"[" * depth + b"]" * depth)
+    assert status == 400 and "nested too deeply" in reply["error"], reply
+    assert snapshot(svc) == before

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,8 +15,12 @@ from scheduler.service.validation import PoolLimits, validate_project, validate_
 LIMITS = PoolLimits(models={"A100-80GB": 80 * 1024**3, "T4": 16 * 1024**3}, max_gpus={"build": 2, "train": 4},
                     cpu=16.0, memory=64 * 1024**3, total_gpus=4)
 
+# Strings a JSON body can carry but UTF-8 cannot: lone surrogates ("\\ud800" decodes to one).
+SURROGATE_TEXT = st.text(st.sampled_from(["a", "é", "\ud800", "\udfff", "\U0001f600"]), min_size=1, max_size=6)
+DEEP = st.integers(60, 300).map(lambda n: json.loads("[" * n + "]" * n))
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.just(10**400) | st.floats(allow_nan=True) | st.text(max_size=20),
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.just(10**400) | st.floats(allow_nan=True)
+    | st.text(max_size=20) | SURROGATE_TEXT | DEEP,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=10,
 )
@@ -29,6 +37,7 @@ def test_any_spec_is_accepted_or_refused_clearly(spec):
     except InvalidRequest as e:
         assert e.message and "\n" not in e.message
         return
+    json.dumps(dataclasses.asdict(js), ensure_ascii=False).encode("utf-8")  # storable: no lone surrogates
     req = js.request()
     assert sum(1 for k in ("gpu_fraction", "gpu_memory") if req[k] is not None) + (1 if js.gpus else 0) <= 1
     assert js.kind in ("train", "build")
@@ -46,6 +55,7 @@ def test_any_project_fields_are_accepted_or_refused_clearly(fields_):
     except InvalidRequest as e:
         assert e.message
         return
+    json.dumps(out, ensure_ascii=False).encode("utf-8")
     for k, v in out.items():
         if k.endswith("_milli") and v is not None:
             assert isinstance(v, int) and 0 <= v <= 4000
@@ -73,8 +83,6 @@ def test_default_names_are_short():
 
 def test_names_with_a_trailing_newline_are_refused():
     """A name is checked whole: "alice\\n" is not "alice" (a regex "$" alone lets a final newline through)."""
-    import pytest
-
     from scheduler.service.validation import validate_user
 
     assert validate_user("alice") == "alice"
@@ -87,3 +95,66 @@ def test_names_with_a_trailing_newline_are_refused():
     assert validate_spec({**ok, "env": {"SEED": "1"}}, {"p"}, LIMITS).env == {"SEED": "1"}
     with pytest.raises(InvalidRequest, match="env"):
         validate_spec({**ok, "env": {"SEED\n": "1"}}, {"p"}, LIMITS)
+
+
+LONE = "\ud800"
+OK_SPEC = {"project": "p", "command": ["python", "t.py"]}
+
+
+@pytest.mark.parametrize("change", [
+    {"name": LONE}, {"client_key": LONE + "k"}, {"command": ["python", LONE]}, {"workdir": "/" + LONE},
+    {"env": {"SEED": LONE}}, {"labels": {"a": "b" + LONE}}, {"labels": {LONE: "b"}}, {"gpu_model": LONE},
+])
+def test_lone_surrogates_are_refused_in_every_string_field(change):
+    with pytest.raises(InvalidRequest, match=r"not valid Unicode \(a lone surrogate \\ud800"):
+        validate_spec({**OK_SPEC, **change}, {"p"}, LIMITS)
+
+
+def _with_string(where: str, text: str) -> dict:
+    """OK_SPEC with ``text`` placed in one string field, as a client could send it."""
+    return OK_SPEC | {"name": {"name": text}, "client_key": {"client_key": text}, "command": {"command": ["python", text]},
+            "workdir": {"workdir": "/" + text}, "env": {"env": {"A": text}}, "label": {"labels": {"a": text}},
+            "label key": {"labels": {text: "a"}}, "gpu_model": {"gpu_model": text}}[where]
+
+
+STRING_FIELDS = ["name", "client_key", "command", "workdir", "env", "label", "label key", "gpu_model"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(STRING_FIELDS), st.text(max_size=8), st.text(max_size=8),
+       st.characters(categories=["Cs"]))
+def test_any_string_with_a_lone_surrogate_is_refused(where, before, after, surrogate):
+    with pytest.raises(InvalidRequest, match="not valid Unicode"):
+        validate_spec(_with_string(where, before + surrogate + after), {"p"}, LIMITS)
+
+
+def test_lone_surrogates_are_refused_in_project_fields_and_user_names():
+    from scheduler.service.validation import validate_user
+
+    with pytest.raises(InvalidRequest, match="not valid Unicode"):
+        validate_project("vision", {LONE: 1}, 4)
+    with pytest.raises(InvalidRequest):
+        validate_user("al" + LONE)
+
+
+@pytest.mark.parametrize(("raw", "fragment"), [
+    (b"[" * 100_000, "nested too deeply (at most 64 levels"),
+    (b"[" * 65 + b"]" * 65, "nested too deeply"),
+    (b'{"name": "\\ud800"}', "name: the string is not valid Unicode (a lone surrogate \\ud800 at character 0)"),
+    (b'{"a": {"\\udfff": 1}}', "a: a key is not valid Unicode"),
+    (b'{"x": NaN}', "NaN is not a JSON number"),
+    (b"\xff", "not UTF-8"),
+])
+def test_decode_json_refuses_what_cannot_be_kept(raw, fragment):
+    from scheduler.service.validation import decode_json
+
+    with pytest.raises(InvalidRequest) as info:
+        decode_json(raw)
+    assert fragment in info.value.message
+
+
+def test_decode_json_accepts_64_levels_and_any_valid_unicode():
+    from scheduler.service.validation import decode_json
+
+    assert decode_json(b"[" * 64 + b"]" * 64) is not None
+    assert decode_json(rb'{"k\u00e9": "\ud83d\ude00 \u00e9"}') == {"ké": "\U0001f600 é"}
