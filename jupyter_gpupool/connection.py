@@ -214,6 +214,17 @@ class PoolConnection:
         self.url = self.embedded.url.rstrip("/")
         self.log.info("gpupool: embedded scheduler at %s (state in %s)", self.url, state_dir)
 
+    def without_url(self, message: str) -> str:
+        """``message`` (a client error) with the scheduler's address left out, for replies to the browser.
+
+        The client names the URL it could not reach, which helps in the server's
+        log; in the Lab UI it shows an internal host and port (the embedded
+        scheduler's loopback port, or a cluster address) that the user cannot use.
+        """
+        for url in sorted({self.url, self.settings.scheduler_url.rstrip("/")} - {""}, key=len, reverse=True):
+            message = message.replace(f" at {url}", "").replace(url, "the scheduler")
+        return message
+
     def kernel_env(self) -> dict[str, str]:
         """What a kernel needs to reach the scheduler as this user (widgets, magics)."""
         env = {"GPUPOOL_URL": self.url, "GPUPOOL_PROJECT_DEFAULT": self.project, "GPUPOOL_USER": self.user}

@@ -24,6 +24,7 @@ from jupyter_gpupool.connection import PoolConnection
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, promote, run_paths
 from scheduler.errors import GpupoolError, InvalidRequest, Unavailable
+from scheduler.service.validation import decode_json
 
 AUTH_RESOURCE = "gpupool"
 MAX_EVENT_WAIT = 30.0
@@ -48,13 +49,14 @@ class GpupoolHandler(APIHandler):
             raise Unavailable(f"cannot reach the scheduler: {err}") from err
 
     def json_body(self) -> Any:
-        """The request body as JSON (400 with a message when it is not)."""
+        """The request body as JSON (400 with a message when it is not).
+
+        The scheduler's own decoder: NaN, lone surrogates and nesting deep enough
+        to exhaust the interpreter's recursion are refused here, not met later.
+        """
         if not self.request.body:
             return {}
-        try:
-            return json.loads(self.request.body)
-        except ValueError as err:
-            raise InvalidRequest(f"the request body is not valid JSON: {err}") from err
+        return decode_json(self.request.body)
 
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -84,7 +86,8 @@ class GpupoolHandler(APIHandler):
         message = self._reason
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, GpupoolError):
-            status_code, message = exc.status, exc.message
+            # The scheduler's address is the server's business, not the notebook user's.
+            status_code, message = exc.status, self.connection.without_url(exc.message)
         elif isinstance(exc, web.HTTPError):
             message = exc.log_message or exc.reason or message
         elif exc is not None:

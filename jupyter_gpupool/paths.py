@@ -11,6 +11,8 @@ import os
 
 from scheduler.errors import Forbidden, InvalidRequest, NotFound
 
+MAX_PATH = 4096  # PATH_MAX on Linux: a longer path names no file, and is not echoed back whole
+
 
 def resolve_notebook(root_dir: str, path: str) -> str:
     """The real file for ``path`` (relative to ``root_dir``, or absolute inside it).
@@ -23,6 +25,8 @@ def resolve_notebook(root_dir: str, path: str) -> str:
         raise InvalidRequest("give the notebook's path relative to the server root")
     if "\x00" in path:
         raise InvalidRequest("the notebook path contains a NUL byte")
+    if len(path) > MAX_PATH:
+        raise InvalidRequest(f"the notebook path is too long: {len(path)} characters, at most {MAX_PATH}")
     root = os.path.realpath(root_dir)
     candidate = path if os.path.isabs(path) else os.path.join(root, path)
     full = os.path.realpath(candidate)

@@ -27,9 +27,44 @@ import nbformat
 from jupyter_gpupool.kernelspecs import base_kernel
 from jupyter_gpupool.paths import relative_to_root, resolve_notebook
 from scheduler.errors import InvalidRequest
+from scheduler.service.validation import MAX_PROJECT_NAME
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STAGING_PREFIX = ".staging-"
+# The parameters travel as one JSON argument of the job's command line, and the scheduler
+# takes arguments of at most 64 KiB (scheduler.api.schemas.MAX_STRING); refusing here
+# gives the notebook user a sentence about parameters instead of one about "command.9".
+MAX_PARAMETERS_KIB = 64
+# papermill writes each value as a Python literal, and Python's parser stops at 200
+# nested brackets: a deeper value would be accepted, then fail the job when it starts.
+MAX_PARAMETER_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """Levels of lists and objects in a JSON value (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def check_parameters(parameters: dict[str, Any]) -> None:
+    """Names that are identifiers, values papermill can write, all of it small enough for the command line."""
+    for name, value in parameters.items():
+        if not IDENTIFIER.match(name):
+            raise InvalidRequest(f"parameter name '{name[:80]}' is not a Python identifier")
+        depth = _depth(value)
+        if depth > MAX_PARAMETER_DEPTH:
+            raise InvalidRequest(f"parameter '{name}' is nested too deeply: {depth} levels, "
+                                 f"at most {MAX_PARAMETER_DEPTH}")
+    size = len(json.dumps(parameters))  # as papermill_args puts them on the command line
+    if size > MAX_PARAMETERS_KIB * 1024:
+        raise InvalidRequest(f"parameters are too large: {-(-size // 1024)} KiB, at most {MAX_PARAMETERS_KIB} KiB")
 
 
 @dataclass
@@ -57,6 +92,8 @@ class PromoteRequest:
         project = body.get("project")
         if project is not None and (not isinstance(project, str) or not project):
             raise InvalidRequest("'project' must be a non-empty string")
+        if project is not None and len(project) > MAX_PROJECT_NAME:
+            raise InvalidRequest(f"'project' is too long: {len(project)} characters, at most {MAX_PROJECT_NAME}")
         gpus, fraction = body.get("gpus"), body.get("gpu_fraction")
         if gpus is not None and fraction is not None:
             raise InvalidRequest("give either 'gpus' or 'gpu_fraction', not both")
@@ -84,9 +121,7 @@ class PromoteRequest:
         parameters = body.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise InvalidRequest("'parameters' must be an object of name: value")
-        for name in parameters:
-            if not IDENTIFIER.match(name):
-                raise InvalidRequest(f"parameter name '{name}' is not a Python identifier")
+        check_parameters(parameters)
         return cls(path, project, gpus, fraction, priority, parameters)
 
 

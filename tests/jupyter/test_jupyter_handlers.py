@@ -114,7 +114,7 @@ async def test_parameters_listed_and_paths_outside_root_refused(
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("not json", "not valid JSON"),
+        ("not json", "malformed JSON"),
         (json.dumps({"gpus": 1}), "'path'"),
         (json.dumps({"path": "nb.ipynb", "gpus": 1, "gpu_fraction": 0.5}), "not both"),
         (json.dumps({"path": "nb.ipynb", "gpus": -1}), "positive"),
@@ -171,3 +171,78 @@ async def test_scheduler_that_cannot_start_is_503_on_every_endpoint(jp_fetch: An
     for method, path, body in (("GET", "status", None), ("PUT", "projects/vision", json.dumps({"build_quota": 2}))):
         code, reply = await fetch_json(jp_fetch, "gpupool", "api", *path.split("/"), method=method, body=body)
         assert code == 503 and "cannot reach the scheduler" in reply["error"], (path, code, reply)
+
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+@pytest.mark.parametrize(("parts", "method", "body", "message"), [
+    (("promote",), "POST", DEEP, "nested too deeply"),
+    (("projects", "vision"), "PUT", DEEP, "nested too deeply"),
+    (("promote",), "POST", b'{"path": "nb.ipynb", "parameters": {"x": ' + b"[" * 500 + b"]" * 500 + b"}}",
+     "nested too deeply"),
+    (("promote",), "POST", b'{"path": "nb\\ud800.ipynb"}', "path: the string is not valid Unicode"),
+    (("promote",), "POST", b'{"path": "nb.ipynb", "parameters": {"tag": "\\udfff"}}', "not valid Unicode"),
+    (("promote",), "POST", b'{"path": "nb.ipynb", "project": "p\\ud800"}', "not valid Unicode"),
+    (("projects", "vision"), "PUT", b'{"\\ud800": 1}', "not valid Unicode"),
+    (("promote",), "POST", b'{"path": "nb.ipynb", "gpus": NaN}', "NaN"),
+    (("promote",), "POST", b'{"path": "\xff.ipynb"}', "not UTF-8"),
+], ids=["promote-deep", "project-deep", "parameters-500-deep", "path-surrogate", "parameter-surrogate",
+        "project-surrogate", "project-key-surrogate", "nan", "not-utf8"])
+async def test_bodies_that_cannot_be_kept_are_400(jp_fetch: Any, fake_pool: Any, jp_root_dir: Any,
+                                                  parts: tuple[str, ...], method: str, body: bytes,
+                                                  message: str) -> None:
+    write_notebook(jp_root_dir / "nb.ipynb")
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", *parts, method=method, body=body)
+    assert code == 400 and message in reply["error"], (code, reply)
+    assert fake_pool.jobs == {} and "vision" not in fake_pool.projects
+    assert not (jp_root_dir / "nb.runs").exists()
+
+
+def nested(depth: int) -> Any:
+    """``depth`` lists inside one another around a number."""
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(("parameters", "message"), [
+    ({"blob": "x" * 70_000}, "parameters are too large: 69 KiB, at most 64 KiB"),
+    ({f"p{i}": "y" * 1000 for i in range(100)}, "parameters are too large: 99 KiB, at most 64 KiB"),
+    ({"deep": nested(40)}, "parameter 'deep' is nested too deeply: 40 levels, at most 32"),
+])
+async def test_promote_refuses_parameters_the_run_cannot_take(jp_fetch: Any, fake_pool: Any, jp_root_dir: Any,
+                                                             parameters: dict[str, Any], message: str) -> None:
+    write_notebook(jp_root_dir / "nb.ipynb")
+    body = json.dumps({"path": "nb.ipynb", "parameters": parameters})
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=body)
+    assert code == 400 and reply["error"] == message, reply
+    assert fake_pool.jobs == {}
+    body = json.dumps({"path": "nb.ipynb", "parameters": {"deep": nested(32), "blob": "x" * 60_000}})
+    code, job = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=body)
+    assert code == 201, job  # the limits themselves are allowed
+
+
+async def test_huge_promote_body_error_does_not_show_the_scheduler_url(jp_fetch: Any, gpupool_app: Any,
+                                                                       jp_root_dir: Any) -> None:
+    """50 MB of parameters, on the real embedded scheduler: a 400 about the parameters, no internal URL."""
+    write_notebook(jp_root_dir / "nb.ipynb")
+    await gpupool_app.connection.client()  # the embedded scheduler is up: its URL is known
+    body = json.dumps({"path": "nb.ipynb", "parameters": {"blob": "x" * 50_000_000}})
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=body)
+    url = gpupool_app.connection.url
+    assert url and url not in reply["error"], reply
+    assert code == 400 and reply["error"] == "parameters are too large: 48829 KiB, at most 64 KiB", reply
+    for field in ("path", "project"):
+        body = json.dumps({"path": "nb.ipynb", field: "z" * 5_000_000})
+        code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST", body=body)
+        assert code == 400 and "too long" in reply["error"] and len(reply["error"]) < 300, reply
+
+
+async def test_unreachable_scheduler_message_hides_its_url(jp_fetch: Any, fake_pool: Any) -> None:
+    fake_pool.down = True
+    for parts in (("status",), ("jobs",)):
+        code, reply = await fetch_json(jp_fetch, "gpupool", "api", *parts)
+        assert code == 503 and "cannot reach the scheduler" in reply["error"], reply
+        assert "http://fake" not in reply["error"], reply
