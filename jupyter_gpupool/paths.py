@@ -29,13 +29,24 @@ def resolve_notebook(root_dir: str, path: str) -> str:
         raise InvalidRequest(f"the notebook path is too long: {len(path)} characters, at most {MAX_PATH}")
     root = os.path.realpath(root_dir)
     candidate = path if os.path.isabs(path) else os.path.join(root, path)
-    full = os.path.realpath(candidate)
-    if full != root and not full.startswith(root.rstrip(os.sep) + os.sep):
-        raise Forbidden(f"'{path}' is outside the server root; only notebooks under it can be used")
+    full = inside_root(root, candidate, path, "only notebooks under it can be used")
     if not full.endswith(".ipynb"):
         raise InvalidRequest(f"'{path}' is not a notebook (.ipynb)")
     if not os.path.isfile(full):
         raise NotFound(f"no notebook at '{path}'")
+    return full
+
+
+def inside_root(root_dir: str, candidate: str, shown: str, why: str) -> str:
+    """The real path of ``candidate`` (symlinks followed, even dangling ones), or Forbidden if it leaves the root.
+
+    ``shown`` is how the error names the path (the user's own words, never the
+    real target, which may be a place the user should not learn about).
+    """
+    root = os.path.realpath(root_dir)
+    full = os.path.realpath(candidate)
+    if full != root and not full.startswith(root.rstrip(os.sep) + os.sep):
+        raise Forbidden(f"'{shown}' is outside the server root; {why}")
     return full
 
 

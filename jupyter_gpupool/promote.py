@@ -25,8 +25,8 @@ from typing import Any
 import nbformat
 
 from jupyter_gpupool.kernelspecs import base_kernel
-from jupyter_gpupool.paths import relative_to_root, resolve_notebook
-from scheduler.errors import InvalidRequest
+from jupyter_gpupool.paths import inside_root, relative_to_root, resolve_notebook
+from scheduler.errors import Forbidden, GpupoolError, InvalidRequest
 from scheduler.service.validation import MAX_PROJECT_NAME
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -153,9 +153,17 @@ def runs_dir_for(full_path: str) -> str:
 
 
 def claim_snapshot(runs_dir: str, staging: str, job_id: str) -> str:
-    """Move the staged snapshot to ``<runs>/<job-id>/input.ipynb``; idempotent and race-safe."""
+    """Move the staged snapshot to ``<runs>/<job-id>/input.ipynb``; idempotent and race-safe.
+
+    Forbidden when ``<job-id>`` is not a plain folder in the runs directory (a
+    symlink made in advance for a predictable job id): the input, output and
+    log would otherwise be written wherever it points.
+    """
     run_dir = os.path.join(runs_dir, job_id)
     os.makedirs(run_dir, exist_ok=True)
+    if os.path.realpath(run_dir) != os.path.join(os.path.realpath(runs_dir), job_id):
+        raise Forbidden(f"the run folder '{job_id}' in '{os.path.basename(runs_dir)}' is a symbolic link; "
+                        "a run's files stay in its runs folder")
     target = os.path.join(run_dir, "input.ipynb")
     try:
         os.rename(os.path.join(runs_dir, staging), target)
@@ -186,6 +194,9 @@ def build_spec(
     except Exception as err:
         raise InvalidRequest(f"cannot read notebook '{request.path}': {err}") from err
     runs = runs_dir_for(full)
+    shown = os.path.relpath(runs, os.path.realpath(root_dir))
+    # The run's input, output and log go there: checked like the notebook, symlinks followed.
+    runs = inside_root(root_dir, runs, shown, "the run's files must stay under it")
     os.makedirs(runs, exist_ok=True)
     staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}.ipynb"
     shutil.copyfile(full, os.path.join(runs, staging))
@@ -230,5 +241,10 @@ async def promote(client: Any, root_dir: str, request: PromoteRequest, default_p
     spec, runs, staging, _full = build_spec(request, root_dir, default_project)
     with snapshot_dropped_on_error(runs, staging):
         job = await client.submit(spec)
-    claim_snapshot(runs, staging, job["id"])
+        try:
+            claim_snapshot(runs, staging, job["id"])
+        except Forbidden:
+            with contextlib.suppress(GpupoolError):  # it must not start and write through the link
+                await client.cancel(job["id"])
+            raise
     return {**job, **run_paths(job)}

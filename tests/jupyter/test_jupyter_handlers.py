@@ -246,3 +246,53 @@ async def test_unreachable_scheduler_message_hides_its_url(jp_fetch: Any, fake_p
         code, reply = await fetch_json(jp_fetch, "gpupool", "api", *parts)
         assert code == 503 and "cannot reach the scheduler" in reply["error"], reply
         assert "http://fake" not in reply["error"], reply
+
+
+async def test_promote_refuses_a_runs_directory_that_leads_outside_the_root(
+    jp_fetch: Any, fake_pool: Any, jp_root_dir: Any, tmp_path: Any
+) -> None:
+    """``nb.runs`` (or a run's ``<job-id>`` folder in it) may be a symlink: the run's files must stay in the root."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    write_notebook(jp_root_dir / "nb.ipynb")
+    (jp_root_dir / "nb.runs").symlink_to(outside)
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST",
+                                   body=json.dumps({"path": "nb.ipynb"}))
+    assert code == 403 and reply["error"].startswith("'nb.runs' is outside the server root"), reply
+    assert fake_pool.jobs == {} and list(outside.iterdir()) == []
+
+    (jp_root_dir / "nb.runs").unlink()
+    (jp_root_dir / "nb.runs").mkdir()
+    (jp_root_dir / "nb.runs" / "j-000001").symlink_to(outside)  # the next job's id, made in advance
+    code, reply = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST",
+                                   body=json.dumps({"path": "nb.ipynb"}))
+    assert code == 403 and "'j-000001' in 'nb.runs' is a symbolic link" in reply["error"], reply
+    assert fake_pool.jobs["j-000001"]["state"] == "cancelled"  # submitted before its id was known: taken back
+    assert list(outside.iterdir()) == [] and not list((jp_root_dir / "nb.runs").glob(".staging-*"))
+
+    # a symlink that stays inside the root is fine
+    (jp_root_dir / "nb.runs" / "j-000001").unlink()
+    (jp_root_dir / "nb.runs").rmdir()
+    (jp_root_dir / "results").mkdir()
+    (jp_root_dir / "nb.runs").symlink_to(jp_root_dir / "results")
+    code, job = await fetch_json(jp_fetch, "gpupool", "api", "promote", method="POST",
+                                 body=json.dumps({"path": "nb.ipynb"}))
+    assert code == 201, job
+    assert (jp_root_dir / "results" / job["id"] / "input.ipynb").is_file()
+
+
+def test_claim_snapshot_refuses_a_run_folder_that_is_a_symlink(tmp_path: Any) -> None:
+    """The runner claims the snapshot too (when the job starts first): it must not follow a planted link."""
+    from jupyter_gpupool.promote import claim_snapshot
+    from scheduler.errors import Forbidden
+
+    runs, outside = tmp_path / "nb.runs", tmp_path / "outside"
+    runs.mkdir()
+    outside.mkdir()
+    (runs / ".staging-a.ipynb").write_text("{}")
+    (runs / "j-000007").symlink_to(outside)
+    with pytest.raises(Forbidden):
+        claim_snapshot(str(runs), ".staging-a.ipynb", "j-000007")
+    assert list(outside.iterdir()) == []
+    assert claim_snapshot(str(runs), ".staging-a.ipynb", "j-000008") == str(runs / "j-000008")
+    assert (runs / "j-000008" / "input.ipynb").read_text() == "{}"
