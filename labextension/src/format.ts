@@ -32,6 +32,14 @@ export function formatGpus(gpus: number): string {
   return String(Math.round(gpus * 100) / 100);
 }
 
+/**
+ * A GPU amount with its noun, as a sentence needs it: "¼ GPU", "1 GPU",
+ * "1½ GPUs", "4 GPUs", "0 GPUs" (a share of one GPU or less is singular).
+ */
+export function formatGpuAmount(gpus: number): string {
+  return `${formatGpus(gpus)} GPU${gpus > 0 && gpus <= 1 ? '' : 's'}`;
+}
+
 /** The GPUs a job asked for, in words: "¼ GPU", "2 GPUs", "20.0 GiB GPU memory", "CPU only". */
 export function formatRequest(request: IJobRequest | null | undefined): string {
   if (!request) {

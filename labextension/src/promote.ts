@@ -12,7 +12,7 @@ import { Widget } from '@lumino/widgets';
 import { api, describeError, IParameter, IPromoteRequest, IStatus } from './api';
 import { h } from './dom';
 import { IPromoteDraft, toRequest } from './drafts';
-import { basename, formatGpus } from './format';
+import { basename, formatGpuAmount, formatGpus } from './format';
 
 let formCounter = 0;
 
@@ -47,7 +47,8 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
     const describeProject = (): void => {
       const p = status.projects.find(x => x.name === this._project.value);
       projectHelp.textContent = p
-        ? `Guarantee ${formatGpus(p.train_guarantee)} GPU, training now ${formatGpus(p.usage.train)}, ${p.pending} pending.`
+        ? `${formatGpuAmount(p.train_guarantee)} guaranteed for training, ${formatGpus(p.usage.train)} in use now; ` +
+          `${p.pending} ${p.pending === 1 ? 'job' : 'jobs'} pending.`
         : '';
     };
     this._project.addEventListener('change', describeProject);

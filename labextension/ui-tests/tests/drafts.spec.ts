@@ -6,7 +6,7 @@
 import { expect, test } from '@playwright/test';
 
 import { toProjectUpdate, toRequest } from '../../src/drafts';
-import { formatBytes, formatGpus, formatRequest, parseGpus, parseParameter } from '../../src/format';
+import { formatBytes, formatGpuAmount, formatGpus, formatRequest, parseGpus, parseParameter } from '../../src/format';
 
 const PARAMS = [
   { name: 'epochs', inferred_type_name: 'int', default: '3', help: '' },
@@ -43,6 +43,14 @@ test.describe('GPU amounts', () => {
     expect(formatRequest({ gpus: 2, gpu_fraction: null, gpu_memory: null, gpu_model: null, cpu: null, memory: null })).toBe(
       '2 GPUs'
     );
+  });
+
+  test('take the noun a sentence needs', () => {
+    expect(formatGpuAmount(4)).toBe('4 GPUs');
+    expect(formatGpuAmount(1)).toBe('1 GPU');
+    expect(formatGpuAmount(0.25)).toBe('¼ GPU');
+    expect(formatGpuAmount(1.5)).toBe('1½ GPUs');
+    expect(formatGpuAmount(0)).toBe('0 GPUs');
   });
 });
 
