@@ -15,12 +15,16 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
 
-from scheduler import cli_tables as out
 from scheduler.client import GpupoolClient, config_path
 from scheduler.errors import GpupoolError, Unavailable
+
+# Every call imports this module: keep it to what `gpupool submit` needs. The tables
+# (scheduler.cli_tables), the service (serve) and typing are imported where used.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
 
 EXIT_SERVER = 1
 EXIT_USAGE = 2
@@ -70,42 +74,60 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, sized from the terminal without importing shutil.
+
+    argparse makes a formatter for every argument it adds, and its default one
+    imports shutil (and with it bz2, lzma, fnmatch) just to ask for the width.
+    """
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _terminal_columns() -> int:
+    """$COLUMNS, else the terminal's width, else 80 (what shutil.get_terminal_size does)."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line on stderr and exit 2."""
+    """argparse, but a usage mistake is one line on stderr and exit 2, and help is laid out by :class:`_Formatter`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"gpupool: error: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpupool", description="Share a pool of GPUs: quotas, a fair training queue, "
-                                                 "fractional GPUs.")
-    parser.add_argument("--url", help="scheduler URL (default: $GPUPOOL_URL, the client config, "
-                                      "or http://127.0.0.1:8765)")
-    parser.add_argument("--token", help="API token (default: $GPUPOOL_TOKEN or the client config)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    sub.required = True
-    # The connection options also work after the command (gpupool status --url ...).
-    connection = argparse.ArgumentParser(add_help=False)
+def _connection_options() -> argparse.ArgumentParser:
+    """--url/--token/--timeout, accepted after the command too (gpupool status --url ...)."""
+    connection = _Parser(add_help=False)
     connection.add_argument("--url", default=argparse.SUPPRESS, help="scheduler URL")
     connection.add_argument("--token", default=argparse.SUPPRESS, help="API token")
     connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for a reply")
-    original_add_parser = sub.add_parser
+    return connection
 
-    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        if name != "serve":
-            kwargs.setdefault("parents", [connection])
-        return original_add_parser(name, **kwargs)
 
-    sub.add_parser = add_parser  # type: ignore[method-assign]
+def _reader(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
 
-    def reader(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-        return p
 
+def _add_serve(sub: Any, connection: argparse.ArgumentParser) -> None:
     p = sub.add_parser("serve", help="run the scheduler service", description="Run the scheduler service "
                        "(core + HTTP API) until interrupted.")
     p.add_argument("--state-dir", help="where state lives (default: the user data dir)")
@@ -117,11 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="JSON file of service settings (tick_s, min_runtime_s, ...)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
-    reader("status", "pool, GPUs, quotas and use at a glance")
-    reader("whoami", "who the token belongs to")
 
-    p = reader("projects", "list projects (or: projects set NAME ..., projects delete NAME)")
-    psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser)
+def _add_status(sub: Any, connection: argparse.ArgumentParser) -> None:
+    _reader(sub, "status", "pool, GPUs, quotas and use at a glance")
+
+
+def _add_whoami(sub: Any, connection: argparse.ArgumentParser) -> None:
+    _reader(sub, "whoami", "who the token belongs to, and which scheduler answers")
+
+
+def _add_projects(sub: Any, connection: argparse.ArgumentParser) -> None:
+    p = _reader(sub, "projects", "list projects (or: projects set NAME ..., projects delete NAME)")
+    psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser, prog="gpupool projects")
     ps = psub.add_parser("set", help="create or change a project (admin)", parents=[connection])
     ps.add_argument("name")
     ps.add_argument("--build-quota", type=_finite_float, help="GPUs for interactive (build) work")
@@ -133,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     pd = psub.add_parser("delete", help="delete a project with no live jobs (admin)", parents=[connection])
     pd.add_argument("name")
 
-    p = reader("submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
+
+def _add_submit(sub: Any, connection: argparse.ArgumentParser) -> None:
+    p = _reader(sub, "submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
     p.add_argument("--project", "-p", required=True)
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--gpus", type=int, help="whole GPUs")
@@ -151,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-key", help="idempotency key: resubmitting returns the live job")
     p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
 
-    p = reader("list", "list jobs, newest first")
+
+def _add_list(sub: Any, connection: argparse.ArgumentParser) -> None:
+    p = _reader(sub, "list", "list jobs, newest first")
     p.add_argument("--project")
     p.add_argument("--user")
     p.add_argument("--mine", action="store_true", help="only my jobs")
@@ -160,36 +193,130 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--all", "-a", action="store_true", help="include finished jobs (default: live ones)")
 
-    p = reader("describe", "everything about one job")
+
+def _add_describe(sub: Any, connection: argparse.ArgumentParser) -> None:
+    p = _reader(sub, "describe", "everything about one job")
     p.add_argument("job")
 
+
+def _add_logs(sub: Any, connection: argparse.ArgumentParser) -> None:
     p = sub.add_parser("logs", help="print a job's output", description="Print a job's output.")
     p.add_argument("job")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--json", action="store_true", help="print the reply chunk as JSON")
 
-    for action, text in (("pause", "pause a running job (it resumes later)"), ("resume", "resume a paused job"),
-                         ("cancel", "cancel a job"), ("renew", "renew a build job's lease")):
-        p = reader(action, text)
+
+def _job_action(name: str, text: str) -> Callable[[Any, argparse.ArgumentParser], None]:
+    def add(sub: Any, connection: argparse.ArgumentParser) -> None:
+        p = _reader(sub, name, text)
         p.add_argument("job")
 
+    return add
+
+
+def _add_login(sub: Any, connection: argparse.ArgumentParser) -> None:
     sub.add_parser("login", help="check --url/--token (or $GPUPOOL_URL/$GPUPOOL_TOKEN) and save them "
                    "in the client config", description="Check the URL and token work, then save them in "
                    "$XDG_CONFIG_HOME/gpupool/client.json (mode 0600) so later commands need neither.")
 
+
+def _add_events(sub: Any, connection: argparse.ArgumentParser) -> None:
     p = sub.add_parser("events", help="print scheduler events (job state changes, pool, projects)",
                        description="Print scheduler events, oldest first; -f keeps following.")
     p.add_argument("--since", type=int, default=0, help="only events after this sequence number")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events until interrupted")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
+
+def _add_tokens(sub: Any, connection: argparse.ArgumentParser) -> None:
     p = sub.add_parser("tokens", help="API tokens (admin)", description="Manage API tokens (admin).")
-    tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser)
+    tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser, prog="gpupool tokens")
     tsub.required = True
     tc = tsub.add_parser("create", help="create a token for a user", parents=[connection])
     tc.add_argument("user")
     tc.add_argument("--json", action="store_true")
+
+
+SUBCOMMANDS: dict[str, Callable[[Any, argparse.ArgumentParser], None]] = {
+    "serve": _add_serve, "status": _add_status, "whoami": _add_whoami, "projects": _add_projects,
+    "submit": _add_submit, "list": _add_list, "describe": _add_describe, "logs": _add_logs,
+    "pause": _job_action("pause", "pause a running job (it resumes later)"),
+    "resume": _job_action("resume", "resume a paused job"),
+    "cancel": _job_action("cancel", "cancel a job"),
+    "renew": _job_action("renew", "renew a build job's lease"),
+    "login": _add_login, "events": _add_events, "tokens": _add_tokens,
+}
+"""Each command's arguments, in the order ``gpupool --help`` lists them."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``only`` just that command's part.
+
+    ``main`` builds only the command it was given: making all fifteen parsers
+    costs more than the rest of a ``gpupool submit`` on the client side.
+    """
+    parser = _Parser(prog="gpupool", description="Share a pool of GPUs: quotas, a fair training queue, "
+                                                 "fractional GPUs.")
+    parser.add_argument("--url", help="scheduler URL (default: $GPUPOOL_URL, the client config, the "
+                                      "runtime file of a scheduler running here, or http://127.0.0.1:8765)")
+    parser.add_argument("--token", help="API token (default: $GPUPOOL_TOKEN, the client config, or that "
+                                        "runtime file)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
+    parser.add_argument("--version", action=_VersionAction)
+    # prog given, so argparse need not lay out a usage line (and import shutil) to make one.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog="gpupool")
+    sub.required = True
+    connection = _connection_options()
+    original_add_parser = sub.add_parser
+
+    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if name != "serve":
+            kwargs.setdefault("parents", [connection])
+        return original_add_parser(name, **kwargs)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+    for name, add in SUBCOMMANDS.items():
+        if only is None or name == only:
+            add(sub, connection)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
+def version() -> str:
+    """This package's version, from its installed metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("jupyter-gpupool")
+    except PackageNotFoundError:
+        return "(not installed; running from a checkout)"
+
+
+def _command_in(arguments: list[str]) -> str | None:
+    """The command word in ``arguments`` (skipping the global options and their values), if it is one we know."""
+    i = 0
+    while i < len(arguments):
+        word = arguments[i]
+        if word in ("--url", "--token", "--timeout"):
+            i += 2
+            continue
+        if word.startswith("-"):
+            i += 1
+            continue
+        return word if word in SUBCOMMANDS else None
+    return None
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -198,6 +325,13 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, None
+
+
+def _tables() -> Any:
+    """:mod:`scheduler.cli_tables`, imported only by the commands that print a table."""
+    from scheduler import cli_tables
+
+    return cli_tables
 
 
 def _print_json(value: Any) -> None:
@@ -214,6 +348,22 @@ def _print_job_line(job: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"{job['id']} {job['state']}{reason}")
 
 
+def submitted_line(job: dict[str, Any]) -> str:
+    """What `gpupool submit` prints: the job id first (scripts take it), what it holds or waits for, what next.
+
+    A fresh job is 'queued' with the reason 'queued'; saying that twice tells
+    nothing, so the line says what was asked for, for whom, and how to follow it.
+    """
+    state, reason = job.get("state", ""), job.get("reason") or ""
+    if reason and reason not in (state, "queued", "submitted"):
+        return f"{job['id']} {state}: {reason}"
+    what = _tables().request_text(job)
+    who = f" as {job['user']}" if job.get("user") else ""
+    hint = "where it runs" if state in ("queued", "running") else "why"
+    return (f"{job['id']} {state}: {what} in project {job.get('project', '?')}{who}; "
+            f"'gpupool describe {job['id']}' shows {hint}")
+
+
 def _who(me: dict[str, Any]) -> str:
     """'alice' or 'admin (admin)', from a whoami reply."""
     return f"{me['user']}{' (admin)' if me.get('admin') else ''}"
@@ -222,7 +372,7 @@ def _who(me: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ commands
 def cmd_status(client: GpupoolClient, args: argparse.Namespace) -> None:
     status = client.status()
-    _print_json(status) if args.json else print(out.status_text(client.url, status))
+    _print_json(status) if args.json else print(_tables().status_text(client.url, status))
 
 
 def cmd_whoami(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -240,13 +390,13 @@ def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
         if hasattr(args, "limit"):
             fields["train_limit"] = args.limit
         project = client.set_project(args.name, **fields)
-        _print_json(project) if args.json else print(out.projects_table([project]))
+        _print_json(project) if args.json else print(_tables().projects_table([project]))
     elif args.projects_command == "delete":
         client.delete_project(args.name)
         print(f"deleted project {args.name}")
     else:
         projects = client.projects()
-        _print_json(projects) if args.json else print(out.projects_table(projects))
+        _print_json(projects) if args.json else print(_tables().projects_table(projects))
 
 
 def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
@@ -281,7 +431,8 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
 
 
 def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> None:
-    _print_job_line(client.submit(submit_spec(args, command)), args)
+    job = client.submit(submit_spec(args, command))
+    _print_json(job) if args.json else print(submitted_line(job))
 
 
 def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -296,12 +447,12 @@ def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
     elif not args.all:
         filters["state"] = "queued,running,paused"
     jobs = client.jobs(**filters)
-    _print_json(jobs) if args.json else print(out.jobs_table(jobs))
+    _print_json(jobs) if args.json else print(_tables().jobs_table(jobs))
 
 
 def cmd_describe(client: GpupoolClient, args: argparse.Namespace) -> None:
     job = client.job(args.job)
-    _print_json(job) if args.json else print(out.job_text(job))
+    _print_json(job) if args.json else print(_tables().job_text(job))
 
 
 def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -449,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpupool` script; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     arguments, command = _split_command(arguments)
-    parser = build_parser()
+    parser = build_parser(_command_in(arguments))
     try:
         args = parser.parse_args(arguments)
     except SystemExit as e:

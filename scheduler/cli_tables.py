@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing costs a CLI call milliseconds at start; annotations only need it for checkers
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
 
 GIB = 2**30
 

@@ -1,6 +1,6 @@
 """Python clients of the scheduler's HTTP API: blocking and asyncio.
 
-:class:`GpupoolClient` (urllib, blocking) serves the CLI, kernels and tests;
+:class:`GpupoolClient` (blocking, on :mod:`scheduler.http_plain`) serves the CLI, kernels and tests;
 :class:`AsyncGpupoolClient` (tornado's AsyncHTTPClient) serves the Jupyter
 server, whose event loop must never block. Both expose the same methods, one
 per endpoint, defined once in :class:`_Endpoints`: each method builds a request
@@ -17,18 +17,19 @@ with its status, from both clients alike.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 from scheduler import errors
 from scheduler.errors import GpupoolError, Unavailable
+
+# Every `gpupool` call imports this module: anything heavy (asyncio, tornado, urllib,
+# pathlib, typing) is imported where it is used, or only for type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from pathlib import Path
+    from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 API = "/api/v1"
@@ -46,28 +47,58 @@ class ServerError(GpupoolError):
     status = 500
 
 
+def _config_file() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "gpupool", "client.json")
+
+
 def config_path() -> Path:
     """``$XDG_CONFIG_HOME/gpupool/client.json`` (``~/.config`` when XDG_CONFIG_HOME is unset)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gpupool" / "client.json"
+    from pathlib import Path
+
+    return Path(_config_file())
 
 
 def resolve_connection(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
-    """Find the scheduler URL and token: arguments, then GPUPOOL_URL/GPUPOOL_TOKEN, then the config file."""
+    """Find the scheduler URL and token.
+
+    In order: the arguments, ``GPUPOOL_URL``/``GPUPOOL_TOKEN``, the config file
+    ``gpupool login`` saves, then the runtime file of a scheduler running here
+    (:mod:`scheduler.runtime_file`: the one inside JupyterLab, or ``gpupool
+    serve``), and last ``http://127.0.0.1:8765``. A runtime file's token is only
+    used with its own URL, so a token never goes to a host it was not made for.
+    """
     url = url or os.environ.get("GPUPOOL_URL") or None
     token = token or os.environ.get("GPUPOOL_TOKEN") or None
     if url is None or token is None:
-        path = config_path()
-        if path.is_file():
+        path = _config_file()
+        if os.path.isfile(path):
             try:
-                data = json.loads(path.read_text())
+                with open(path) as f:
+                    data = json.load(f)
             except (OSError, ValueError) as e:
                 raise errors.InvalidRequest(f"cannot read the client config {path}: {e}") from e
             if not isinstance(data, dict):
                 raise errors.InvalidRequest(f"client config {path} must hold a JSON object with url and token")
             url = url or data.get("url") or None
             token = token or data.get("token") or None
+    if url is None or token is None:
+        url, token = _from_runtime_file(url, token)
     return (url or DEFAULT_URL).rstrip("/"), token
+
+
+def _from_runtime_file(url: str | None, token: str | None) -> tuple[str | None, str | None]:
+    """Fill what is missing from the newest live scheduler's runtime file (its token only with its URL)."""
+    from scheduler import runtime_file
+
+    found = runtime_file.newest()
+    if found is None:
+        return url, token
+    found_url = str(found["url"]).rstrip("/")
+    if url is not None and url.rstrip("/") != found_url:
+        return url, token
+    found_token = found.get("token")
+    return found_url, token or (str(found_token) if found_token else None)
 
 
 def error_from_reply(status: int, body: bytes | str | None, url: str) -> GpupoolError:
@@ -98,6 +129,10 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
 
 
 def _query(params: Mapping[str, Any]) -> str:
+    if not any(value is not None for value in params.values()):
+        return ""
+    import urllib.parse
+
     items = []
     for key, value in params.items():
         if value is None:
@@ -204,7 +239,12 @@ class _Endpoints:
 
 
 def _seg(value: str) -> str:
-    return urllib.parse.quote(str(value), safe="")
+    text = str(value)
+    if text and all(c.isascii() and (c.isalnum() or c in "-._~") for c in text):
+        return text  # job ids and project names: nothing to quote, and no urllib.parse to import
+    import urllib.parse
+
+    return urllib.parse.quote(text, safe="")
 
 
 def _decode(data: bytes, raw: bool) -> Any:
@@ -216,31 +256,27 @@ def _decode(data: bytes, raw: bool) -> Any:
 
 
 class GpupoolClient(_Endpoints):
-    """Blocking client (urllib). Safe to share between threads: it keeps no connection state."""
+    """Blocking client (:mod:`scheduler.http_plain`). Safe to share between threads: it keeps no connection state.
+
+    No proxies, no redirects followed (the token stays with the scheduler's host):
+    any status from 300 up raises.
+    """
 
     def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
               raw: bool = False, timeout: float | None = None) -> Any:
+        from scheduler import http_plain
+
         url, data, headers = self._request_parts(method, path, body, query)
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with _OPENER.open(request, timeout=timeout or self.timeout) as reply:
-                return _decode(reply.read(), raw)
-        except urllib.error.HTTPError as e:
-            with e:
-                raise error_from_reply(e.code, e.read(), self.url) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-            reason = getattr(e, "reason", e)
+            status, payload = http_plain.request(method, url, data, headers, timeout or self.timeout)
+        except ValueError as e:  # a URL that is not http(s)://host[:port]
+            raise errors.InvalidRequest(f"bad scheduler URL {self.url!r}: {e}") from None
+        except OSError as e:
+            reason = "timed out" if isinstance(e, TimeoutError) else (e.strerror or e)
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {reason}") from None
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Never follow redirects: the token must not travel to another host."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+        if status >= 300:
+            raise error_from_reply(status, payload, self.url)
+        return _decode(payload, raw)
 
 
 MAX_ASYNC_CONNECTIONS = 100
@@ -252,6 +288,8 @@ def _async_http() -> Any:
     on tornado's shared client (10 connections) a few of them would queue every
     other request of the Jupyter server behind them.
     """
+    import asyncio
+
     from tornado.httpclient import AsyncHTTPClient
 
     loop = asyncio.get_running_loop()
@@ -275,6 +313,8 @@ class AsyncGpupoolClient(_Endpoints):
     async def _call(self, method: str, path: str, *, body: Any = None,
                     query: Mapping[str, Any] | None = None, raw: bool = False,
                     timeout: float | None = None) -> Any:
+        import asyncio
+
         from tornado.httpclient import HTTPClientError, HTTPRequest
 
         url, data, headers = self._request_parts(method, path, body, query)
@@ -294,7 +334,7 @@ class AsyncGpupoolClient(_Endpoints):
         if reply.code == 599 or (reply.error is not None and reply.code >= 599):
             raise Unavailable(f"cannot reach the scheduler at {self.url}: {reply.error}")
         # Redirects are not followed (the token must not travel), so a 3xx is an unexpected answer,
-        # an error exactly as urllib raises it for the blocking client, not an empty success.
+        # an error exactly as the blocking client raises it, not an empty success.
         if reply.code >= 300:
             raise error_from_reply(reply.code, reply.body, self.url)
         return _decode(reply.body or b"", raw)

@@ -34,6 +34,7 @@ def clean_env(monkeypatch, tmp_path):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(tmp_path / "runtime"))  # no scheduler of the real user
     return tmp_path
 
 
