@@ -138,6 +138,27 @@ async def quota_message(client: Any, project: str, fallback: str, asked: float |
     )
 
 
+def forget_failed_start(kernel_manager: Any, kernel_id: str) -> None:
+    """Drop a kernel whose first start failed from its multi-kernel manager's pending starts.
+
+    ``MultiKernelManager.start_kernel`` files every start under
+    ``_pending_kernels`` and removes it only when the start succeeds, so a
+    refused kernel stays there for good. ``shutdown_all`` (the server's stop)
+    then shuts it down too, and jupyter_server's manager answers that id with
+    ``HTTPError(404, "Kernel does not exist")``, which aborts the stop: the
+    server stops serving but its process keeps running until a second signal.
+    Every over-quota refusal is such a failed start, so the provisioner, which
+    sees the failure first, removes the entry. A kernel the manager already
+    lists (a failed restart, or a start with ``use_pending_kernels``, which
+    jupyter_client itself cleans up) is left as it is.
+    """
+    multi = getattr(kernel_manager, "parent", None)
+    pending = getattr(multi, "_pending_kernels", None)
+    running = getattr(multi, "_kernels", None)
+    if isinstance(pending, dict) and isinstance(running, dict) and kernel_id not in running:
+        pending.pop(kernel_id, None)
+
+
 def server_root(provisioner: Any) -> str | None:
     """The Jupyter server's root dir (the provisioner's kernel manager's parent knows it)."""
     root = getattr(getattr(provisioner.parent, "parent", None), "root_dir", None)
@@ -221,10 +242,14 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Take (or keep, on restart) the kernel's share, then prepare the launch with its env."""
-        conn = self._connection()
-        env_in = kwargs.get("env") or os.environ
-        notebook = self._notebook_path(dict(env_in))
-        job = await self._take_share(conn, notebook)
+        try:
+            conn = self._connection()
+            env_in = kwargs.get("env") or os.environ
+            notebook = self._notebook_path(dict(env_in))
+            job = await self._take_share(conn, notebook)
+        except BaseException:
+            await self._start_failed()
+            raise
         self.job = job
         leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"], path=notebook,
                                  lease_s=leases.lease_length(job)))
@@ -239,7 +264,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             if root:
                 kwargs["env"]["GPUPOOL_SERVER_ROOT"] = root
         except BaseException:
-            await self._give_back(conn)
+            await self._start_failed(conn)
             raise
         return kwargs
 
@@ -248,8 +273,19 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         try:
             return await super().launch_kernel(cmd, **kwargs)
         except BaseException:
-            await self._give_back()
+            await self._start_failed()
             raise
+
+    async def _start_failed(self, conn: PoolConnection | None = None) -> None:
+        """The kernel did not start (refused share, failed launch, failed restart): leave nothing behind.
+
+        Its share goes back, and a kernel that never ran is dropped from its
+        manager's starts (see :func:`forget_failed_start`).
+        """
+        try:
+            await self._give_back(conn)
+        finally:
+            forget_failed_start(self.parent, str(self.kernel_id))
 
     async def _give_back(self, conn: PoolConnection | None = None) -> None:
         share = leases.release(str(self.kernel_id))

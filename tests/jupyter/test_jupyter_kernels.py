@@ -163,6 +163,9 @@ async def test_session_over_quota_is_409_like_the_kernels_endpoint(
         body=json.dumps({"path": "x.ipynb", "type": "notebook", "kernel": {"name": "gpupool-python3-0.25"}}))
     assert anonymous.code == 403
     assert await get_json(jp_fetch, "api", "sessions") == []
+    # the refused kernels left nothing in the kernel manager: stopping every kernel (what the server does
+    # on SIGTERM) finds none to stop (it used to raise "404 Kernel does not exist" and abort the stop)
+    await jp_serverapp.kernel_manager.shutdown_all()
 
 
 async def test_killed_kernel_loses_its_share_when_the_lease_runs_out(
