@@ -195,7 +195,7 @@ class QueueMonitor(_LiveWidget):
 
     def _button(self, job: dict[str, Any], action: str) -> w.Button:
         icons = {"pause": "pause", "resume": "play", "cancel": "times"}
-        button = w.Button(description=action, icon=icons[action], layout=w.Layout(width="90px"),
+        button = w.Button(description=action, icon=icons[action], layout=w.Layout(width="90px", flex="0 0 auto"),
                           button_style="danger" if action == "cancel" else "")
         button.on_click(lambda _b, jid=job["id"], act=action: self._act(jid, act))
         return button
