@@ -126,6 +126,12 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     // The toolbar button opens the dialog, prefilled from the parameters cell.
     await page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpupool-promote"] button').click();
     const dialog = page.locator('.jp-Dialog');
+    // The project's line reads as a sentence: "2 GPUs guaranteed for training, …" (vision's guarantee is 2).
+    const project = dialog.getByLabel('Project');
+    await expect(project).toHaveValue('vision');
+    const projectLine = /^2 GPUs guaranteed for training, [\d¼½¾.]+ in use now; \d+ jobs? pending\.$/;
+    await expect(project).toHaveAccessibleDescription(projectLine);
+    await expect(dialog.getByText(projectLine)).toBeVisible();
     await expect(dialog.locator('input[data-param="epochs"]')).toHaveValue('3');
     await expect(dialog.locator('input[data-param="label"]')).toHaveValue('"baseline"');
     await dialog.locator('input[data-param="epochs"]').fill('2');
@@ -171,17 +177,47 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await page.notebook.activate('gpupool-tour.ipynb');
     await expect(page.locator('.jp-gpupool-status')).toContainText('GPU ¼', { timeout: 60000 });
 
-    // Cells: 0 md, 1 md, 2 env, 3 %gpupool status, 4 md, 5 experiment, 6 md, 7 promote, 8 md, 9 PoolMonitor.
-    const output = (i: number) => page.locator('.jp-Notebook .jp-Cell').nth(i).locator('.jp-OutputArea');
-    for (const i of [2, 3, 5, 7, 9]) {
+    // Cells: 0 md, 1 md, 2 env, 3 %gpupool status, 4 md, 5 experiment, 6 md, 7 promote, 8 md,
+    // 9 PoolMonitor, 10 QueueMonitor.
+    const cell = (i: number) => page.locator('.jp-Notebook .jp-Cell').nth(i);
+    const output = (i: number) => cell(i).locator('.jp-OutputArea');
+    for (const i of [2, 3, 5, 7, 9, 10]) {
       await page.notebook.runCell(i);
     }
     await expect(output(2)).toContainText("'GPUPOOL_GPU_FRACTION': '0.25'");
     await expect(output(3)).toContainText('simulated GPUs');
     await expect(output(5)).toContainText('step 4: loss');
-    await expect(output(7)).toContainText(/promoted gpupool-tour-train.ipynb as job j-\d+/);
-    await expect(output(9).locator('.widget-vbox, .jupyter-widgets').first()).toBeVisible();
+    const promoted = /promoted gpupool-tour-train.ipynb as job (j-\d+)/;
+    await expect(output(7)).toContainText(promoted);
+    const jobId = promoted.exec((await output(7).textContent()) ?? '')?.[1] ?? '';
+    expect(jobId).toMatch(/^j-\d+$/);
+
+    // The widgets render their rows a moment after their box appears: wait for the rows a
+    // user reads. PoolMonitor: a row per GPU of the demo pool (4 A100s), the tour's ¼ share
+    // on one of them, and a row per project with its build and training use.
+    const pool = output(9);
+    const gpuRows = pool.locator('.widget-hbox', { hasText: /GPU\d A100/ });
+    await expect(gpuRows).toHaveCount(4);
+    await expect(gpuRows.filter({ hasText: /vision\/\S+ build ¼/ })).toHaveCount(1);
+    for (const project of ['vision', 'nlp']) {
+      const row = pool.locator('.widget-hbox', { has: page.locator('b', { hasText: new RegExp(`^${project}$`) }) });
+      await expect(row).toHaveCount(1);
+      await expect(row).toContainText(/build [\d.]+ \/ .*train [\d.]+ \/ /);
+    }
+    // QueueMonitor: the promoted job's row, with the buttons to act on it.
+    const queueRow = output(10).locator('.widget-hbox', { hasText: jobId });
+    await expect(queueRow).toContainText('gpupool-tour-train');
+    await expect(queueRow).toContainText(/queued|running/);
+    for (const name of ['pause', 'cancel']) {
+      const button = queueRow.getByRole('button', { name });
+      await expect(button).toBeVisible();
+      // Its label reads whole (not cut to "p…" by the row's long text).
+      await expect.poll(() => button.evaluate(b => b.scrollWidth <= b.clientWidth)).toBe(true);
+    }
     await expect(page.locator('.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')).toHaveCount(0);
+    // Both monitors in the picture: the PoolMonitor's cell at the top of the notebook.
+    await cell(9).evaluate(node => node.scrollIntoView({ block: 'start' }));
+    await expect(queueRow).toBeInViewport();
     await page.screenshot({ path: path.join(SHOTS, 'tour.png') });
 
     // The promoted run trains to the end and checkpoints on the way.
@@ -260,7 +296,7 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(training).toContainText('0/2', { timeout: 30000 });
   });
 
-  test('a kernel beyond the build quota is refused with a message naming the quota', async ({ page, tmpPath }) => {
+  test('a kernel beyond the build quota is refused with a message naming the quota, shown whole', async ({ page, tmpPath }) => {
     // Fill vision's build quota (1½ GPUs) with a 1 GPU and a ½ GPU kernel.
     for (const [name, kernel] of [
       ['one.ipynb', 'gpupool-python3-1'],
@@ -284,8 +320,40 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
       .locator('.jp-LauncherCard', { hasText: 'Python 3 (¼ GPU)' })
       .click();
     const dialog = page.locator('.jp-Dialog');
-    await expect(dialog).toContainText("project 'vision' has used its build quota of 1.5 GPU", { timeout: 60000 });
-    await expect(dialog).toContainText('Shut down one of those kernels');
+    await expect(dialog.locator('.jp-Dialog-header')).toContainText('Error Starting Kernel', { timeout: 60000 });
+    // The message says whose quota it is and names the notebooks holding it.
+    const message = dialog.locator('.jp-Dialog-body pre').first();
+    await expect(message).toContainText("project 'vision'");
+    await expect(message).toContainText('build quota');
+    await expect(message).toContainText('one.ipynb');
+    await expect(message).toContainText('half.ipynb');
+
+    // The message is one long sentence (it names both notebooks by their paths): it wraps
+    // inside the dialog and reads whole, with nothing cut off at the dialog's edge (no
+    // sideways scrolling, its last character inside the box).
+    const layout = await message.evaluate(pre => {
+      const body = pre.closest('.jp-Dialog-body') as HTMLElement;
+      const box = body.getBoundingClientRect();
+      const range = document.createRange();
+      const text = pre.firstChild as Text;
+      range.setStart(text, Math.max(text.length - 1, 0));
+      range.setEnd(text, text.length);
+      const last = range.getBoundingClientRect();
+      const lineHeight = parseFloat(getComputedStyle(pre).lineHeight) || 16;
+      return {
+        chars: (pre.textContent ?? '').length,
+        preOverflow: pre.scrollWidth - pre.clientWidth,
+        bodyOverflow: body.scrollWidth - body.clientWidth,
+        lines: Math.round(pre.getBoundingClientRect().height / lineHeight),
+        lastInside: last.right <= box.right + 0.5 && last.bottom <= box.bottom + 0.5 && last.left >= box.left
+      };
+    });
+    expect(layout.chars).toBeGreaterThan(150);
+    expect(layout.preOverflow).toBeLessThanOrEqual(0);
+    expect(layout.bodyOverflow).toBeLessThanOrEqual(0);
+    expect(layout.lines).toBeGreaterThan(1);
+    expect(layout.lastInside).toBe(true);
+    await page.screenshot({ path: path.join(SHOTS, 'kernel-over-quota.png') });
     await dialog.locator('.jp-Dialog-button').first().click();
   });
 
