@@ -9,10 +9,22 @@ later whether a job's command ran and how it ended. So the wrapper
    ``RUN_PREFIX.claimed`` (atomic). If the ticket is gone, the service revoked
    it during a crash recovery and the command must not run: exit 75.
 2. writes ``RUN_PREFIX.pid`` (its pid and /proc start time),
-3. runs the command as a child, surviving SIGTERM itself (the signal reaches
-   the whole process group, so the command gets it too),
-4. writes the command's exit status to ``RUN_PREFIX.exit`` (atomically) and
-   exits with it.
+3. runs the command as a child. The service asks an attempt to stop by
+   sending SIGTERM to the wrapper alone; the wrapper survives it and decides,
+   at one instant, whether the stop reached the command: if the command has
+   not ended yet, the wrapper passes SIGTERM on to its whole process group and
+   notes that it did; if the command had already ended on its own, the stop
+   came too late and is not passed on,
+4. writes the command's exit status to ``RUN_PREFIX.exit`` (atomically), with a
+   second line ``stopped`` (the stop reached the command) or ``ended`` (the
+   command ended on its own), and exits with it.
+
+Why the second line: a job whose command exits just before a pause, a
+reclaim or a cancel reaches it has finished. Its recorded status must win
+over the stop (the job ends ``succeeded``/``failed`` and never runs again),
+while a command that exits because it was stopped (a checkpoint on SIGTERM,
+status 0 included) is paused and resumed. Only the wrapper can tell the two
+apart without a race, since it both reaps the command and passes the signal on.
 
 A negative status means the command died of that signal (Python convention).
 """
@@ -25,6 +37,7 @@ import subprocess
 import sys
 
 REVOKED_EXIT = 75
+STOPPED, ENDED = "stopped", "ended"
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -57,25 +70,59 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, IndexError):
         start = 0
     _write_atomic(prefix + ".pid", f"{os.getpid()} {start}\n")
+    child: list[int] = []  # the command's pid, once started
+    stopped: list[bool] = []  # non-empty once a stop reached the command (or came before it started)
+
+    def on_stop(signum: int, _frame: object) -> None:
+        if stopped:
+            return  # our own pass-on to the group comes back to us: once is enough
+        if child and not _still_running(child[0]):
+            return  # the command had already ended on its own: the stop came too late
+        stopped.append(True)
+        if child:
+            try:
+                os.killpg(os.getpgid(0), signum)
+            except OSError:
+                pass
+
     # A Python handler (not SIG_IGN, which exec would pass on to the child)
     # keeps the wrapper alive long enough to record the command's status.
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGHUP, lambda *_: None)
+    if stopped:  # stopped before the command started: it never runs
+        _write_atomic(prefix + ".exit", f"{-signal.SIGTERM}\n{STOPPED}\n")
+        return 128 + signal.SIGTERM
     try:
         proc = subprocess.Popen(command)
     except OSError as e:
         print(f"gpupool: cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
-        _write_atomic(prefix + ".exit", "127\n")
+        _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
         return 127
+    child.append(proc.pid)
+    if stopped:  # the stop came while the command was being started: pass it on now
+        stopped.clear()
+        on_stop(signal.SIGTERM, None)
     while True:
         try:
             code = proc.wait()
             break
         except InterruptedError:
             continue
-    _write_atomic(prefix + ".exit", f"{code}\n")
+    _write_atomic(prefix + ".exit", f"{code}\n{STOPPED if stopped else ENDED}\n")
     return code if code >= 0 else 128 - code
+
+
+def _still_running(pid: int) -> bool:
+    """Whether our child ``pid`` has not ended yet; looked at without reaping it (WNOWAIT).
+
+    Not ``Popen.poll()``: inside a signal handler that interrupted ``Popen.wait()``
+    it cannot take the wait lock and answers "running" whatever the truth.
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False  # already reaped: it has ended
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ running attempt from a finished one from one that never started:
 
 ``attempt-N.launch`` (ticket, made by the service before spawning),
 ``attempt-N.claimed`` (the wrapper took the ticket), ``attempt-N.pid``
-(``pid starttime``), ``attempt-N.exit`` (the command's exit status).
+(``pid starttime``), ``attempt-N.exit`` (the command's exit status, and
+whether a stop reached the command or it ended on its own).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.errors import InvalidRequest
+from scheduler.executor._wrapper import ENDED
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -139,12 +141,29 @@ class LocalExecutor:
             return handle.popen.poll() is None
         return proc_start_time(handle.pid) == handle.start_time
 
+    def _exit_lines(self, job_id: str, attempt: int) -> list[str]:
+        try:
+            return Path(str(self._prefix(job_id, attempt)) + ".exit").read_text().split()
+        except OSError:
+            return []
+
     def exit_code(self, job_id: str, attempt: int) -> int | None:
         """The command's recorded exit status for this attempt, if it finished."""
+        lines = self._exit_lines(job_id, attempt)
         try:
-            return int(Path(str(self._prefix(job_id, attempt)) + ".exit").read_text().strip())
-        except (OSError, ValueError):
+            return int(lines[0]) if lines else None
+        except ValueError:
             return None
+
+    def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        """Whether the attempt's command ended before any stop reached it (the wrapper says so).
+
+        Then its exit status is the job's result, whatever stop the service was
+        carrying out meanwhile. False when no status is recorded, when the stop
+        reached the command, or for a status file of an older wrapper (one line).
+        """
+        lines = self._exit_lines(job_id, attempt)
+        return len(lines) >= 2 and lines[1] == ENDED
 
     def adopt(self, job_id: str, attempt: int, pid: int, start_time: int) -> ProcessHandle | None:
         """Find a process again after a restart: alive with the same start time, else None."""
@@ -196,9 +215,18 @@ class LocalExecutor:
         """Whether any live (non-zombie) process remains in the attempt's process group."""
         return self.alive(handle) or bool(group_members(handle.pid))
 
+    def request_stop(self, handle: ProcessHandle) -> None:
+        """SIGTERM to the wrapper alone: it passes the signal on to the group only if the command still runs."""
+        if not self.alive(handle):
+            return
+        try:
+            os.kill(handle.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     async def stop(self, handle: ProcessHandle, grace_s: float, poll_s: float = 0.05) -> bool:
-        """SIGTERM the group, wait up to ``grace_s``, then SIGKILL. True if it ended within the grace."""
-        self.signal_group(handle, signal.SIGTERM)
+        """Ask the wrapper to stop, wait up to ``grace_s``, then SIGKILL the group. True if it ended within the grace."""
+        self.request_stop(handle)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.alive(handle):

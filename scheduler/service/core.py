@@ -293,6 +293,16 @@ class SchedulerCore:
         if not rec.live:
             del self._live[job_id]
 
+    def _transition(self, job_id: str, **changes: Any) -> None:
+        """Write a job's change and its event in one transaction.
+
+        A service killed between the two would otherwise leave a state that no
+        event ever announced (a job running, and no ``running`` event).
+        """
+        with self._store.transaction():
+            self._update(job_id, **changes)
+            self._emit_job(job_id)
+
     def _job(self, job_id: str) -> JobRecord | None:
         rec = self._live.get(job_id)
         return rec if rec is not None else self._store.job(job_id)
@@ -535,10 +545,12 @@ class SchedulerCore:
         )
         if rec.kind == "build":
             fields.update(env=gpu_env, reason=s.reason, lease_expires_at=now + self.config.lease_s)
-            self._update(rec.id, **fields)
-            self._emit_job(rec.id)
+            self._transition(rec.id, **fields)
             return
-        self._update(rec.id, reason=f"starting attempt {attempt}", **fields)
+        # "running" is committed, with its event, before the process exists: a service killed
+        # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
+        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
+                         **fields)
         env = dict(os.environ)
         env.update(rec.job_env)
         env.update(gpu_env)
@@ -548,16 +560,20 @@ class SchedulerCore:
             self._finish(rec, "failed", f"could not start: {e}")
             return
         self._procs[rec.id] = handle
-        self._update(rec.id, pid=handle.pid, pid_start=handle.start_time,
-                     reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason)
-        self._emit_job(rec.id)
+        self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
 
     # ================================================================ stopping and finishing
     def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
-        """Record the intent, then SIGTERM the job's group (SIGKILL after the grace) in the background."""
-        self._update(rec.id, stop_intent=intent, reason=reason)
-        self._emit_job(rec.id)
+        """Record the intent, then ask the job's process to stop (SIGKILL after the grace) in the background.
+
+        A command that has already ended is settled from its own exit status
+        instead: the stop comes too late, and a finished job never runs again.
+        """
         handle = self._procs.get(rec.id)
+        if handle is not None and not self.executor.alive(handle):
+            self._settle_ended(rec.id, handle)
+            return
+        self._transition(rec.id, stop_intent=intent, reason=reason)
         if handle is None:
             fresh = self._job(rec.id)
             if fresh is not None:
@@ -578,36 +594,44 @@ class SchedulerCore:
         """Monitor: settle every attempt whose wrapper has ended."""
         ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
         for jid, h in ended:
-            self._procs.pop(jid, None)
-            self.executor.reap_group(h)
-            rec = self._job(jid)
-            if rec is None or rec.state != "running" or rec.attempts != h.attempt:
-                continue
-            self._finish_attempt(rec, self.executor.exit_code(jid, h.attempt))
+            self._settle_ended(jid, h)
         if ended and not self._closing:
             self._request_cycle()
 
+    def _settle_ended(self, job_id: str, handle: ProcessHandle) -> None:
+        """An attempt's wrapper has ended: forget its process and record how the attempt ended."""
+        self._procs.pop(job_id, None)
+        self.executor.reap_group(handle)
+        rec = self._job(job_id)
+        if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
+            return
+        self._finish_attempt(rec, self.executor.exit_code(job_id, handle.attempt))
+
     def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False) -> None:
-        """An attempt's process is gone: decide the job's next state from the stop intent and the exit code."""
+        """An attempt's process is gone: decide the job's next state from the stop intent and the exit code.
+
+        A command that ended on its own before the stop reached it (its wrapper
+        says so) has finished: its exit status wins over the intent.
+        """
         intent = rec.stop_intent
+        if intent is not None and code is not None and self.executor.ended_on_its_own(rec.id, rec.attempts):
+            intent = None
         self._watchdog.forget(rec.id)
         if intent in PAUSE_INTENTS:
             reason = rec.reason or PAUSE_INTENTS[intent]
-            self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
-                         pid_start=None, stop_intent=None, exit_code=code, reason=reason,
-                         user_paused=(intent == "pause"), preemptible=False)
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, exit_code=code, reason=reason,
+                             user_paused=(intent == "pause"), preemptible=False)
             if intent != "preempt":
                 self._metrics.pauses.labels(intent).inc()
-            self._emit_job(rec.id)
         elif intent == "cancel":
             self._finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
         elif intent == "watchdog":
             self._finish(rec, "failed", rec.reason, exit_code=code)
         elif lost:
-            self._update(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
-                         pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
-                         reason="process lost during restart; requeued")
-            self._emit_job(rec.id)
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
+                             reason="process lost during restart; requeued")
         elif code is None:
             self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
         elif code == 0:
@@ -620,11 +644,10 @@ class SchedulerCore:
             ev.set()
 
     def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
-        self._update(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
-                     assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
-                     lease_expires_at=None)
+        self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+                         assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
+                         lease_expires_at=None)
         self._metrics.finished.labels(state).inc()
-        self._emit_job(rec.id)
         ev = self._settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
@@ -677,10 +700,9 @@ class SchedulerCore:
                 u = self.executor.recover_unrecorded(rec.id, attempt)
                 outcome, handle, code = u.outcome, u.handle, u.exit_code
                 if outcome == "not-started":
-                    self._update(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
-                                 assignment=None, started_at=None, stop_intent=None,
-                                 reason="start interrupted by a service restart; requeued")
-                    self._emit_job(rec.id)
+                    self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                                     assignment=None, started_at=None, stop_intent=None,
+                                     reason="start interrupted by a service restart; requeued")
                     continue
                 if outcome == "lost":
                     outcome = "gone"
@@ -997,9 +1019,8 @@ class SchedulerCore:
             raise Conflict(f"job {rec.id} is a build share; cancel it to release the GPU")
         reason = f"paused by {actor.user}"
         if rec.state in ("queued", "paused"):
-            self._update(rec.id, state="paused", user_paused=True, reason=reason,
-                         paused_at=rec.paused_at or time.time())
-            self._emit_job(rec.id)
+            self._transition(rec.id, state="paused", user_paused=True, reason=reason,
+                             paused_at=rec.paused_at or time.time())
         elif rec.stop_intent in ("preempt", "shutdown"):
             self._update(rec.id, stop_intent="pause", reason=reason)
         elif rec.stop_intent is None:
@@ -1015,8 +1036,7 @@ class SchedulerCore:
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; only paused jobs can be resumed")
         if rec.state == "paused":
-            self._update(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
-            self._emit_job(rec.id)
+            self._transition(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
             self._cycle()
         elif rec.state == "running" and rec.stop_intent == "pause":
             self._update(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
