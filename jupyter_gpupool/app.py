@@ -21,6 +21,7 @@ from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
 from jupyter_gpupool import connection as connection_mod
 from jupyter_gpupool import leases
+from jupyter_gpupool.cli_path import put_cli_on_path
 from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
@@ -141,6 +142,7 @@ class GPUPool(ExtensionApp):
     def initialize_settings(self) -> None:
         """Register the connection and install the GPU kernelspecs."""
         self._tasks = []
+        put_cli_on_path()  # kernels and terminals inherit it: `!gpupool status` works in a notebook
         self.connection = PoolConnection(self.pool_settings())
         self.connection.on_ready = self.start_background
         self.connection.log = self.log

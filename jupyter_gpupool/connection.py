@@ -142,6 +142,7 @@ class PoolConnection:
             await self._start_embedded()
             self._admin_client = AsyncGpupoolClient(url=self.url, token=self.embedded.admin_token)
             self.token = await self._user_token(AsyncGpupoolClient)
+            self.embedded.publish_token(self.token, user=self.user)  # `gpupool` here acts as this user
             self._client = AsyncGpupoolClient(url=self.url, token=self.token)
             self.admin = True
         else:

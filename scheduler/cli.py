@@ -574,6 +574,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
             if not admin_token:
                 print(f"  export GPUPOOL_TOKEN=$(cat {scheduler.admin_token_path})", flush=True)
+            if scheduler.runtime_path:
+                print(f"gpupool commands run here by this user find it with no flags "
+                      f"(runtime file {scheduler.runtime_path})", flush=True)
             await stop.wait()
             print("gpupool scheduler stopping", flush=True)
         finally:

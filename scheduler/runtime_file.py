@@ -3,7 +3,7 @@
 A scheduler started by ``scripts/run`` (inside JupyterLab) or by ``gpupool
 serve --port 0`` listens on a random port with a token the user never saw.
 Like Jupyter's ``jpserver-<pid>.json``, each running scheduler writes
-``scheduler-<pid>.json`` (URL, token, user, pid, start time) into a per-user
+``scheduler-<pid>-<port>.json`` (URL, token, user, pid, start time) into a per-user
 runtime directory, readable by its owner only, and removes it on a clean stop.
 The client reads the newest file whose process is still alive, so commands
 work with no flags; explicit flags, the environment and ``gpupool login``'s
@@ -45,21 +45,27 @@ def runtime_dir() -> str:
     return os.path.join(data, "gpupool", "runtime")
 
 
-def path_for(pid: int | None = None) -> str:
-    """The runtime file of process ``pid`` (this one by default)."""
-    return os.path.join(runtime_dir(), f"{PREFIX}{os.getpid() if pid is None else pid}{SUFFIX}")
+def path_for(url: str, pid: int | None = None) -> str:
+    """The runtime file of the scheduler at ``url`` in process ``pid`` (this one by default).
+
+    The port is in the name too: one process may run several schedulers (tests do).
+    """
+    port = "".join(c for c in url.rsplit(":", 1)[-1] if c.isdigit()) or "0"
+    return os.path.join(runtime_dir(), f"{PREFIX}{os.getpid() if pid is None else pid}-{port}{SUFFIX}")
 
 
 def write(url: str, token: str | None, **extra: object) -> str:
-    """Publish this process's scheduler (replacing its earlier file, if any); returns the path."""
+    """Publish the scheduler at ``url`` run by this process (replacing its earlier file); returns the path."""
     directory = runtime_dir()
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    if os.name == "posix" and os.stat(directory).st_uid == os.getuid():
+    if os.name == "posix":
+        if os.stat(directory).st_uid != os.getuid():
+            raise PermissionError(f"{directory} belongs to another user; not writing a token there")
         os.chmod(directory, 0o700)  # an existing dir made with a looser umask
     info = {"url": url, "token": token, "pid": os.getpid(), "started": time.time(), **extra}
-    path = path_for()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    path = path_for(url)
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(info, f)
@@ -70,9 +76,9 @@ def write(url: str, token: str | None, **extra: object) -> str:
     return path
 
 
-def remove(path: str | None = None) -> None:
-    """Withdraw this process's runtime file (a clean stop)."""
-    _unlink(path or path_for())
+def remove(path: str) -> None:
+    """Withdraw a runtime file (a clean stop)."""
+    _unlink(path)
 
 
 def _unlink(path: str) -> None:

@@ -5,6 +5,10 @@ The Jupyter extension starts one when no scheduler URL is configured, and
 rest of the system talks to it over HTTP through :mod:`scheduler.client`, so
 there is exactly one path from a user to the core, with the same
 authentication and the same errors, whether the scheduler is shared or not.
+
+Once listening it publishes a runtime file (:mod:`scheduler.runtime_file`)
+with its URL and a token, so ``gpupool`` run by the same user on this machine
+finds it with no flags, though its port is random; the file goes on a clean stop.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from scheduler import runtime_file
 from scheduler.api.app import make_app
 from scheduler.errors import GpupoolError, InvalidRequest
 from scheduler.service.config import ServiceConfig
@@ -37,12 +42,16 @@ class EmbeddedScheduler:
     ``train_limit``, ``weight``, in GPUs); missing projects are created at start,
     existing ones are left as the admin last set them. ``config`` holds any other
     :class:`ServiceConfig` field (``tick_s``, ``min_runtime_s``, ...).
+
+    ``publish`` (default on) writes the runtime file at start, with the admin
+    token until :meth:`publish_token` names the token a local user should get
+    (the Jupyter extension gives its user's own, so jobs from the CLI are theirs).
     """
 
     def __init__(self, state_dir: str | os.PathLike[str], simulate: str | None = None,
                  projects: Mapping[str, Mapping[str, Any]] | None = None, admin_token: str | None = None,
                  *, host: str = "127.0.0.1", port: int = 0,
-                 config: Mapping[str, Any] | ServiceConfig | None = None) -> None:
+                 config: Mapping[str, Any] | ServiceConfig | None = None, publish: bool = True) -> None:
         self.state_dir = Path(state_dir).expanduser()
         self.simulate = simulate
         self.projects = dict(projects or {})
@@ -55,6 +64,9 @@ class EmbeddedScheduler:
         self.core: Any = None
         self.app: Any = None
         self._server: HTTPServer | None = None
+        self.publish = publish
+        self.runtime_path: str | None = None
+        """The runtime file this scheduler wrote (None before start, after stop, or when not publishing)."""
 
     def service_config(self) -> ServiceConfig:
         """The core's configuration: explicit arguments win over ``config``."""
@@ -106,11 +118,29 @@ class EmbeddedScheduler:
         self.port = port
         self.url = f"http://{host}:{port}"
         log.info("gpupool scheduler listening on %s (state in %s)", self.url, self.state_dir)
+        if self.publish:
+            self.publish_token(self.admin_token, user=cfg.admin_user)
+
+    def publish_token(self, token: str | None, user: str | None = None) -> None:
+        """(Re)write the runtime file with ``token``: what `gpupool` on this machine will use by default.
+
+        A failure to write it is logged, not raised: the scheduler works without
+        it (flags and the environment still reach it).
+        """
+        if self.url is None:
+            raise InvalidRequest("the embedded scheduler is not started")
+        try:
+            self.runtime_path = runtime_file.write(self.url, token, user=user, state_dir=str(self.state_dir))
+        except OSError as e:
+            log.warning("could not write the gpupool runtime file in %s: %s", runtime_file.runtime_dir(), e)
 
     async def stop(self) -> None:
         """Stop listening, end long-polls and streams, then stop the core (jobs as its config says)."""
         if self.core is None:
             return
+        if self.runtime_path is not None:  # first, so no new client is sent here while we stop
+            runtime_file.remove(self.runtime_path)
+            self.runtime_path = None
         if self._server is not None:
             self._server.stop()
             self.app.settings["shutdown_event"].set()

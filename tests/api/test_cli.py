@@ -244,3 +244,102 @@ def test_login_checks_then_saves_the_client_config(env, capsys, monkeypatch, tmp
     assert code == 0 and out.startswith("alice"), err
     code, out, err = run(capsys, "--token", "", "login")
     assert code == 0  # an empty --token falls back to the saved one
+
+
+def _gpupool_command() -> list[str]:
+    """The installed `gpupool` script next to this Python (what users run), else `python -m scheduler`."""
+    import os
+    import sys
+
+    script = os.path.join(os.path.dirname(sys.executable), "gpupool")
+    return [script] if os.path.isfile(script) else [sys.executable, "-m", "scheduler"]
+
+
+def test_cli_finds_the_embedded_scheduler_with_no_flags(tmp_path, monkeypatch):
+    """The scheduler inside Lab listens on a random port; `gpupool` finds it through its runtime file."""
+    import subprocess
+
+    from .servers import EmbeddedThread, cli_env
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(runtime))  # read by the scheduler when it starts
+    env = cli_env("", None, tmp_path)
+    del env["GPUPOOL_URL"]
+    env["GPUPOOL_RUNTIME_DIR"] = str(runtime)
+
+    def gpupool(*argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*_gpupool_command(), *argv], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=60)
+
+    sched = EmbeddedThread(tmp_path / "state", simulate="2xA100-80GB", config={"on_shutdown": "stop"},
+                           projects={"vision": {"train_guarantee": 2}})
+    try:
+        result = gpupool("status")
+        assert result.returncode == 0, result.stderr
+        assert "SIMULATED" in result.stdout and "A100-80GB" in result.stdout
+        result = gpupool("whoami")
+        assert result.stdout.strip() == f"admin (admin) at {sched.url}", result.stderr
+        result = gpupool("submit", "--project", "vision", "--gpus", "1", "--", "sleep", "30")
+        job_id = result.stdout.split()[0]
+        assert result.returncode == 0 and job_id.startswith("j-"), result.stderr
+        assert result.stdout.strip() == (f"{job_id} queued: 1 GPU in project vision as admin; "
+                                         f"'gpupool describe {job_id}' shows where it runs")
+        # The Jupyter extension publishes its user's own token: CLI jobs are then that user's.
+        token = sched.loops.run(_create_token(sched, "dora"))
+        sched.scheduler.publish_token(token, user="dora")
+        assert gpupool("whoami").stdout.strip() == f"dora at {sched.url}"
+        # An explicit URL elsewhere wins, and the runtime file's token does not travel there.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        result = gpupool("whoami", GPUPOOL_URL=f"http://127.0.0.1:{port}")
+        assert result.returncode == 3 and f"127.0.0.1:{port}" in result.stderr
+        assert gpupool("--url", sched.url, "whoami").stdout.strip() == f"dora at {sched.url}"  # same URL: its token
+        assert gpupool("cancel", job_id, GPUPOOL_TOKEN=sched.admin_token).returncode == 0
+    finally:
+        sched.close()
+    assert list(runtime.iterdir()) == []  # a clean stop withdraws the file
+
+
+async def _create_token(sched, user: str) -> str:
+    from scheduler.client import AsyncGpupoolClient
+
+    return (await AsyncGpupoolClient(sched.url, sched.admin_token).create_token(user))["token"]
+
+
+def test_version(tmp_path):
+    import subprocess
+
+    from .servers import cli_env
+
+    result = subprocess.run([*_gpupool_command(), "--version"], env=cli_env("", None, tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("gpupool ") and result.stdout.split()[1][0].isdigit()
+
+
+HEAVY = ("tornado", "asyncio", "numpy", "jsonschema", "prometheus_client", "sqlite3", "urllib.request",
+         "http.client", "email", "ssl", "concurrent", "typing", "pathlib", "shutil", "importlib.metadata",
+         "scheduler.service", "scheduler.api", "scheduler.policy", "scheduler.store", "scheduler.cli_tables",
+         "jupyter_gpupool")
+
+
+def test_submit_imports_only_what_it_needs(env, tmp_path):
+    """A `gpupool submit` costs its imports on every call; none of the service, tornado or asyncio is needed."""
+    import subprocess
+    import sys
+
+    from .servers import cli_env
+
+    probe = ("import json, sys\n"
+             "before = set(sys.modules)\n"
+             "from scheduler import cli\n"
+             "code = cli.main(['submit', '--project', 'vision', '--gpus', '1', '--json', '--', 'true'])\n"
+             "print(json.dumps({'code': code, 'new': sorted(set(sys.modules) - before)}))\n")
+    result = subprocess.run([sys.executable, "-c", probe], env=cli_env(env.url, "alice-token", tmp_path),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    *job, last = result.stdout.strip().splitlines()
+    report = json.loads(last)
+    assert report["code"] == 0 and json.loads("\n".join(job))["project"] == "vision"
+    heavy = [m for m in report["new"] if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+    assert heavy == [], f"gpupool submit imported {heavy}"

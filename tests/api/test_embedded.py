@@ -111,3 +111,51 @@ async def test_stop_ends_open_streams_and_long_polls(tmp_path):
     reply = await asyncio.wait_for(poll, 5)
     assert reply["events"] == [] or all(e["seq"] > last for e in reply["events"])
     writer.close()
+
+
+async def test_runtime_file_is_private_names_the_scheduler_and_goes_on_stop(tmp_path, monkeypatch):
+    """What `gpupool` reads to find a scheduler on a random port: 0600 in a 0700 dir, gone after a clean stop."""
+    import json
+
+    from scheduler import runtime_file
+
+    runtime = tmp_path / "runtime"
+    monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(runtime))
+    sched = EmbeddedScheduler(tmp_path / "state", simulate="1xA100-80GB", config=FAST)
+    await sched.start()
+    try:
+        files = list(runtime.iterdir())
+        assert [str(f) for f in files] == [sched.runtime_path]
+        assert stat.S_IMODE(files[0].stat().st_mode) == 0o600 and stat.S_IMODE(runtime.stat().st_mode) == 0o700
+        info = json.loads(files[0].read_text())
+        assert info["url"] == sched.url and info["token"] == sched.admin_token and info["pid"] > 0
+        assert runtime_file.newest()["url"] == sched.url
+        user_token = (await AsyncGpupoolClient(sched.url, sched.admin_token).create_token("erin"))["token"]
+        sched.publish_token(user_token, user="erin")  # what the Jupyter extension does for its user
+        assert json.loads(files[0].read_text())["token"] == user_token and len(list(runtime.iterdir())) == 1
+    finally:
+        await sched.stop()
+    assert list(runtime.iterdir()) == [] and runtime_file.newest() is None
+
+
+def test_stale_and_foreign_runtime_files_are_ignored(tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    from scheduler import runtime_file
+
+    monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"scheduler-{dead.pid}-1.json"
+    stale.write_text(json.dumps({"url": "http://127.0.0.1:1", "token": "old", "pid": dead.pid, "started": 2.0}))
+    (tmp_path / "scheduler-x-2.json").write_text("{not json")
+    (tmp_path / "notes.json").write_text(json.dumps({"url": "http://127.0.0.1:3", "pid": 1}))
+    assert runtime_file.newest() is None
+    assert not stale.exists()  # a dead process's file is cleaned up on the way
+    live = runtime_file.write("http://127.0.0.1:4", "t")
+    older = tmp_path / "scheduler-1-5.json"  # pid 1 is alive; started earlier than ours
+    older.write_text(json.dumps({"url": "http://127.0.0.1:5", "token": "u", "pid": 1, "started": 1.0}))
+    assert [i["url"] for i in runtime_file.running()] == ["http://127.0.0.1:4", "http://127.0.0.1:5"]
+    runtime_file.remove(live)
+    assert runtime_file.newest()["url"] == "http://127.0.0.1:5"
