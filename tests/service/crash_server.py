@@ -4,21 +4,42 @@
 on simulated GPUs with ``on_shutdown="leave"``; on its first start (empty
 store) creates project ``p`` and submits the job specs in SPECS_JSON (a JSON
 list). Runs until SIGTERM (clean stop) or SIGKILL (the point of the tests).
+
+With ``GPUPOOL_TEST_DIE_AT_EVENT=STATE`` in its environment, the process dies
+at once (``os._exit``, as abruptly as a SIGKILL) when it is about to write the
+first event of a job entering STATE: the worst moment for a state and its
+event to be written apart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
 
 from scheduler.service.config import ServiceConfig
 from scheduler.service.core import Actor, SchedulerCore
+from scheduler.store import Store
+
+
+def _die_at_event(state: str) -> None:
+    """Make the process die right before it writes the first ``job`` event entering ``state``."""
+    add_event = Store.add_event
+
+    def dying(self: Store, t: float, body: dict) -> int:
+        if body.get("type") == "job" and body.get("state") == state:
+            os._exit(9)
+        return add_event(self, t, body)
+
+    Store.add_event = dying  # type: ignore[method-assign]
 
 
 async def main(state_dir: str, specs_path: str, gpus: str) -> None:
+    if os.environ.get("GPUPOOL_TEST_DIE_AT_EVENT"):
+        _die_at_event(os.environ["GPUPOOL_TEST_DIE_AT_EVENT"])
     core = SchedulerCore(ServiceConfig(
         state_dir=Path(state_dir), simulate=gpus, tick_s=0.1, poll_s=0.02, pause_grace_s=1.0,
         on_shutdown="leave", min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin", node_name="crash",

@@ -51,11 +51,12 @@ class Server:
         self.gpus = gpus
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
         (self.state / "server.ready").unlink(missing_ok=True)
         self.proc = subprocess.Popen([PY, "-m", "tests.service.crash_server", str(self.state), str(self.specs_path),
                                       self.gpus], cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                                     stderr=open(self.state.parent / "server.err", "ab"))
+                                     stderr=open(self.state.parent / "server.err", "ab"),
+                                     env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -211,6 +212,29 @@ def test_repeated_kill9_never_loses_or_doubles_jobs(tmp_path, seed):
             # Only the service was killed, never a job: each job ran exactly once.
             assert len(starts) == 1 and len(ends) == 1, (jid, starts, ends)
         _check_no_double_booking(led, {})
+    finally:
+        server.terminate()
+        _cleanup(state)
+
+
+def test_a_state_is_never_committed_without_its_event(tmp_path):
+    """The service dies just before writing a job's ``running`` event: after a restart the event stream
+    still shows every state the job went through (state and event are one transaction)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    ledger = tmp_path / "ledger.txt"
+    server = Server(state, [_spec(ledger, 0.3)])
+    try:
+        server.start(env={"GPUPOOL_TEST_DIE_AT_EVENT": "running"})
+        _wait(lambda: server.proc is not None and server.proc.poll() is not None, what="the service to die")
+        assert server.proc is not None and server.proc.returncode == 9
+        server.start()
+        server.wait_ready()
+        _wait(lambda: [j["state"] for j in _jobs(state).values()] == ["succeeded"], what="the job to finish")
+        (jid,) = _jobs(state)
+        states = [e["state"] for e in _events(state) if e.get("job_id") == jid]
+        assert states == ["queued", "running", "succeeded"], states
+        assert [w for w, j, *_ in _ledger(ledger) if j == jid] == ["start", "end"]  # ran once
     finally:
         server.terminate()
         _cleanup(state)
