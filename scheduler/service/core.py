@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from scheduler.envbuilder import gpu_environment, mps_running
-from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded, Unavailable
+from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
 from scheduler.executor.local import LocalExecutor, ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
 from scheduler.policy import schedule
@@ -38,8 +38,9 @@ from scheduler.policy.model import (
     Workload,
 )
 from scheduler.service import fallback_policy
+from scheduler.service.build_quota import build_holders, check_build_quota
 from scheduler.service.config import ServiceConfig
-from scheduler.service.jobs import gpus_text, job_to_wire, project_to_wire, workload_of
+from scheduler.service.jobs import job_to_wire, project_to_wire, workload_of
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
 from scheduler.service.validation import (
@@ -943,28 +944,9 @@ class SchedulerCore:
         return 0
 
     def _check_build_quota(self, project: ProjectRecord, request: dict[str, Any]) -> None:
-        need = self._estimate_milli(request)
-        holders = [r for r in self._live_jobs(("queued", "running"), kind="build", project=project.name)]
-        held = 0
-        for r in holders:
-            if r.state == "running":
-                held += held_milli(r)
-            else:
-                held += self._estimate_milli(r.request)
-        if held + need <= project.build_quota_milli:
-            return
-        quota = f"{gpus_text(project.build_quota_milli):g}"
-        if not holders:
-            raise QuotaExceeded(f"project {project.name!r} has a build quota of {quota} GPUs, "
-                                f"less than the {gpus_text(need):g} GPUs this request needs")
-        names = []
-        for r in holders:
-            extra = [f"{k} {r.labels[k]}" for k in ("notebook", "kernel_id") if r.labels.get(k)]
-            names.append(f"{r.id} ({r.user}{', ' + ', '.join(extra) if extra else ''})")
-        raise QuotaExceeded(
-            f"project {project.name!r} build quota is {quota} GPUs and {gpus_text(held):g} GPUs are held by "
-            f"{'; '.join(names)}; this request needs {gpus_text(need):g} GPUs"
-        )
+        holders = build_holders(self._live_jobs(("queued", "running"), kind="build", project=project.name),
+                                held_milli, self._estimate_milli)
+        check_build_quota(project, self._estimate_milli(request), holders)
 
     async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Validate, store as queued, decide; ``(job, created)`` (created False for a client_key match).

@@ -173,13 +173,13 @@ async def test_build_quota_rejection_names_project_quota_and_holders(make_core):
     with pytest.raises(QuotaExceeded) as e:
         await core.submit(ALICE, {"project": "vision", "kind": "build", "gpu_fraction": 0.5})
     msg = e.value.message
-    assert "'vision'" in msg and "1 GPUs" in msg and a["id"] in msg and b["id"] in msg
-    assert "exp/a.ipynb" in msg and "k-123" in msg
+    assert msg == (f"asked for ½ GPU; project 'vision' holds ¾ GPU of its build quota of 1 GPU "
+                   f"(exp/a.ipynb ½ (alice, kernel k-123, {a['id']}); {b['id']} ¼ (bob)); ¼ GPU free")
     assert e.value.status == 409
     await core.cancel(ALICE, a["id"])  # releases the share at once
     c, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpu_fraction": 0.5})
     assert c["state"] == "running"
-    with pytest.raises(QuotaExceeded, match="build quota of 0"):
+    with pytest.raises(QuotaExceeded, match="asked for 0.1 GPU; project 'empty' has a build quota of 0 GPUs"):
         core.set_project(ADMIN, "empty", {})
         await core.submit(ALICE, {"project": "empty", "kind": "build", "gpu_fraction": 0.1})
 
