@@ -1,10 +1,11 @@
 """GPU shares held by this server's kernels, and the renewal that keeps them.
 
 A kernel's GPU share is a scheduler *build job* with a lease. The server renews
-the leases of kernels it still runs; a kernel that disappears without a clean
-shutdown (server killed, kernel dead for good) stops being renewed and the
-scheduler takes its share back when the lease runs out. That bounds how long a
-lost kernel can hold a GPU without the server having to notice anything.
+the leases of kernels it still runs. A kernel dead for good gives its share
+back itself (the provisioner sees it end); when the server cannot (it was
+killed), renewal stops and the scheduler takes the share back when the lease
+runs out. That bounds how long a lost kernel can hold a GPU without the server
+having to notice anything.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Before launch it takes the kernel's share as a *build job* of the user's
 project (``client_key`` = kernel id, so a restart gets the same share back),
 waits for it to be granted, and launches the kernel with the job's GPU
 environment plus what the kernel needs to reach the scheduler itself.
-``cleanup(restart=False)`` gives the share back; a restart keeps it.
+``cleanup(restart=False)`` gives the share back; a restart keeps it. A kernel
+that ends without ``cleanup`` (Jupyter gave up restarting it, or it died with
+no restart coming, or it failed to start) gives it back at once as well.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from traitlets import Float, Unicode
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
 from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
+
+WATCH_INTERVAL_S = 1.0  # how often a GPU kernel's process is checked: a dead kernel's share returns this soon
 
 
 class GpuShareUnavailable(web.HTTPError):
@@ -173,6 +177,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
     project = Unicode("", config=True, help="Project charged for the share ('' = the server's project).")
 
     job: dict[str, Any] | None = None
+    _watcher: asyncio.Task[None] | None = None
+    _release: asyncio.Task[None] | None = None  # a give-back started from a restarter callback (kept referenced)
 
     def _connection(self) -> PoolConnection:
         conn = current() or connection_from_env()
@@ -276,6 +282,68 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             await self._start_failed()
             raise
 
+    async def post_launch(self, **kwargs: Any) -> None:
+        """Watch the new kernel process so that a kernel dead for good gives its share back at once.
+
+        Two ways a kernel ends without ``cleanup``: Jupyter's auto-restarter
+        gives up on it (its "dead" callback: the server then merely drops the
+        kernel from its map), or it dies where nothing will restart it (auto-
+        restart off), which only a poll notices. Both used to leave the share
+        to the lease, held for up to ``lease_seconds`` by a kernel gone.
+        """
+        await super().post_launch(**kwargs)
+        km = self.parent
+        if km is not None and hasattr(km, "add_restart_callback"):
+            km.remove_restart_callback(self._given_up, "dead")  # the restarter outlives restarts: add once
+            km.add_restart_callback(self._given_up, "dead")
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    def _given_up(self) -> None:
+        """Jupyter's restarter gave up on the kernel ("restart failed"): it will not run again."""
+        if self.job is not None:
+            self.log.warning("gpupool: kernel %s is dead for good; its GPU share %s goes back to the pool",
+                             self.kernel_id, self.job.get("id"))
+            self._release = asyncio.ensure_future(self._give_back())
+
+    async def _watch(self) -> None:
+        """Poll the kernel process while it holds a share (the restarter may be off, or slower)."""
+        while self.job is not None and self.process is not None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            await self.poll()
+
+    async def poll(self) -> int | None:
+        """As LocalProvisioner's; a process found gone that nothing will restart gives its share back.
+
+        Only an exited process counts: with no process at all (between the
+        two halves of a restart) LocalProvisioner answers 0 too.
+        """
+        status = await super().poll()
+        exited = status is not None and self.process is not None
+        if exited and self.job is not None and self._dead_for_good():
+            self.log.warning("gpupool: kernel %s exited (%s) and will not be restarted; its GPU share %s goes "
+                             "back to the pool", self.kernel_id, status, self.job.get("id"))
+            await self._give_back()
+        return status
+
+    def _dead_for_good(self) -> bool:
+        """Whether a kernel whose process is gone stays gone (no shutdown or auto-restart under way).
+
+        During a shutdown or restart the kernel manager says ``shutting_down``
+        (and ``cleanup`` decides); with auto-restart on, a running restarter
+        will either restart the kernel (it keeps its share) or give up, and
+        then ``_given_up`` gives the share back. jupyter_client's restarters
+        poll through a ``_pcallback`` that is None once stopped (given up, or
+        stopped by hand); a restarter without one counts as stopped, so the
+        worst case is a share given back and taken anew by the restart.
+        """
+        km = self.parent
+        if km is None or getattr(km, "shutting_down", False):
+            return False
+        restarter = getattr(km, "_restarter", None)
+        restarting = getattr(km, "autorestart", False) and getattr(restarter, "_pcallback", None) is not None
+        return not restarting
+
     async def _start_failed(self, conn: PoolConnection | None = None) -> None:
         """The kernel did not start (refused share, failed launch, failed restart): leave nothing behind.
 
@@ -306,6 +374,11 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Free ports etc.; on a real shutdown (not a restart) give the GPU share back."""
         await super().cleanup(restart=restart)
         if not restart:
+            if self._watcher is not None:
+                self._watcher.cancel()
+                self._watcher = None
+            if self.parent is not None and hasattr(self.parent, "remove_restart_callback"):
+                self.parent.remove_restart_callback(self._given_up, "dead")
             await self._give_back()
 
     async def get_provisioner_info(self) -> dict[str, Any]:

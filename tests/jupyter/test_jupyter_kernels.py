@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 from typing import Any
 
@@ -166,26 +165,6 @@ async def test_session_over_quota_is_409_like_the_kernels_endpoint(
     # the refused kernels left nothing in the kernel manager: stopping every kernel (what the server does
     # on SIGTERM) finds none to stop (it used to raise "404 Kernel does not exist" and abort the stop)
     await jp_serverapp.kernel_manager.shutdown_all()
-
-
-async def test_killed_kernel_loses_its_share_when_the_lease_runs_out(
-    jp_fetch: Any, jp_serverapp: Any, gpupool_app: Any
-) -> None:
-    session = await start_session(jp_fetch, "nb.ipynb", "gpupool-python3-0.25")
-    kernel_id = session["kernel"]["id"]
-    client = await gpupool_app.connection.client()
-    job_id = leases.held()[kernel_id].job_id
-    assert (await client.job(job_id))["state"] == "running"
-    # the kernel dies for good with no cleanup (no auto-restart: as after the restarter gives up)
-    km = jp_serverapp.kernel_manager.get_kernel(kernel_id)
-    km.stop_restarter()
-    km.autorestart = False
-    os.kill(km.provisioner.pid, signal.SIGKILL)
-    job = await wait_state(client, job_id, {"cancelled"}, timeout=gpupool_app.lease_seconds * 5)
-    assert job["state"] == "cancelled" and "lease" in job["reason"]
-    pool = await client.pool()
-    assert all(g["allocated"] == 0 for n in pool["nodes"] for g in n["gpus"])
-    await jp_fetch("api", "sessions", session["id"], method="DELETE")
 
 
 async def test_plain_kernel_gpu_free_and_idle_gpu_kernel_shut_down(
