@@ -107,6 +107,21 @@ def with_kernel_pythonpath(gpu_env: dict[str, str], kernel_pythonpath: str) -> d
     return {**gpu_env, "PYTHONPATH": os.pathsep.join([TORCH_HOOK_DIR, *own])}
 
 
+def short_id(kernel_id: str) -> str:
+    """The first 8 characters of a kernel id: enough to tell a user's kernels apart, short enough to read."""
+    return kernel_id[:8]
+
+
+def kernel_label(notebook: str, kernel_id: str) -> str:
+    """What users call a kernel: 'kernel nb.ipynb' for a notebook's, else 'kernel 1a2b3c4d' (never a full UUID).
+
+    Kernels started without a notebook (POST /api/kernels, an API client) have
+    only their id; its full 36 characters in the queue view and in quota
+    messages read as noise.
+    """
+    return f"kernel {os.path.basename(notebook) or short_id(kernel_id)}"
+
+
 async def quota_message(client: Any, project: str, fallback: str, asked: float | None = None) -> str:
     """'Project P has used its build quota of Q GPU: held by ...' naming the kernels.
 
@@ -125,11 +140,14 @@ async def quota_message(client: Any, project: str, fallback: str, asked: float |
     for job in holders:
         labels = job.get("labels") or {}
         amount = job.get("request") or {}
-        share = amount.get("gpu_fraction") or amount.get("gpus") or 0
-        what = labels.get("notebook") or labels.get("kernel_id") or job.get("name") or job["id"]
-        kid = labels.get("kernel_id", "")
-        who = f"{what} (kernel {kid[:8]}, {fraction_label(float(share))})" if kid else f"{what} ({job['id']})"
-        names.append(who)
+        share = fraction_label(float(amount.get("gpu_fraction") or amount.get("gpus") or 0))
+        notebook, kid = labels.get("notebook") or "", labels.get("kernel_id") or ""
+        if notebook and kid:
+            names.append(f"{notebook} (kernel {short_id(kid)}, {share})")
+        elif kid:
+            names.append(f"{kernel_label('', kid)} ({share})")
+        else:
+            names.append(f"{notebook or job.get('name') or job['id']} ({job['id']})")
     if not names and asked is not None and float(quota) < asked:
         return (
             f"No GPU share for this kernel: it asks for {fraction_label(asked)} but project '{project}' has a "
@@ -207,7 +225,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         spec: dict[str, Any] = {
             "project": project,
             "kind": "build",
-            "name": f"kernel {os.path.basename(notebook) or self.kernel_id[:8]}",
+            "name": kernel_label(notebook, str(self.kernel_id)),
             "labels": {"notebook": notebook, "kernel_id": str(self.kernel_id)},
             "client_key": f"kernel-{self.kernel_id}",
             **share_request(self.gpu_fraction),

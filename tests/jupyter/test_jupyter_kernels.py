@@ -249,3 +249,19 @@ async def test_kernel_whose_share_is_cancelled_is_shut_down(jp_fetch: Any, jp_se
         await asyncio.sleep(0.2)
     assert kernel_id not in jp_serverapp.kernel_manager
     assert leases.held() == {}
+
+
+async def test_kernel_without_a_notebook_is_named_by_a_short_id(jp_fetch: Any, gpupool_app: Any) -> None:
+    """A kernel started with no notebook (POST /api/kernels) is 'kernel 1a2b3c4d' to users, not a full UUID."""
+    kernel = await get_json(jp_fetch, "api", "kernels", method="POST", body=json.dumps({"name": "gpupool-python3-0.25"}))
+    kernel_id = kernel["id"]
+    client = await gpupool_app.connection.client()
+    job = await client.job(leases.held()[kernel_id].job_id)
+    assert job["name"] == f"kernel {kernel_id[:8]}"  # what the GPU Pool panel lists
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "gpupool-python3-1"}))
+    assert info.value.code == 409
+    message = json.loads(info.value.response.body)["message"]
+    assert f"held by kernel {kernel_id[:8]} (¼ GPU))" in message
+    assert kernel_id not in message
+    await jp_fetch("api", "kernels", kernel_id, method="DELETE")
