@@ -89,15 +89,20 @@ class _Formatter(argparse.HelpFormatter):
 
 
 def _terminal_columns() -> int:
-    """$COLUMNS, else the terminal's width, else 80 (what shutil.get_terminal_size does)."""
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
-        return 80
+    """$COLUMNS, else the terminal's width, else 80 (what shutil.get_terminal_size does); asked once."""
+    global _COLUMNS
+    if _COLUMNS is None:
+        try:
+            _COLUMNS = int(os.environ["COLUMNS"])
+        except (KeyError, ValueError):
+            try:
+                _COLUMNS = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+            except (AttributeError, ValueError, OSError):
+                _COLUMNS = 80
+    return _COLUMNS
+
+
+_COLUMNS: int | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,13 +117,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _connection_options() -> argparse.ArgumentParser:
-    """--url/--token/--timeout, accepted after the command too (gpupool status --url ...)."""
-    connection = _Parser(add_help=False)
-    connection.add_argument("--url", default=argparse.SUPPRESS, help="scheduler URL")
-    connection.add_argument("--token", default=argparse.SUPPRESS, help="API token")
-    connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for a reply")
-    return connection
+def _connection_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--url/--token/--timeout, accepted after the command too (gpupool status --url ...).
+
+    Added to each command's parser directly: a shared parent parser would be one
+    more parser to build, and copied, on every call.
+    """
+    parser.add_argument("--url", default=argparse.SUPPRESS, help="scheduler URL")
+    parser.add_argument("--token", default=argparse.SUPPRESS, help="API token")
+    parser.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for a reply")
+    return parser
 
 
 def _reader(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -127,7 +135,7 @@ def _reader(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     return p
 
 
-def _add_serve(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the scheduler service", description="Run the scheduler service "
                        "(core + HTTP API) until interrupted.")
     p.add_argument("--state-dir", help="where state lives (default: the user data dir)")
@@ -140,18 +148,18 @@ def _add_serve(sub: Any, connection: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
-def _add_status(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_status(sub: Any) -> None:
     _reader(sub, "status", "pool, GPUs, quotas and use at a glance")
 
 
-def _add_whoami(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_whoami(sub: Any) -> None:
     _reader(sub, "whoami", "who the token belongs to, and which scheduler answers")
 
 
-def _add_projects(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_projects(sub: Any) -> None:
     p = _reader(sub, "projects", "list projects (or: projects set NAME ..., projects delete NAME)")
     psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser, prog="gpupool projects")
-    ps = psub.add_parser("set", help="create or change a project (admin)", parents=[connection])
+    ps = _connection_options(psub.add_parser("set", help="create or change a project (admin)"))
     ps.add_argument("name")
     ps.add_argument("--build-quota", type=_finite_float, help="GPUs for interactive (build) work")
     ps.add_argument("--guarantee", type=_finite_float, help="guaranteed training GPUs")
@@ -159,11 +167,11 @@ def _add_projects(sub: Any, connection: argparse.ArgumentParser) -> None:
                     help="most training GPUs ('none' for no limit)")
     ps.add_argument("--weight", type=_finite_float, help="share of idle GPUs beyond guarantees")
     ps.add_argument("--json", action="store_true", help="print JSON")
-    pd = psub.add_parser("delete", help="delete a project with no live jobs (admin)", parents=[connection])
+    pd = _connection_options(psub.add_parser("delete", help="delete a project with no live jobs (admin)"))
     pd.add_argument("name")
 
 
-def _add_submit(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_submit(sub: Any) -> None:
     p = _reader(sub, "submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
     p.add_argument("--project", "-p", required=True)
     amount = p.add_mutually_exclusive_group()
@@ -183,7 +191,7 @@ def _add_submit(sub: Any, connection: argparse.ArgumentParser) -> None:
     p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
 
 
-def _add_list(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_list(sub: Any) -> None:
     p = _reader(sub, "list", "list jobs, newest first")
     p.add_argument("--project")
     p.add_argument("--user")
@@ -194,33 +202,33 @@ def _add_list(sub: Any, connection: argparse.ArgumentParser) -> None:
     p.add_argument("--all", "-a", action="store_true", help="include finished jobs (default: live ones)")
 
 
-def _add_describe(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_describe(sub: Any) -> None:
     p = _reader(sub, "describe", "everything about one job")
     p.add_argument("job")
 
 
-def _add_logs(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_logs(sub: Any) -> None:
     p = sub.add_parser("logs", help="print a job's output", description="Print a job's output.")
     p.add_argument("job")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--json", action="store_true", help="print the reply chunk as JSON")
 
 
-def _job_action(name: str, text: str) -> Callable[[Any, argparse.ArgumentParser], None]:
-    def add(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _job_action(name: str, text: str) -> Callable[[Any], None]:
+    def add(sub: Any) -> None:
         p = _reader(sub, name, text)
         p.add_argument("job")
 
     return add
 
 
-def _add_login(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_login(sub: Any) -> None:
     sub.add_parser("login", help="check --url/--token (or $GPUPOOL_URL/$GPUPOOL_TOKEN) and save them "
                    "in the client config", description="Check the URL and token work, then save them in "
                    "$XDG_CONFIG_HOME/gpupool/client.json (mode 0600) so later commands need neither.")
 
 
-def _add_events(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_events(sub: Any) -> None:
     p = sub.add_parser("events", help="print scheduler events (job state changes, pool, projects)",
                        description="Print scheduler events, oldest first; -f keeps following.")
     p.add_argument("--since", type=int, default=0, help="only events after this sequence number")
@@ -228,16 +236,16 @@ def _add_events(sub: Any, connection: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
-def _add_tokens(sub: Any, connection: argparse.ArgumentParser) -> None:
+def _add_tokens(sub: Any) -> None:
     p = sub.add_parser("tokens", help="API tokens (admin)", description="Manage API tokens (admin).")
     tsub = p.add_subparsers(dest="tokens_command", metavar="ACTION", parser_class=_Parser, prog="gpupool tokens")
     tsub.required = True
-    tc = tsub.add_parser("create", help="create a token for a user", parents=[connection])
+    tc = _connection_options(tsub.add_parser("create", help="create a token for a user"))
     tc.add_argument("user")
     tc.add_argument("--json", action="store_true")
 
 
-SUBCOMMANDS: dict[str, Callable[[Any, argparse.ArgumentParser], None]] = {
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "serve": _add_serve, "status": _add_status, "whoami": _add_whoami, "projects": _add_projects,
     "submit": _add_submit, "list": _add_list, "describe": _add_describe, "logs": _add_logs,
     "pause": _job_action("pause", "pause a running job (it resumes later)"),
@@ -266,18 +274,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     # prog given, so argparse need not lay out a usage line (and import shutil) to make one.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog="gpupool")
     sub.required = True
-    connection = _connection_options()
     original_add_parser = sub.add_parser
 
     def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        if name != "serve":
-            kwargs.setdefault("parents", [connection])
-        return original_add_parser(name, **kwargs)
+        made = original_add_parser(name, **kwargs)
+        return made if name == "serve" else _connection_options(made)
 
     sub.add_parser = add_parser  # type: ignore[method-assign]
     for name, add in SUBCOMMANDS.items():
         if only is None or name == only:
-            add(sub, connection)
+            add(sub)
     return parser
 
 
