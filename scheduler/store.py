@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS projects (
     train_guarantee_milli INTEGER NOT NULL DEFAULT 0,
     train_limit_milli INTEGER,
     weight REAL NOT NULL DEFAULT 1.0,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    members TEXT
 );
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -153,10 +154,17 @@ class ProjectRecord:
     train_limit_milli: int | None = None
     weight: float = 1.0
     created_at: float = 0.0
+    members: list[str] | None = None  # None: open to every user; else user names and "@group" entries
 
 
 def _project_of(row: sqlite3.Row) -> ProjectRecord:
-    return ProjectRecord(**{k: row[k] for k in row.keys()})
+    data = {k: row[k] for k in row.keys()}
+    data["members"] = None if data.get("members") is None else json.loads(data["members"])
+    return ProjectRecord(**data)
+
+
+_ADDED_COLUMNS = (("projects", "members", "TEXT"),)
+"""Columns added after a table was first released: added to an older store when it is opened."""
 
 
 class Store:
@@ -180,6 +188,10 @@ class Store:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._db.execute(stmt)
+            for table, column, decl in _ADDED_COLUMNS:
+                have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
             self._db.execute(
                 "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
@@ -226,12 +238,12 @@ class Store:
     def upsert_project(self, rec: ProjectRecord) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT INTO projects(name, build_quota_milli, train_guarantee_milli, train_limit_milli, weight, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET build_quota_milli=excluded.build_quota_milli,"
-                " train_guarantee_milli=excluded.train_guarantee_milli, train_limit_milli=excluded.train_limit_milli,"
-                " weight=excluded.weight",
+                "INSERT INTO projects(name, build_quota_milli, train_guarantee_milli, train_limit_milli, weight, created_at,"
+                " members) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET"
+                " build_quota_milli=excluded.build_quota_milli, train_guarantee_milli=excluded.train_guarantee_milli,"
+                " train_limit_milli=excluded.train_limit_milli, weight=excluded.weight, members=excluded.members",
                 (rec.name, rec.build_quota_milli, rec.train_guarantee_milli, rec.train_limit_milli, rec.weight,
-                 rec.created_at or time.time()),
+                 rec.created_at or time.time(), None if rec.members is None else json.dumps(rec.members)),
             )
 
     def delete_project(self, name: str) -> None:

@@ -56,7 +56,7 @@ class WhoAmIHandler(ApiHandler):
 
 class StatusHandler(ApiHandler):
     async def get(self) -> None:
-        self.write_json(await maybe_await(self.core.status()))
+        self.write_json(await maybe_await(self.core.status(self.actor)))
 
 
 class PoolHandler(ApiHandler):
@@ -66,7 +66,7 @@ class PoolHandler(ApiHandler):
 
 class ProjectsHandler(ApiHandler):
     async def get(self) -> None:
-        self.write_json(await maybe_await(self.core.list_projects()))
+        self.write_json(await maybe_await(self.core.list_projects(self.actor)))
 
 
 class ProjectHandler(ApiHandler):

@@ -116,6 +116,10 @@ PROJECT_FIELDS: dict[str, Any] = {
         "train_limit": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA, "nullable": True,
                         "description": "Most training GPUs the project may use; null for no limit."},
         "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_QUOTA},
+        "members": {"type": "array", "nullable": True, "maxItems": 1000,
+                    "items": {"type": "string", "minLength": 1, "maxLength": 65},
+                    "description": "Who may submit into the project: user names and '@group' entries; "
+                                   "null (the default) leaves the project open to every user."},
     },
 }
 
@@ -175,6 +179,8 @@ PROJECT: dict[str, Any] = {
         "build_quota": {"type": "number"}, "train_guarantee": {"type": "number"},
         "train_limit": {"type": "number", "nullable": True}, "weight": {"type": "number"},
         "usage": {"type": "object"}, "pending": {"type": "integer"},
+        "members": {"type": "array", "nullable": True, "items": {"type": "string"}},
+        "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
     },
 }
 

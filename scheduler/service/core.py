@@ -41,6 +41,7 @@ from scheduler.service import fallback_policy
 from scheduler.service.build_quota import build_holders, check_build_quota
 from scheduler.service.config import ServiceConfig
 from scheduler.service.jobs import job_to_wire, project_to_wire, workload_of
+from scheduler.service.membership import is_member, unix_groups, validate_members
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
 from scheduler.service.validation import (
@@ -56,10 +57,11 @@ from scheduler.store import LIVE_STATES, JobRecord, ProjectRecord, Store
 
 @dataclass(frozen=True)
 class Actor:
-    """Who is asking: a user name, and whether they hold the admin token."""
+    """Who is asking: a user name, whether they hold the admin token, and their groups (project membership)."""
 
     user: str
     admin: bool = False
+    groups: frozenset[str] = frozenset()
 
 
 def assigned_gpus(rec: JobRecord) -> list[dict[str, Any]]:
@@ -876,14 +878,22 @@ class SchedulerCore:
                 pending[rec.project] = pending.get(rec.project, 0) + 1
         return usage, pending
 
-    def list_projects(self) -> list[dict[str, Any]]:
+    def list_projects(self, actor: Actor | None = None) -> list[dict[str, Any]]:
+        """Every project with its usage; with ``actor``, ``member`` says whether they may submit into it."""
         usage, pending = self._project_usage()
         out = []
         for p in self._projects().values():
             u = dict(usage.get(p.name, {}))
             u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
-            out.append(project_to_wire(p, u, pending.get(p.name, 0)))
+            wire = project_to_wire(p, u, pending.get(p.name, 0))
+            if actor is not None:
+                wire["member"] = self._may_use(actor, p)
+            out.append(wire)
         return out
+
+    @staticmethod
+    def _may_use(actor: Actor, project: ProjectRecord) -> bool:
+        return actor.admin or is_member(project.members, actor.user, actor.groups)
 
     def pool(self) -> dict[str, Any]:
         if not self.simulated and time.time() - self._sample_t > 2:
@@ -891,11 +901,12 @@ class SchedulerCore:
         return pool_view(self._nodes, self._gpus, self._live_jobs(("running",)), self._sample,
                          self._limits().memory, self.simulated)  # read once, not /proc/meminfo per call
 
-    def status(self) -> dict[str, Any]:
+    def status(self, actor: Actor | None = None) -> dict[str, Any]:
         counts = {"pending": 0, "running": 0, "paused": 0}
         for rec in self._live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
-        return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(), "queue": counts}
+        return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(actor),
+                "queue": counts}
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
@@ -908,7 +919,12 @@ class SchedulerCore:
         self._check_open()
         if not actor.admin:
             raise Forbidden("only an admin may change projects")
+        members = fields.get("members", ...) if isinstance(fields, dict) else ...
+        if members is not ...:
+            fields = {k: v for k, v in fields.items() if k != "members"}
         changes = validate_project(name, fields, len(self._gpus))
+        if members is not ...:
+            changes["members"] = validate_members(members, validate_user)
         cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)
@@ -963,6 +979,9 @@ class SchedulerCore:
             if existing is not None:
                 return self._wire(actor, existing), False
         project = projects[js.project]
+        if not self._may_use(actor, project):
+            raise Forbidden(f"{actor.user} is not a member of project {project.name!r}; "
+                            "an admin can add you (gpupool projects set NAME --members ...)")
         request = js.request()
         if js.kind == "build":
             self._check_build_quota(project, request)
@@ -1064,7 +1083,9 @@ class SchedulerCore:
 
     def authenticate(self, token: str | None) -> Actor | None:
         found = self.tokens.lookup(token)
-        return None if found is None else Actor(found[0], found[1])
+        if found is None:
+            return None
+        return Actor(found[0], found[1], unix_groups(found[0]))
 
 
 __all__ = ["Actor", "SchedulerCore", "ServiceConfig"]

@@ -103,4 +103,5 @@ def project_to_wire(p: ProjectRecord, usage: dict[str, int], pending: int) -> di
         "weight": p.weight,
         "usage": {k: gpus_text(usage.get(k, 0)) for k in ("build", "train", "train_over_quota")},
         "pending": pending,
+        "members": None if p.members is None else list(p.members),
     }

@@ -58,11 +58,11 @@ class FakeCore:
         return {"simulated": True, "nodes": [{"name": "local", "pools": ["build", "train"], "cpu": 8,
                                               "memory": 2**36, "gpus": gpus}]}
 
-    def status(self) -> dict[str, Any]:
+    def status(self, actor: Actor | None = None) -> dict[str, Any]:
         return {"simulated": True, "pool": self.pool(), "projects": self.list_projects(),
                 "queue": {"pending": 0, "running": 0, "paused": 0}}
 
-    def list_projects(self) -> list[dict[str, Any]]:
+    def list_projects(self, actor: Actor | None = None) -> list[dict[str, Any]]:
         return list(self.projects.values())
 
     def history(self, since: float | None) -> dict[str, Any]:
