@@ -600,6 +600,23 @@ COMMANDS = {
 }
 
 
+def _where_to_look(args: argparse.Namespace) -> str:
+    """A hint when the URL was nobody's choice (the default): how a scheduler is found."""
+    from scheduler.client import DEFAULT_URL, resolve_connection
+
+    if args.url or os.environ.get("GPUPOOL_URL"):
+        return ""
+    try:
+        if resolve_connection()[0] != DEFAULT_URL:
+            return ""
+    except GpupoolError:
+        return ""
+    from scheduler import runtime_file
+
+    return (f" (no scheduler of yours is running here: none in {runtime_file.runtime_dir()}; start one with "
+            "scripts/run or gpupool serve, or give --url / $GPUPOOL_URL)")
+
+
 def _fail(message: str, code: int) -> int:
     sys.stderr.write(f"gpupool: error: {message}\n")
     return code
@@ -627,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)
     except Unavailable as e:
-        return _fail(e.message, EXIT_UNREACHABLE)
+        return _fail(e.message + _where_to_look(args), EXIT_UNREACHABLE)
     except GpupoolError as e:
         return _fail(e.message, EXIT_SERVER)
     except KeyboardInterrupt:

@@ -343,3 +343,18 @@ def test_submit_imports_only_what_it_needs(env, tmp_path):
     assert report["code"] == 0 and json.loads("\n".join(job))["project"] == "vision"
     heavy = [m for m in report["new"] if any(m == h or m.startswith(h + ".") for h in HEAVY)]
     assert heavy == [], f"gpupool submit imported {heavy}"
+
+
+def test_nothing_configured_and_nothing_running_says_where_it_looked(env, capsys, monkeypatch, tmp_path):
+    from scheduler import client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(client, "DEFAULT_URL", f"http://127.0.0.1:{port}")  # a port nobody listens on
+    monkeypatch.delenv("GPUPOOL_URL")
+    monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(tmp_path / "runtime"))
+    code, out, err = run(capsys, "status")
+    assert code == 3 and f"none in {tmp_path / 'runtime'}" in err and "scripts/run or gpupool serve" in err
+    code, out, err = run(capsys, "--url", f"http://127.0.0.1:{port}", "status")  # a URL given: no hint
+    assert code == 3 and "none in" not in err
