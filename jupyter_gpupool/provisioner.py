@@ -122,42 +122,18 @@ def kernel_label(notebook: str, kernel_id: str) -> str:
     return f"kernel {os.path.basename(notebook) or short_id(kernel_id)}"
 
 
-async def quota_message(client: Any, project: str, fallback: str, asked: float | None = None) -> str:
-    """'Project P has used its build quota of Q GPU: held by ...' naming the kernels.
+def quota_message(scheduler_message: str) -> str:
+    """What the "Error Starting Kernel" dialog says when the build quota refuses a kernel.
 
-    The scheduler's own message names jobs; users think in notebooks, so we
-    name the kernels' notebooks where the labels tell them.
+    The scheduler's message already says what was asked, what the project
+    holds (by notebook, or 'kernel 1a2b3c4d' for a kernel with none) and what
+    is free, in the shares of the Launcher: one wording, made in one place.
+    We add only what the user can do about it.
     """
-    try:
-        projects = await client.projects()
-        quota = next((p.get("build_quota") for p in projects if p.get("name") == project), None)
-        holders = await client.jobs(project=project, kind="build", state="queued,running")
-    except GpupoolError:
-        return fallback
-    if quota is None:
-        return fallback
-    names = []
-    for job in holders:
-        labels = job.get("labels") or {}
-        amount = job.get("request") or {}
-        share = fraction_label(float(amount.get("gpu_fraction") or amount.get("gpus") or 0))
-        notebook, kid = labels.get("notebook") or "", labels.get("kernel_id") or ""
-        if notebook and kid:
-            names.append(f"{notebook} (kernel {short_id(kid)}, {share})")
-        elif kid:
-            names.append(f"{kernel_label('', kid)} ({share})")
-        else:
-            names.append(f"{notebook or job.get('name') or job['id']} ({job['id']})")
-    if not names and asked is not None and float(quota) < asked:
-        return (
-            f"No GPU share for this kernel: it asks for {fraction_label(asked)} but project '{project}' has a "
-            f"build quota of only {fraction_label(float(quota))}. Pick a smaller GPU kernel or ask for more quota."
-        )
-    held = "; ".join(names) if names else "no kernel"
-    return (
-        f"No GPU share for this kernel: project '{project}' has used its build quota of "
-        f"{fraction_label(float(quota))} (held by {held}). Shut down one of those kernels or ask for more quota."
-    )
+    held = " holds " in scheduler_message  # else nothing is held: the request alone is too big
+    return (f"No GPU share for this kernel: {scheduler_message}. "
+            + ("Shut down a GPU kernel of this project, pick a smaller GPU kernel, or ask an admin for more "
+               "build quota." if held else "Pick a smaller GPU kernel or ask an admin for more build quota."))
 
 
 def forget_failed_start(kernel_manager: Any, kernel_id: str) -> None:
@@ -236,8 +212,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             job = await client.submit(spec)
         except GpupoolError as err:
             if isinstance(err, QuotaExceeded) or (isinstance(err, Conflict) and "quota" in err.message):
-                message = await quota_message(client, project, err.message, asked=self.gpu_fraction)
-                raise GpuShareUnavailable(409, message) from err
+                raise GpuShareUnavailable(409, quota_message(err.message)) from err
             raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
         return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
 

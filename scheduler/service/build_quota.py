@@ -63,8 +63,7 @@ def check_build_quota(project: ProjectRecord, need: int, holders: Iterable[tuple
     quota = gpus_phrase(project.build_quota_milli)
     asked = f"asked for {gpus_phrase(need)}"
     if not held_by:
-        raise QuotaExceeded(f"{asked}; project {project.name!r} has a build quota of {quota}, "
-                            f"less than this request")
+        raise QuotaExceeded(f"{asked}; project {project.name!r} has a build quota of only {quota}")
     free = max(0, project.build_quota_milli - held)
     holders_text = "; ".join(_holder_text(r, m) for r, m in held_by)
     raise QuotaExceeded(f"{asked}; project {project.name!r} holds {gpus_phrase(held)} of its build quota of "

@@ -149,7 +149,7 @@ async def test_session_over_quota_is_409_like_the_kernels_endpoint(
     message = json.loads(from_session.value.response.body)["message"]
     assert message == json.loads(from_kernels.value.response.body)["message"]
     # no kernel holds any of it: the message says the kernel asks for more than the whole quota
-    assert f"project '{user}'" in message and "asks for 1 GPU" in message and "quota of only ½ GPU" in message
+    assert f"project '{user}'" in message and "asked for 1 GPU" in message and "quota of only ½ GPU" in message
     assert jp_serverapp.kernel_manager.list_kernel_ids() == []
     assert await get_json(jp_fetch, "api", "sessions") == []
     assert await (await gpupool_app.connection.client()).jobs(kind="build", state="queued,running") == []
@@ -262,6 +262,7 @@ async def test_kernel_without_a_notebook_is_named_by_a_short_id(jp_fetch: Any, g
         await jp_fetch("api", "kernels", method="POST", body=json.dumps({"name": "gpupool-python3-1"}))
     assert info.value.code == 409
     message = json.loads(info.value.response.body)["message"]
-    assert f"held by kernel {kernel_id[:8]} (¼ GPU))" in message
+    assert f"asked for 1 GPU; project '{job['project']}' holds ¼ GPU of its build quota of 1 GPU " in message
+    assert f"(kernel {kernel_id[:8]} ¼ ({job['user']}, {job['id']})); ¾ GPU free" in message
     assert kernel_id not in message
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")

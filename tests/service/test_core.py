@@ -179,7 +179,7 @@ async def test_build_quota_rejection_names_project_quota_and_holders(make_core):
     await core.cancel(ALICE, a["id"])  # releases the share at once
     c, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpu_fraction": 0.5})
     assert c["state"] == "running"
-    with pytest.raises(QuotaExceeded, match="asked for 0.1 GPU; project 'empty' has a build quota of 0 GPUs"):
+    with pytest.raises(QuotaExceeded, match="asked for 0.1 GPU; project 'empty' has a build quota of only 0 GPUs"):
         core.set_project(ADMIN, "empty", {})
         await core.submit(ALICE, {"project": "empty", "kind": "build", "gpu_fraction": 0.1})
 
