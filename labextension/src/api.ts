@@ -104,6 +104,10 @@ export interface IProject {
   weight: number;
   usage: { build: number; train: number; train_over_quota: number };
   pending: number;
+  /** Who may submit into the project (users, '@group'); null: open to everyone. */
+  members?: string[] | null;
+  /** Whether the signed-in user may submit into the project. */
+  member?: boolean;
 }
 
 export interface IStatus {

@@ -173,14 +173,20 @@ export async function promoteWithDialog(path: string): Promise<{ job: Awaited<Re
     Notification.error(`Cannot promote ${basename(path)}: ${describeError(err)}`, { autoClose: false });
     return null;
   }
-  if (status.projects.length === 0) {
-    Notification.error('Cannot promote: the GPU pool has no projects yet. Ask an admin to create one.', {
-      autoClose: false
-    });
+  // Offer only the projects the user may submit into (a project with no members list is open).
+  const mine = status.projects.filter(p => p.member !== false);
+  if (mine.length === 0) {
+    Notification.error(
+      status.projects.length === 0
+        ? 'Cannot promote: the GPU pool has no projects yet. Ask an admin to create one.'
+        : 'Cannot promote: you are not a member of any project. Ask an admin to add you to one.',
+      { autoClose: false }
+    );
     return null;
   }
+  status = { ...status, projects: mine };
   let draft: IPromoteDraft = {
-    project: status.project ?? status.projects[0].name,
+    project: mine.some(p => p.name === status.project) ? (status.project as string) : mine[0].name,
     gpus: '1',
     priority: '0',
     parameters: {}
