@@ -7,7 +7,9 @@ here, against `gpupool serve` in its own process on simulated GPUs that are
 all busy (so every measured job queues and no process is spawned):
 
 1. the interpreter alone (``python -c pass``): the floor any Python CLI pays;
-2. ``gpupool submit`` one after another: latency per call, and CPU per call;
+2. ``gpupool submit`` one after another: latency per call, and CPU per call (with
+   the rate the machine's CPUs would allow at that cost, the service aside), beside
+   what ``python -c 'import json, socket'`` costs, the floor of any Python client;
 3. ``gpupool submit`` with no URL or token, found through the runtime file;
 4. ``gpupool submit`` from 8 parallel callers: jobs/s;
 5. the HTTP API itself (the async client, 8 requests in flight): jobs/s;
@@ -15,8 +17,8 @@ all busy (so every measured job queues and no process is spawned):
 
 ``--cli-root DIR`` runs the CLI from another checkout (e.g. an older commit
 unpacked with ``git archive``) against the same service, for before/after.
-The package's bytecode is compiled first, as any first run without
-``PYTHONDONTWRITEBYTECODE`` leaves it. Prints one table.
+The CLI's bytecode is compiled first, as any first run without
+``PYTHONDONTWRITEBYTECODE`` leaves it (``--no-compile`` measures without). Prints one table.
 
     .venv/bin/python -m bench.cli [--sequential 100] [--jobs 400] [--parallel 8] [--cli-root DIR]
 """
@@ -46,7 +48,7 @@ from scheduler.client import AsyncGpupoolClient, GpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
 GPUS = 4
-SETTINGS = {"tick_s": 1.0, "on_shutdown": "stop", "watchdog": "off", "min_runtime_s": 3600.0}
+SETTINGS = {"tick_s": 1.0, "on_shutdown": "stop", "watchdog": "off", "min_runtime_s": 3600.0, "run_jobs_as": "service"}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -147,10 +149,16 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=400, help="calls for the parallel rate")
     parser.add_argument("--parallel", type=int, default=8, help="parallel callers")
     parser.add_argument("--cli-root", type=Path, default=ROOT, help="checkout whose CLI is measured")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave the CLI's bytecode as found (with PYTHONDONTWRITEBYTECODE=1 and no __pycache__, "
+                             "every call compiles the modules it imports)")
     args = parser.parse_args()
 
     cli_root = args.cli_root.resolve()
-    compileall.compile_dir(str(cli_root / "scheduler"), quiet=1)
+    if not args.no_compile:
+        compileall.compile_dir(str(cli_root / "scheduler"), quiet=1)
+    cached = "compiled first" if not args.no_compile else (
+        "as found" + (", not written (PYTHONDONTWRITEBYTECODE)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""))
     script = Path(sys.executable).parent / "gpupool"
     gpupool = [str(script)] if script.is_file() else [sys.executable, "-m", "scheduler"]
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-cli-"))
@@ -172,11 +180,17 @@ def main() -> int:
         floor, _, floor_cpu = timed_runs([[sys.executable, "-c", "pass"]] * args.sequential, env, 1)
         rows.append(("python -c pass (interpreter floor), p50 / CPU per call",
                      f"{ms(pct(floor, 0.5))} / {ms(floor_cpu / args.sequential)}"))
+        # What any Python client that speaks JSON over a socket pays before its own code runs.
+        _, _, json_cpu = timed_runs([[sys.executable, "-c", "import json, socket"]] * args.sequential, env, 1)
+        cpus = os.cpu_count() or 1
+        rows.append((f"python -c 'import json, socket': CPU per call / most calls/s on {cpus} CPUs",
+                     f"{ms(json_cpu / args.sequential)} / {cpus * args.sequential / json_cpu:.0f}/s"))
         timed_runs([submit] * 5, flagged, 1)  # warm the page cache
         seq, seq_wall, seq_cpu = timed_runs([submit] * args.sequential, flagged, 1)
         rows.append((f"gpupool submit, one after another ({args.sequential}), p50 / p90",
                      f"{ms(pct(seq, 0.5))} / {ms(pct(seq, 0.9))}"))
-        rows.append(("gpupool submit, CPU per call (the CLI process)", ms(seq_cpu / args.sequential)))
+        rows.append((f"gpupool submit, CPU per call (the CLI process) / most calls/s on {cpus} CPUs",
+                     f"{ms(seq_cpu / args.sequential)} / {cpus * args.sequential / seq_cpu:.0f}/s"))
         rows.append(("gpupool submit, one after another: jobs/s", f"{args.sequential / seq_wall:.0f}/s"))
         cancel_queued(admin)
         try:
@@ -209,7 +223,7 @@ def main() -> int:
     load = os.getloadavg()
     print(f"gpupool CLI, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.processor() or platform.machine()}"
           f" {os.cpu_count()} CPUs, Python {platform.python_version()}, load average {load[0]:.1f} before the end;"
-          f" CLI from {cli_root}{'' if cli_root == ROOT else ' (other checkout)'}")
+          f" CLI from {cli_root}{'' if cli_root == ROOT else ' (other checkout)'}, its bytecode {cached}")
     width = max(len(r[0]) for r in rows)
     print(f"| {'measure'.ljust(width)} | result |")
     print(f"|{'-' * (width + 2)}|--------|")
