@@ -286,3 +286,51 @@ async def test_both_clients_refuse_an_unexpected_redirect_alike(code):
     assert async_error.value.status == sync_error.value.status == code
     assert async_error.value.message == sync_error.value.message == f"the scheduler at {url} answered HTTP {code}"
     assert followed == []
+
+
+@pytest.mark.parametrize("framing", ["chunked", "close", "length"])
+def test_sync_client_reads_every_reply_framing(framing):
+    """The blocking client's own HTTP/1.1 reader: chunked replies (tornado flushes), replies ended by the close,
+    and Content-Length, each in small pieces, as a proxy in front of the scheduler might send them."""
+    import threading
+    import time
+
+    body = json.dumps({"user": "alice", "admin": False, "pad": "x" * 5000}).encode()
+    if framing == "chunked":
+        pieces = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"]
+        for i in range(0, len(body), 1000):
+            part = body[i:i + 1000]
+            pieces.append(f"{len(part):x};ext=1\r\n".encode() + part + b"\r\n")
+        pieces.append(b"0\r\nX-Trailer: y\r\n\r\n")
+    elif framing == "close":
+        pieces = [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", body[:10], body[10:]]
+    else:
+        pieces = [b"HTTP/1.1 200 OK\r\n", f"Content-Length: {len(body)}\r\n\r\n".encode(), body[:7], body[7:]]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            requests.append(conn.recv(65536))
+            for piece in pieces:
+                conn.sendall(piece)
+                time.sleep(0.01)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        me = GpupoolClient(f"http://127.0.0.1:{listener.getsockname()[1]}", "tok", timeout=5).whoami()
+    finally:
+        thread.join(5)
+        listener.close()
+    assert me["user"] == "alice" and len(me["pad"]) == 5000
+    head = requests[0].decode()
+    assert head.startswith("GET /api/v1/whoami HTTP/1.1\r\n") and "Authorization: token tok\r\n" in head
+
+
+def test_sync_client_refuses_a_bad_url(clean_env):
+    with pytest.raises(errors.InvalidRequest, match="bad scheduler URL"):
+        GpupoolClient("ftp://example.org", "t").status()
