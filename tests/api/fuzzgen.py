@@ -1,12 +1,15 @@
 """Hypothesis strategies for HTTP requests, derived from our OpenAPI document.
 
-schemathesis (pinned <4) relies on hypothesis-jsonschema, which breaks on the
-current hypothesis for object schemas (``'many' object has no attribute
-'more'``), so the fuzz test builds requests itself. It reads the same document
-the service serves: for each operation it draws path parameters, query
-parameters and a body that are either valid by the schema ("positive") or
-broken in one place: a wrong type, an out-of-range number, an unknown field, a
-missing required field, malformed JSON ("negative").
+schemathesis also runs against the document (tests/api/test_openapi_fuzz.py,
+with hypothesis pinned so that hypothesis-jsonschema works), but draws only
+what the schemas describe; this generator adds the shapes we know break
+services: lone surrogates, deep nesting, malformed JSON, bodies that pass the
+schema and reach the core. It reads the same document the service serves: for
+each operation it draws path parameters, query parameters and a body that are
+either valid by the schema ("positive") or broken in one place: a wrong type, an out-of-range number, an unknown field, a
+missing required field, a string holding a lone surrogate (``"\\ud800"`` is valid
+JSON but not storable UTF-8), a value nested deeper than the service takes,
+malformed JSON ("negative").
 
 Only the schema subset the API uses is understood: type, enum, nullable,
 minimum/maximum (with OpenAPI 3.0 boolean exclusives), minLength/maxLength,
@@ -16,6 +19,7 @@ additionalProperties, propertyNames.
 
 from __future__ import annotations
 
+import copy
 import json
 import urllib.parse
 from dataclasses import dataclass, field
@@ -28,6 +32,11 @@ from scheduler.api.schemas import ENV_NAME, NO_NUL
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
 ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
                         | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+# A string with a lone surrogate somewhere: JSON can carry it (as an escape), UTF-8 cannot.
+SURROGATE_TEXT = st.builds(lambda a, s, b: a + s + b, st.text(max_size=6), st.characters(categories=["Cs"]),
+                           st.text(max_size=6))
+# Arrays inside arrays: from just past the service's limit (64 levels) to past Python's recursion limit.
+DEEP_JSON = st.sampled_from([65, 200, 999, 1500, 100_000]).map(lambda n: "[" * n + "]" * n)
 WEIRD_TEXT = st.text(max_size=40) | st.sampled_from(["", " ", "..", "%00", "\x00", "a/b", "é", "😀", "-1", "1e309",
                                                      "null", "NaN", "9" * 30, "x" * 300])
 
@@ -138,14 +147,36 @@ def _same_type(value: Any, kind: str | None) -> bool:
             "array": isinstance(value, list), "object": isinstance(value, dict)}.get(kind or "", False)
 
 
+# How body_for breaks a body ("valid" twice: half of them are meant to succeed).
+BODY_MODES = ("valid", "valid", "bad-field", "unknown-field", "missing", "any-json", "raw", "surrogate", "deep")
+UNSTORABLE_MODES = ("surrogate", "deep")
+
+
 @st.composite
-def body_for(draw: st.DrawFn, schema: dict[str, Any] | None) -> bytes | None:
-    """A request body: valid JSON for the schema, or broken in one way."""
+def body_for(draw: st.DrawFn, schema: dict[str, Any] | None, known: dict[str, Any] | None = None,
+             example: dict[str, Any] | None = None, modes: tuple[str, ...] = BODY_MODES) -> bytes | None:
+    """A request body: valid JSON for the schema, or broken in one way.
+
+    A ``project`` field usually names a project that exists (``known["name"]``),
+    so that bodies get past the project check to the code that keeps them. A
+    lone surrogate goes into ``example`` (a body the service accepts) when there
+    is one: drawn at random, a JobSpec almost never passes the core's own checks,
+    and the surrogate would never reach the store, where it used to be a 500.
+    """
     if schema is None:
         return draw(st.none() | st.just(b"") | st.binary(max_size=20))
     value = draw(valid(schema))
-    mode = draw(st.sampled_from(["valid", "valid", "bad-field", "unknown-field", "missing", "any-json", "raw"]))
+    names = (known or {}).get("name")
+    if names and isinstance(value, dict) and "project" in schema.get("properties", {}) and draw(st.integers(0, 3)):
+        value["project"] = draw(st.sampled_from(names))
+    mode = draw(st.sampled_from(modes))
     props = schema.get("properties", {})
+    if mode == "surrogate":
+        base = copy.deepcopy(example) if example is not None and draw(st.booleans()) else value
+        return json.dumps(_with_surrogate(draw, schema, base)).encode()  # ensure_ascii: "\\ud800" escapes
+    if mode == "deep" and props:
+        name = json.dumps(draw(st.sampled_from(sorted(props))))
+        return f'{{{name}: {draw(DEEP_JSON)}}}'.encode()
     if mode == "bad-field" and props:
         name = draw(st.sampled_from(sorted(props)))
         value[name] = draw(invalid_value(props[name]))
@@ -162,8 +193,26 @@ def body_for(draw: st.DrawFn, schema: dict[str, Any] | None) -> bytes | None:
     return json.dumps(value).encode()
 
 
+def _with_surrogate(draw: st.DrawFn, schema: dict[str, Any], value: Any) -> Any:
+    """``value`` with one string (a string field, an item of a list, a map's key or value) holding a lone surrogate."""
+    props = {k: v for k, v in schema.get("properties", {}).items() if v.get("type") in ("string", "array", "object")}
+    if not props or not isinstance(value, dict):
+        return draw(SURROGATE_TEXT)
+    name = draw(st.sampled_from(sorted(props)))
+    kind = props[name].get("type")
+    bad = draw(SURROGATE_TEXT)
+    if kind == "array":
+        value[name] = ["ok", bad]
+    elif kind == "object":
+        value[name] = draw(st.sampled_from([{"KEY": bad}, {bad: "v"}]))
+    else:
+        value[name] = bad
+    return value
+
+
 @st.composite
-def request_for(draw: st.DrawFn, op: Operation, known: dict[str, list[str]]) -> tuple[str, str, bytes | None]:
+def request_for(draw: st.DrawFn, op: Operation, known: dict[str, Any],
+                modes: tuple[str, ...] = BODY_MODES) -> tuple[str, str, bytes | None]:
     """(method, path with query, body) for one operation; path values favour ids that exist."""
     path = op.path
     for name in op.path_params:
@@ -179,4 +228,5 @@ def request_for(draw: st.DrawFn, op: Operation, known: dict[str, list[str]]) -> 
             query.append((name, draw(WEIRD_TEXT)))
     if query:
         path += "?" + urllib.parse.urlencode(query)
-    return op.method, path, draw(body_for(op.body_schema))
+    example = known.get("examples", {}).get(f"{op.method} {op.path}")
+    return op.method, path, draw(body_for(op.body_schema, known, example, modes))
