@@ -171,6 +171,11 @@ def test_oversized_body_is_refused(svc):
     ("POST", "/api/v1/tokens", {}, 400),
     ("POST", "/api/v1/tokens", {"user": ""}, 400),
     ("POST", "/api/v1/tokens", {"user": "a b"}, 400),
+    # the UTF-8 form of a lone surrogate (and other invalid UTF-8) in a query or a path
+    ("GET", "/api/v1/jobs?project=%ED%A0%80", None, 400),
+    ("GET", "/api/v1/jobs?state=%FF", None, 400),
+    ("GET", "/api/v1/jobs/j-%ED%A0%80", None, 400),
+    ("PUT", "/api/v1/projects/%ED%A0%80", {"weight": 1}, 400),
 ])
 def test_bad_input_on_every_endpoint(svc, method, path, body, expect):
     before = snapshot(svc)
