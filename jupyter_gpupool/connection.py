@@ -210,6 +210,13 @@ class PoolConnection:
         projects = {self.project: project, **extra.pop("projects", {})}
         kwargs: dict[str, Any] = {"simulate": simulate, "projects": projects}
         kwargs.update(extra)
+        # One user's server: its jobs are that user's, run as the server's own account (even as root,
+        # as in a container), not as an account named after the project's user.
+        config = kwargs.get("config")
+        if config is None:
+            kwargs["config"] = {"run_jobs_as": "service"}
+        elif isinstance(config, dict) and "run_jobs_as" not in config:
+            kwargs["config"] = {**config, "run_jobs_as": "service"}
         self.embedded = EmbeddedScheduler(state_dir, **kwargs)
         await self.embedded.start()
         self.url = self.embedded.url.rstrip("/")

@@ -1,6 +1,6 @@
 """Process wrapper the local executor starts each job through.
 
-``python -m scheduler.executor._wrapper RUN_PREFIX -- COMMAND...``
+``python -m scheduler.executor._wrapper RUN_PREFIX [--as UID:GID:GROUPS --workdir DIR] -- COMMAND...``
 
 Why a wrapper: the service may be killed at any moment, and must still learn
 later whether a job's command ran and how it ended. So the wrapper
@@ -25,6 +25,12 @@ over the stop (the job ends ``succeeded``/``failed`` and never runs again),
 while a command that exits because it was stopped (a checkpoint on SIGTERM,
 status 0 included) is paused and resumed. Only the wrapper can tell the two
 apart without a race, since it both reaps the command and passes the signal on.
+
+With ``--as`` (the service runs as root and runs each job as its owner's
+Unix account), the wrapper stays root, so that the run files above stay out
+of the job's reach, and starts the command as that account: its groups, gid
+and uid are set, then the working directory ``--workdir`` is made and entered
+as the account, so a job can only work where its owner may.
 
 A negative status means the command died of that signal (Python convention).
 """
@@ -55,11 +61,47 @@ def _start_time(pid: int) -> int:
     return int(data[data.rindex(")") + 2 :].split()[19])
 
 
+def _parse(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
+    """``RUN_PREFIX [--as X --workdir D] -- COMMAND...`` -> (prefix, options, command)."""
+    if "--" not in argv[1:]:
+        return None
+    cut = argv.index("--", 1)
+    prefix, opts, command = argv[0], argv[1:cut], argv[cut + 1 :]
+    if not command or len(opts) % 2 or any(k not in ("--as", "--workdir") for k in opts[::2]):
+        return None
+    return prefix, dict(zip(opts[::2], opts[1::2], strict=True)), command
+
+
+def _as_account(spec: str, workdir: str) -> object:
+    """A ``preexec_fn`` for the command: become the account (groups, gid, uid), then make and enter the workdir."""
+    uid, gid, groups = spec.split(":")
+    extra = [int(g) for g in groups.split(",") if g]
+
+    def become() -> None:
+        try:
+            os.setgroups(extra)
+            os.setgid(int(gid))
+            os.setuid(int(uid))
+        except OSError as e:
+            os.write(2, f"gpupool: cannot switch to uid {uid}: {e}\n".encode())
+            os._exit(126)
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            os.chdir(workdir)
+        except OSError as e:  # the owner may not work there: the job fails, its log says why
+            os.write(2, f"gpupool: working directory {workdir}: {e.strerror} (as uid {uid})\n".encode())
+            os._exit(126)
+
+    return become
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m scheduler.executor._wrapper RUN_PREFIX -- COMMAND...", file=sys.stderr)
+    parsed = _parse(argv)
+    if parsed is None:
+        print("usage: python -m scheduler.executor._wrapper RUN_PREFIX [--as UID:GID:GROUPS --workdir DIR] "
+              "-- COMMAND...", file=sys.stderr)
         return 2
-    prefix, command = argv[0], argv[2:]
+    prefix, opts, command = parsed
     try:
         os.rename(prefix + ".launch", prefix + ".claimed")
     except FileNotFoundError:
@@ -94,9 +136,13 @@ def main(argv: list[str]) -> int:
         _write_atomic(prefix + ".exit", f"{-signal.SIGTERM}\n{STOPPED}\n")
         return 128 + signal.SIGTERM
     try:
-        proc = subprocess.Popen(command)
-    except OSError as e:
-        print(f"gpupool: cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
+        if "--as" in opts:
+            proc = subprocess.Popen(command, preexec_fn=_as_account(opts["--as"], opts.get("--workdir", ".")))
+        else:
+            proc = subprocess.Popen(command)
+    except (OSError, subprocess.SubprocessError) as e:
+        where = f" in {opts['--workdir']}" if "--workdir" in opts else ""
+        print(f"gpupool: cannot start {command[0]!r}{where}: {e}", file=sys.stderr, flush=True)
         _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
         return 127
     child.append(proc.pid)

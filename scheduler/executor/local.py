@@ -25,6 +25,7 @@ from pathlib import Path
 
 from scheduler.errors import InvalidRequest
 from scheduler.executor._wrapper import ENDED
+from scheduler.executor.accounts import RunAs
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -88,9 +89,12 @@ class Unrecorded:
 class LocalExecutor:
     """Starts, watches and stops job processes on this machine."""
 
-    def __init__(self, jobs_dir: Path) -> None:
+    def __init__(self, jobs_dir: Path, traversable: bool = False) -> None:
+        """``traversable``: jobs run as other accounts (root service), which must reach their own job's
+        directory: ``jobs/`` is then 0711 (entered, never listed), else 0700."""
         self.jobs_dir = Path(jobs_dir)
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.jobs_dir, 0o711 if traversable else 0o700)
 
     # ------------------------------------------------------------ paths
     def job_dir(self, job_id: str) -> Path:
@@ -106,23 +110,57 @@ class LocalExecutor:
         return self.job_dir(job_id) / "work"
 
     # ------------------------------------------------------------ start
-    def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str]) -> ProcessHandle:
-        """Start attempt ``attempt`` of a job; the caller has already recorded "starting attempt N"."""
+    def _private_dirs(self, job_id: str, run_as: RunAs | None) -> None:
+        """The job's directory (0700; 0711 when the job runs as another account) and its run/ (0700).
+
+        Both stay the service's: the job's account may enter its job directory
+        to reach its own log and working directory, never write there, so it
+        cannot plant a link where the service writes.
+        """
+        jd = self.job_dir(job_id)
+        jd.mkdir(exist_ok=True, mode=0o700)
+        os.chmod(jd, 0o711 if run_as is not None else 0o700)
+        (jd / "run").mkdir(exist_ok=True, mode=0o700)
+
+    def _open_log(self, job_id: str, run_as: RunAs | None) -> int:
+        """The job's log, for appending: 0600, owned by the job's account (read by its owner only)."""
+        fd = os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if run_as is not None:
+            os.fchown(fd, run_as.uid, run_as.gid)
+        os.fchmod(fd, 0o600)
+        return fd
+
+    def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str],
+              run_as: RunAs | None = None) -> ProcessHandle:
+        """Start attempt ``attempt`` of a job; the caller has already recorded "starting attempt N".
+
+        With ``run_as`` the command runs as that account: the default working
+        directory is made here and given to it; any other working directory is
+        made and entered by the command's process once it is that account.
+        """
         prefix = self._prefix(job_id, attempt)
-        prefix.parent.mkdir(parents=True, exist_ok=True)
+        self._private_dirs(job_id, run_as)
         wd = Path(workdir)
-        wd.mkdir(parents=True, exist_ok=True)
+        wrapper_opts: list[str] = []
+        if run_as is None:
+            wd.mkdir(parents=True, exist_ok=True, mode=0o700)
+            cwd = wd
+        else:
+            if wd == self.default_workdir(job_id) and not wd.exists():
+                wd.mkdir(mode=0o700)
+                os.chown(wd, run_as.uid, run_as.gid)
+            wrapper_opts = ["--as", run_as.wrapper_arg(), "--workdir", str(wd)]
+            cwd = self.job_dir(job_id)
         for suffix in (".claimed", ".pid", ".exit", ".revoked"):
             Path(str(prefix) + suffix).unlink(missing_ok=True)
         Path(str(prefix) + ".launch").write_text(f"{time.time()}\n")
-        log_path = self.log_path(job_id)
-        with open(log_path, "ab") as log:
+        with open(self._open_log(job_id, run_as), "ab") as log:
             log.write(f"--- gpupool: attempt {attempt} of {job_id} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
             log.flush()
             try:
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", "scheduler.executor._wrapper", str(prefix), "--", *command],
-                    cwd=str(wd),
+                    [sys.executable, "-m", "scheduler.executor._wrapper", str(prefix), *wrapper_opts, "--", *command],
+                    cwd=str(cwd),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,

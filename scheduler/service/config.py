@@ -23,7 +23,13 @@ _WATCHDOG_MODES = ("off", "warn", "stop")
 
 
 def default_state_dir() -> Path:
-    """Where state lives when nothing is configured: the platform's user data dir."""
+    """Where state lives when nothing is configured: the platform's user data dir; /var/lib/gpupool for root.
+
+    Root's data dir sits under /root (0700), where jobs running as their
+    owners' accounts could never reach their own job directories.
+    """
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpupool")
     import platformdirs
 
     return Path(platformdirs.user_data_dir("gpupool", appauthor=False))
@@ -78,6 +84,11 @@ class ServiceConfig:
     # NORMAL (WAL): commits are not fsynced one by one; a killed or crashed service loses nothing,
     # an OS crash or power loss may lose the last commits. FULL: every commit survives power loss too.
     sqlite_synchronous: str = "NORMAL"
+    # Which Unix account runs a training job: "owner" (the account named like the job's owner; a
+    # root service only), "service" (the service's own user), "auto" (owner when root, else service).
+    # The default comes from $GPUPOOL_RUN_JOBS_AS when set (e.g. the test suite's "service").
+    run_jobs_as: str = field(default_factory=lambda: os.environ.get("GPUPOOL_RUN_JOBS_AS", "auto"))
+    allow_root_jobs: bool = False  # with "owner": may a job of a user whose account is root run (as root)?
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -89,6 +100,11 @@ class ServiceConfig:
             raise InvalidRequest(f"watchdog must be one of {', '.join(_WATCHDOG_MODES)}, not {self.watchdog!r}")
         if self.build_gpus is not None and (not isinstance(self.build_gpus, int) or self.build_gpus < 0):
             raise InvalidRequest(f"build_gpus must be a non-negative integer, not {self.build_gpus!r}")
+        if self.run_jobs_as not in ("auto", "owner", "service"):
+            raise InvalidRequest(f"run_jobs_as must be auto, owner or service, not {self.run_jobs_as!r}")
+        if self.run_jobs_as == "owner" and os.geteuid() != 0:
+            raise InvalidRequest("run_jobs_as 'owner' needs a scheduler running as root (to start jobs as "
+                                 "other accounts); use 'service' or 'auto'")
         if self.sqlite_synchronous not in ("FULL", "NORMAL"):
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):

@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from scheduler.envbuilder import gpu_environment, mps_running
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
+from scheduler.executor.accounts import check_reachable, job_account, job_environment, resolve_mode
 from scheduler.executor.local import LocalExecutor, ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
 from scheduler.policy import schedule
@@ -157,12 +158,22 @@ class SchedulerCore:
         self.config = config or ServiceConfig()
         self.state_dir = self.config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Jobs of other accounts (a root service) must enter the state dir to reach their own job's
+        # directory: 0711 lets them in but not list it; every secret in it is a 0600 file.
+        self._owner_jobs = resolve_mode(self.config.run_jobs_as) == "owner"
+        os.chmod(self.state_dir, 0o711 if self._owner_jobs else 0o700)
+        if self._owner_jobs:
+            check_reachable(self.state_dir)
         self._lock = _lock_state_dir(self.state_dir)
         try:
             self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
         except BaseException:
             self._lock.close()
             raise
+        for suffix in ("", "-wal", "-shm"):  # SQLite makes its files by the umask (often 0644)
+            db_file = Path(f"{self.config.database}{suffix}")
+            if db_file.exists():
+                os.chmod(db_file, 0o600)
         try:
             self._inventory = inventory or detect(self.config.simulate, self.config.default_simulation,
                                                   self.config.node_name)
@@ -171,7 +182,7 @@ class SchedulerCore:
             self._lock.close()
             raise
         self.simulated: bool = bool(self._inventory.simulated)
-        self.executor = LocalExecutor(self.config.jobs_dir)
+        self.executor = LocalExecutor(self.config.jobs_dir, traversable=self._owner_jobs)
         self.admin_token = load_or_create_admin_token(self.state_dir, self.config.admin_token)
         self.tokens = TokenStore(self._store, self.admin_token, self.config.admin_user)
         self._metrics = Metrics()
@@ -554,11 +565,12 @@ class SchedulerCore:
         # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
         self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
                          **fields)
-        env = dict(os.environ)
-        env.update(rec.job_env)
-        env.update(gpu_env)
         try:
-            handle = self.executor.spawn(rec.id, attempt, rec.command or [], rec.workdir, env)
+            run_as = job_account(rec.user, self.config.run_jobs_as, self.config.allow_root_jobs)
+            env = job_environment(dict(os.environ), run_as)
+            env.update(rec.job_env)
+            env.update(gpu_env)
+            handle = self.executor.spawn(rec.id, attempt, rec.command or [], rec.workdir, env, run_as)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
             self._finish(rec, "failed", f"could not start: {e}")
             return
@@ -985,6 +997,8 @@ class SchedulerCore:
         request = js.request()
         if js.kind == "build":
             self._check_build_quota(project, request)
+        else:
+            job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs)  # refused now, not at start
         now = time.time()
         with self._store.transaction():
             num = self._store.next_job_number()

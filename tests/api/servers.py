@@ -132,7 +132,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30, interval: floa
 
 def cli_env(url: str, token: str | None, home: Path) -> dict[str, str]:
     """Environment for a CLI subprocess: this checkout first on PYTHONPATH, no user config."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") or k == "GPUPOOL_RUN_JOBS_AS"}
     env.update({"GPUPOOL_URL": url, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
                 "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
     if token:
