@@ -142,8 +142,10 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--simulate", metavar="SPEC", help="simulate GPUs, e.g. 4xA100-80GB or 2xA100-80GB,2xT4")
-    p.add_argument("--admin-token", help="admin token (default: $GPUPOOL_ADMIN_TOKEN, else generated into "
-                                         "<state-dir>/admin_token)")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="file holding the admin token (default: $GPUPOOL_ADMIN_TOKEN, else generated into "
+                        "<state-dir>/admin_token); never on the command line, which every user can read")
+    p.add_argument("--admin-token", help=argparse.SUPPRESS)  # refused with a message saying why
     p.add_argument("--config", metavar="FILE", help="JSON file of service settings (tick_s, min_runtime_s, ...)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
@@ -538,6 +540,24 @@ def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
         sys.stderr.write(f"token for {reply['user']} (shown once; give it to them as GPUPOOL_TOKEN)\n")
 
 
+def _admin_token_from_file(path: str | None) -> str | None:
+    """The admin token in ``path`` (first line), with a clear error for a missing, empty or open file."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            token = f.readline().strip()
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise UsageError(f"cannot read the admin token file {path}: {e.strerror}") from None
+    if not token:
+        raise UsageError(f"the admin token file {path} is empty")
+    if mode & 0o077:
+        raise UsageError(f"the admin token file {path} may be read by others (mode {mode & 0o777:04o}); "
+                         f"chmod 600 {path}")
+    return token
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the scheduler in this process until SIGINT/SIGTERM."""
     import asyncio
@@ -556,8 +576,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.update({k: v for k, v in given.items() if k != "state_dir"})
         if args.state_dir is None and "state_dir" in given:
             args.state_dir = str(from_file.state_dir)
+    if args.admin_token is not None:
+        raise UsageError("--admin-token puts the token on the command line, where every user of this machine "
+                         "can read it (/proc/PID/cmdline); use --admin-token-file FILE or $GPUPOOL_ADMIN_TOKEN")
     state_dir = args.state_dir or str(default_state_dir())
-    admin_token = args.admin_token or os.environ.get("GPUPOOL_ADMIN_TOKEN") or None
+    from scheduler.service.hardening import make_undumpable
+
+    make_undumpable()  # our environment (a token in it) and memory: not readable by jobs of our own user
+    admin_token = _admin_token_from_file(args.admin_token_file) or os.environ.get("GPUPOOL_ADMIN_TOKEN") or None
     scheduler = EmbeddedScheduler(state_dir, simulate=args.simulate, admin_token=admin_token,
                                   host=args.host, port=args.port, config=settings)
 
@@ -569,7 +595,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         await scheduler.start()
         try:
             simulated = " with SIMULATED GPUs" if getattr(scheduler.core, "simulated", False) else ""
-            where = ("as given (--admin-token / $GPUPOOL_ADMIN_TOKEN)" if admin_token
+            where = ("as given (--admin-token-file / $GPUPOOL_ADMIN_TOKEN)" if admin_token
                      else f"in {scheduler.admin_token_path}")
             print(f"gpupool scheduler listening on {scheduler.url}{simulated}", flush=True)
             print(f"state directory: {scheduler.state_dir}", flush=True)
