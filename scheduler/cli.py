@@ -168,6 +168,10 @@ def _add_projects(sub: Any) -> None:
     ps.add_argument("--limit", type=_limit, default=argparse.SUPPRESS,
                     help="most training GPUs ('none' for no limit)")
     ps.add_argument("--weight", type=_finite_float, help="share of idle GPUs beyond guarantees")
+    who = ps.add_mutually_exclusive_group()
+    who.add_argument("--members", metavar="LIST", help="who may submit: users and @groups, comma-separated "
+                     "(e.g. alice,bob,@ml-team; '' for admins only)")
+    who.add_argument("--open", action="store_true", help="let every user submit (remove the members list)")
     ps.add_argument("--json", action="store_true", help="print JSON")
     pd = _connection_options(psub.add_parser("delete", help="delete a project with no live jobs (admin)"))
     pd.add_argument("name")
@@ -397,6 +401,10 @@ def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
                 fields[key] = getattr(args, arg)
         if hasattr(args, "limit"):
             fields["train_limit"] = args.limit
+        if args.members is not None:
+            fields["members"] = [m.strip() for m in args.members.split(",") if m.strip()]
+        elif args.open:
+            fields["members"] = None
         project = client.set_project(args.name, **fields)
         _print_json(project) if args.json else print(_tables().projects_table([project]))
     elif args.projects_command == "delete":

@@ -122,8 +122,17 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
             "none" if limit is None else gpus_text(limit),
             gpus_text(p.get("weight")),
             p.get("pending", 0),
+            members_text(p),
         ))
-    return table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING"], rows)
+    return table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING",
+                  "MEMBERS"], rows)
+
+
+def members_text(project: dict[str, Any]) -> str:
+    """``everyone`` (open project), ``admins only`` (empty list), else the entries; ``(not you)`` if so."""
+    members = project.get("members")
+    text = "everyone" if members is None else (", ".join(members) if members else "admins only")
+    return text + (" (not you)" if project.get("member") is False else "")
 
 
 def gpus_table(pool: dict[str, Any]) -> str:

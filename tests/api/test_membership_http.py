@@ -35,3 +35,27 @@ def test_members_set_by_put_decide_who_submits(tmp_path):
         assert http("POST", srv.url + "/api/v1/jobs", token=bob, body=JOB)[0] == 201
     finally:
         srv.close()
+
+
+def test_cli_sets_members_and_a_non_member_is_told(tmp_path):
+    from .servers import cli_env, gpupool
+
+    srv = EmbeddedThread(tmp_path / "state", simulate="2xA100-80GB", admin_token="admin-t",
+                         projects={"vision": {"train_guarantee": 1}})
+    try:
+        bob = GpupoolClient(srv.url, "admin-t").create_token("bob")["token"]
+        admin_env, bob_env = cli_env(srv.url, "admin-t", tmp_path), cli_env(srv.url, bob, tmp_path)
+        out = gpupool(["projects", "set", "vision", "--members", "alice, @ml-team"], admin_env)
+        assert out.returncode == 0 and "@ml-team, alice" in out.stdout, out.stderr
+        out = gpupool(["projects"], bob_env)
+        assert "@ml-team, alice (not you)" in out.stdout
+        out = gpupool(["submit", "--project", "vision", "--gpus", "1", "--", "true"], bob_env)
+        assert out.returncode == 1 and "bob is not a member of project 'vision'" in out.stderr
+        out = gpupool(["projects", "set", "vision", "--open"], admin_env)
+        assert out.returncode == 0 and "everyone" in out.stdout
+        out = gpupool(["submit", "--project", "vision", "--gpus", "1", "--", "true"], bob_env)
+        assert out.returncode == 0, out.stderr
+        out = gpupool(["projects", "set", "vision", "--members", "bad name"], admin_env)
+        assert out.returncode == 1 and "member 'bad name'" in out.stderr
+    finally:
+        srv.close()
