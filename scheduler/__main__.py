@@ -2,6 +2,6 @@
 
 import sys
 
-from scheduler.cli import main
+from scheduler.cli_fast import main
 
 sys.exit(main())

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 
+from scheduler.cli_fast import submitted_line
 from scheduler.client import GpupoolClient, config_path
 from scheduler.errors import GpupoolError, Unavailable
 
@@ -358,22 +359,6 @@ def _print_job_line(job: dict[str, Any], args: argparse.Namespace) -> None:
     else:
         reason = f": {job['reason']}" if job.get("reason") else ""
         print(f"{job['id']} {job['state']}{reason}")
-
-
-def submitted_line(job: dict[str, Any]) -> str:
-    """What `gpupool submit` prints: the job id first (scripts take it), what it holds or waits for, what next.
-
-    A fresh job is 'queued' with the reason 'queued'; saying that twice tells
-    nothing, so the line says what was asked for, for whom, and how to follow it.
-    """
-    state, reason = job.get("state", ""), job.get("reason") or ""
-    if reason and reason not in (state, "queued", "submitted"):
-        return f"{job['id']} {state}: {reason}"
-    what = _tables().request_text(job)
-    who = f" as {job['user']}" if job.get("user") else ""
-    hint = "where it runs" if state in ("queued", "running") else "why"
-    return (f"{job['id']} {state}: {what} in project {job.get('project', '?')}{who}; "
-            f"'gpupool describe {job['id']}' shows {hint}")
 
 
 def _who(me: dict[str, Any]) -> str:

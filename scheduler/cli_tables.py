@@ -7,8 +7,9 @@ formatters can be tested on plain dicts.
 
 from __future__ import annotations
 
-import json
 import time
+
+from scheduler import jsonlite
 
 TYPE_CHECKING = False  # typing costs a CLI call milliseconds at start; annotations only need it for checkers
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def job_text(job: dict[str, Any]) -> str:
         if key.endswith("_at") and isinstance(value, int | float):
             text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({ago(value)})"
         elif key == "request":
-            text = request_text(job) + "   " + json.dumps({k: v for k, v in (value or {}).items() if v})
+            text = request_text(job) + "   " + jsonlite.dumps({k: v for k, v in (value or {}).items() if v})
         elif key == "assignment" and isinstance(value, dict):
             shares = [f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
                       for g in value.get("gpus") or []]
@@ -194,7 +195,7 @@ def job_text(job: dict[str, Any]) -> str:
         elif key == "command" and isinstance(value, list):
             text = " ".join(_shell_quote(a) for a in value)
         elif isinstance(value, dict | list):
-            text = json.dumps(value) if value else "-"
+            text = jsonlite.dumps(value) if value else "-"
         else:
             text = "-" if value is None else str(value)
         lines.append(f"{key + ':':<18}{text}")

@@ -17,10 +17,9 @@ with its status, from both clients alike.
 
 from __future__ import annotations
 
-import json
 import os
 
-from scheduler import errors
+from scheduler import errors, jsonlite
 from scheduler.errors import GpupoolError, Unavailable
 
 # Every `gpupool` call imports this module: anything heavy (asyncio, tornado, urllib,
@@ -75,7 +74,7 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
         if os.path.isfile(path):
             try:
                 with open(path) as f:
-                    data = json.load(f)
+                    data = jsonlite.loads(f.read())
             except (OSError, ValueError) as e:
                 raise errors.InvalidRequest(f"cannot read the client config {path}: {e}") from e
             if not isinstance(data, dict):
@@ -106,11 +105,11 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
     message = ""
     kind = None
     try:
-        data = json.loads(body or b"")
+        data = jsonlite.loads(body or b"")
         if isinstance(data, dict):
             message = str(data.get("error") or "")
             kind = data.get("type")
-    except (ValueError, TypeError):
+    except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
         message = text.strip().splitlines()[0][:200] if text.strip() else ""
     if not message:
@@ -224,7 +223,7 @@ class _Endpoints:
     def _request_parts(self, method: str, path: str, body: Any,
                        query: Mapping[str, Any] | None) -> tuple[str, bytes | None, dict[str, str]]:
         """URL, body bytes and headers of one request, the same for both transports."""
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else jsonlite.dumps(body).encode()
         if method in ("POST", "PUT") and data is None:
             data = b""
         headers = {"Accept": "application/json", "User-Agent": "gpupool-client/1"}
@@ -252,7 +251,7 @@ def _decode(data: bytes, raw: bool) -> Any:
         return data.decode("utf-8", "replace")
     if not data:
         return None
-    return json.loads(data)
+    return jsonlite.loads(data)
 
 
 class GpupoolClient(_Endpoints):

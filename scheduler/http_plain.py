@@ -16,7 +16,7 @@ operation. Connection failures raise ``OSError`` (``TimeoutError`` included).
 
 from __future__ import annotations
 
-import socket
+import _socket
 
 MAX_HEADER = 64 * 1024
 
@@ -62,12 +62,33 @@ def request(method: str, url: str, body: bytes | None, headers: dict[str, str],
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
     # An ASCII host goes as bytes: a str would be IDNA-encoded first, importing three modules to do nothing.
     address = host.encode("ascii") if host.isascii() else host
-    with socket.create_connection((address, port), timeout=timeout) as sock:
+    sock = _connect(address, port, timeout)
+    try:
         sock.sendall(head + body if body else head)
         return _read_reply(sock, method)
+    finally:
+        sock.close()
 
 
-def _read_reply(sock: socket.socket, method: str) -> tuple[int, bytes]:
+def _connect(host: str | bytes, port: int, timeout: float | None) -> _socket.socket:
+    """``socket.create_connection`` on the C module itself: ``socket.py`` costs its import of ``enum``.
+
+    Tries each address ``getaddrinfo`` gives (IPv4 and IPv6) in turn; raises the last ``OSError``.
+    """
+    last: OSError | None = None
+    for family, kind, proto, _name, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            last = e
+    raise last or OSError(f"no address for {host!r}")
+
+
+def _read_reply(sock: _socket.socket, method: str) -> tuple[int, bytes]:
     buffer = b""
     while b"\r\n\r\n" not in buffer:
         chunk = sock.recv(65536)
@@ -97,7 +118,7 @@ def _read_reply(sock: socket.socket, method: str) -> tuple[int, bytes]:
     return status, _read_to_close(sock, rest)
 
 
-def _read_exactly(sock: socket.socket, have: bytes, length: int) -> bytes:
+def _read_exactly(sock: _socket.socket, have: bytes, length: int) -> bytes:
     parts = [have]
     size = len(have)
     while size < length:
@@ -109,14 +130,14 @@ def _read_exactly(sock: socket.socket, have: bytes, length: int) -> bytes:
     return b"".join(parts)[:length]
 
 
-def _read_to_close(sock: socket.socket, have: bytes) -> bytes:
+def _read_to_close(sock: _socket.socket, have: bytes) -> bytes:
     parts = [have]
     while chunk := sock.recv(1 << 20):
         parts.append(chunk)
     return b"".join(parts)
 
 
-def _read_chunked(sock: socket.socket, have: bytes) -> bytes:
+def _read_chunked(sock: _socket.socket, have: bytes) -> bytes:
     """Decode ``Transfer-Encoding: chunked`` (tornado uses it for replies flushed before they finish)."""
     buffer = have
     out = []

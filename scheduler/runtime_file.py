@@ -20,9 +20,10 @@ Imported by every CLI call: only ``os``, ``json`` and ``time`` here.
 
 from __future__ import annotations
 
-import json
 import os
 import time
+
+from scheduler import jsonlite
 
 PREFIX = "scheduler-"
 SUFFIX = ".json"
@@ -68,7 +69,7 @@ def write(url: str, token: str | None, **extra: object) -> str:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(info, f)
+            f.write(jsonlite.dumps(info))
         os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
@@ -123,7 +124,7 @@ def running() -> list[dict[str, object]]:
             if os.name == "posix" and os.stat(path).st_uid != os.getuid():
                 continue
             with open(path) as f:
-                info = json.load(f)
+                info = jsonlite.loads(f.read())
         except (OSError, ValueError):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("url"), str):
