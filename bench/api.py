@@ -46,7 +46,8 @@ from scheduler.client import AsyncGpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
 SETTINGS = {"tick_s": 1.0, "poll_s": 0.02, "pause_grace_s": 5.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
-            "on_shutdown": "stop", "history_interval_s": 5.0, "watchdog": "off"}
+            "on_shutdown": "stop", "history_interval_s": 5.0, "watchdog": "off",
+            "run_jobs_as": "service"}  # the bench's users are tokens, not Unix accounts
 SLEEP = ["sleep", "3600"]
 
 

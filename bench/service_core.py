@@ -31,7 +31,7 @@ SYNC = "NORMAL"
 def _config(state: Path) -> ServiceConfig:
     return ServiceConfig(state_dir=state, simulate="8xA100-80GB", tick_s=3600, history_interval_s=3600,
                          admin_token="bench", min_runtime_s=0, resume_backoff_s=0, pause_grace_s=5,
-                         sqlite_synchronous=SYNC)
+                         sqlite_synchronous=SYNC, run_jobs_as="service")
 
 
 async def _full_pool(core: SchedulerCore) -> None:

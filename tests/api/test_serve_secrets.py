@@ -20,6 +20,15 @@ from scheduler.client import GpupoolClient
 from .servers import cli_env, gpupool
 
 
+def _listening_url(proc: subprocess.Popen[str]) -> str:
+    """The URL from `gpupool serve`'s banner (its first lines), or the failure with its stderr."""
+    while True:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, proc.stderr.read() if proc.stderr else ""
+        if "listening on " in line:
+            return line.split("listening on ", 1)[1].split()[0]
+
+
 def test_a_token_on_the_command_line_is_refused_with_the_way_to_give_it(tmp_path):
     env = cli_env("", None, tmp_path)
     out = gpupool(["serve", "--state-dir", str(tmp_path / "s"), "--port", "0", "--simulate", "1xA100-80GB",
@@ -42,12 +51,7 @@ def test_the_admin_token_file_must_be_private(tmp_path):
          "--simulate", "1xA100-80GB", "--admin-token-file", str(token)],
         env=cli_env("", None, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = ""
-        while not url:
-            line = proc.stdout.readline() if proc.stdout else ""
-            assert line, proc.stderr.read() if proc.stderr else ""
-            if "listening on " in line:
-                url = line.split("listening on ", 1)[1].split()[0]
+        url = _listening_url(proc)
         assert GpupoolClient(url, "file-token").whoami()["admin"] is True
     finally:
         proc.terminate()
@@ -71,12 +75,7 @@ def test_a_process_of_the_services_own_user_cannot_read_its_token(tmp_path):
              "--port", "0", "--simulate", "1xA100-80GB"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(home))
         try:
-            url = ""
-            while not url:
-                line = proc.stdout.readline() if proc.stdout else ""
-                assert line, proc.stderr.read() if proc.stderr else ""
-                if "listening on " in line:
-                    url = line.split("listening on ", 1)[1].split()[0]
+            url = _listening_url(proc)
             assert GpupoolClient(url, "admin-secret-xyz").whoami()["admin"] is True
             cmdline = subprocess.run([*as_nobody, "cat", f"/proc/{proc.pid}/cmdline"], capture_output=True)
             assert cmdline.returncode == 0 and b"scheduler" in cmdline.stdout

@@ -327,6 +327,9 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(message).toContainText('build quota');
     await expect(message).toContainText('one.ipynb');
     await expect(message).toContainText('half.ipynb');
+    // ... and says what was asked and what is left, in the Launcher's shares.
+    await expect(message).toContainText('asked for ¼ GPU');
+    await expect(message).toContainText('nothing free');
 
     // The message is one long sentence (it names both notebooks by their paths): it wraps
     // inside the dialog and reads whole, with nothing cut off at the dialog's edge (no
@@ -391,6 +394,29 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     }).toPass({ timeout: 30000 });
     await expect(entry).not.toHaveClass(/lm-mod-disabled/);
     await page.keyboard.press('Escape');
+  });
+
+  test('the promote dialog offers only the projects the user may submit into', async ({ page, tmpPath }) => {
+    // The scheduler marks each project with `member` for the caller; 'nlp' lists other users only.
+    await page.route(/\/gpupool\/api\/status/, async route => {
+      const response = await route.fetch();
+      const status = await response.json();
+      const projects = status.projects.map((p: any) =>
+        p.name === 'nlp' ? { ...p, members: ['someone'], member: false } : { ...p, member: true }
+      );
+      await route.fulfill({ response, json: { ...status, projects } });
+    });
+    await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/members.ipynb`);
+    await page.filebrowser.refresh();
+    await page.locator('.jp-DirListing-item[data-file-type="notebook"]', { hasText: 'members.ipynb' }).click({
+      button: 'right'
+    });
+    await page.locator('.lm-Menu-item', { hasText: 'Promote to Training…' }).click();
+    const dialog = page.locator('.jp-Dialog');
+    await expect(dialog).toContainText('Promote members.ipynb to training');
+    await expect(dialog.locator('select[name="project"] option')).toHaveText(['vision']);
+    await dialog.locator('.jp-Dialog-button.jp-mod-reject').click();
+    await page.unroute(/\/gpupool\/api\/status/);
   });
 
   test('a long queue is shown in serving order and summarized past 100 rows', async ({ page }) => {
