@@ -88,7 +88,9 @@ async def seed_projects(state_dir: Path) -> list[dict[str, Any]]:
     from scheduler.service.embedded import EmbeddedScheduler
 
     state_dir.mkdir(parents=True, exist_ok=True)
-    embedded = EmbeddedScheduler(state_dir, simulate=SIMULATE, projects=PROJECTS)
+    # Binder's one user: jobs run as the server's own account, as in the Jupyter extension's scheduler.
+    embedded = EmbeddedScheduler(state_dir, simulate=SIMULATE, projects=PROJECTS,
+                                 config={"run_jobs_as": "service"})
     await embedded.start()
     try:
         client = AsyncGpupoolClient(embedded.url, embedded.admin_token)

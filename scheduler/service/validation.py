@@ -110,7 +110,13 @@ def _too_deep() -> str:
 
 
 def _where(path: tuple[Any, ...]) -> str:
-    return ".".join(str(p)[:40] for p in path) or "the body"
+    """``env.PATH``-like: where in a body the problem is; a key with a newline or the like is quoted
+    (``project.'\\n'``) so the message stays one readable line."""
+    parts = []
+    for p in path:
+        text = str(p)[:40]
+        parts.append(text if text.isprintable() else ascii(text))
+    return ".".join(parts) or "the body"
 
 
 def _unicode_problem(text: str) -> str | None:
