@@ -25,12 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from tornado.httpclient import AsyncHTTPClient  # noqa: E402
 
+from bench._serve import ServeProcess  # noqa: E402
 from scheduler.client import AsyncGpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
@@ -51,52 +49,9 @@ SETTINGS = {"tick_s": 1.0, "poll_s": 0.02, "pause_grace_s": 5.0, "min_runtime_s"
 SLEEP = ["sleep", "3600"]
 
 
-class Service:
-    """`gpupool serve` in a child process."""
-
-    def __init__(self, state_dir: Path, simulate: str) -> None:
-        self.state_dir = state_dir
-        self.simulate = simulate
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> float:
-        """Start and wait for the banner; returns seconds until it listened."""
-        config = self.state_dir.parent / (self.state_dir.name + "-settings.json")
-        config.write_text(json.dumps(SETTINGS))
-        env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", "0",
-             "--simulate", self.simulate, "--config", str(config), "--log-level", "WARNING"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if "listening on " in line:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                break
-        if not self.url:
-            raise SystemExit(f"gpupool serve did not start (exit {self.proc.wait()})")
-        return time.perf_counter() - t0
-
-    def rss(self) -> tuple[int, int]:
-        """(VmRSS, VmHWM) in bytes."""
-        assert self.proc is not None
-        values = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                values[key] = int(value.split()[0]) * 1024
-        return values["VmRSS"], values["VmHWM"]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def service(state_dir: Path, simulate: str) -> ServeProcess:
+    """`gpupool serve` with this benchmark's settings and token."""
+    return ServeProcess(state_dir, simulate, SETTINGS, TOKEN)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -255,7 +210,7 @@ def seed_history(state_dir: Path, count: int) -> None:
 
 
 async def bench_memory(root: Path, history: int, simulate: str) -> dict[str, float]:
-    empty = Service(root / "empty", simulate)
+    empty = service(root / "empty", simulate)
     empty.start()
     try:
         client = AsyncGpupoolClient(empty.url, TOKEN)
@@ -267,7 +222,7 @@ async def bench_memory(root: Path, history: int, simulate: str) -> dict[str, flo
     t0 = time.perf_counter()
     seed_history(root / "full", history)
     seed_s = time.perf_counter() - t0
-    full = Service(root / "full", simulate)
+    full = service(root / "full", simulate)
     start_s = full.start()
     try:
         client = AsyncGpupoolClient(full.url, TOKEN)
@@ -290,7 +245,7 @@ async def run(args: argparse.Namespace) -> list[tuple[str, str, str]]:
     AsyncHTTPClient.configure(None, max_clients=max(args.concurrency, 10))
     root = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
     rows: list[tuple[str, str, str]] = []
-    svc = Service(root / "main", f"{args.gpus}xA100-80GB")
+    svc = service(root / "main", f"{args.gpus}xA100-80GB")
     svc.start()
     try:
         client = AsyncGpupoolClient(svc.url, TOKEN, timeout=120)

@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import compileall
-import json
 import os
 import platform
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._serve import ServeProcess  # noqa: E402
 from scheduler.client import AsyncGpupoolClient, GpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
@@ -54,41 +53,6 @@ SETTINGS = {"tick_s": 1.0, "on_shutdown": "stop", "watchdog": "off", "min_runtim
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Service:
-    """`gpupool serve` (this checkout) in a child process, publishing its runtime file in ``runtime``."""
-
-    def __init__(self, root: Path, runtime: Path) -> None:
-        self.root = root
-        self.runtime = runtime
-        self.proc: subprocess.Popen[str] | None = None
-        self.url = ""
-
-    def start(self) -> None:
-        config = self.root / "settings.json"
-        config.write_text(json.dumps(SETTINGS))
-        env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT), GPUPOOL_RUNTIME_DIR=str(self.runtime))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.root / "state"), "--port", "0",
-             "--simulate", f"{GPUS}xA100-80GB", "--config", str(config), "--log-level", "WARNING"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if "listening on " in line:
-                self.url = line.split("listening on ", 1)[1].split()[0]
-                break
-        if not self.url:
-            raise SystemExit(f"gpupool serve did not start (exit {self.proc.wait()})")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def timed_runs(argvs: list[list[str]], env: dict[str, str], parallel: int) -> tuple[list[float], float, float]:
@@ -163,7 +127,8 @@ def main() -> int:
     gpupool = [str(script)] if script.is_file() else [sys.executable, "-m", "scheduler"]
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-cli-"))
     runtime = tmp / "runtime"
-    service = Service(tmp, runtime)
+    service = ServeProcess(tmp / "state", f"{GPUS}xA100-80GB", SETTINGS, TOKEN,
+                           env={"GPUPOOL_RUNTIME_DIR": str(runtime)})
     service.start()
     rows: list[tuple[str, str]] = []
     try:
