@@ -11,7 +11,8 @@ all busy (so every measured job queues and no process is spawned):
    the rate the machine's CPUs would allow at that cost, the service aside), beside
    what ``python -c 'import json, socket'`` costs, the floor of any Python client;
 3. ``gpupool submit`` with no URL or token, found through the runtime file;
-4. ``gpupool submit`` from 8 parallel callers: jobs/s;
+4. ``gpupool submit`` from 8 parallel callers: jobs/s, driven from this Python
+   process (threads), and from a shell (``xargs -P 8``), as a sweep script calls it;
 5. the HTTP API itself (the async client, 8 requests in flight): jobs/s;
 6. Slurm's ``sbatch --hold --wrap true``, the same two ways, when ``sbatch`` is on PATH.
 
@@ -78,6 +79,20 @@ def timed_runs(argvs: list[list[str]], env: dict[str, str], parallel: int) -> tu
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return latencies, wall, cpu
+
+
+def shell_rate(argv: list[str], env: dict[str, str], jobs: int, parallel: int) -> tuple[str, str]:
+    """The same calls from a shell, as a sweep script makes them (``xargs -P``): no Python driver on the CPUs."""
+    label = f"gpupool submit, {parallel} parallel callers from a shell (xargs -P {parallel}): jobs/s"
+    if shutil.which("xargs") is None:
+        return label, "xargs not installed here"
+    t0 = time.perf_counter()
+    result = subprocess.run(["sh", "-c", f'seq {jobs} | xargs -P {parallel} -I{{}} "$@" >/dev/null', "sh", *argv],
+                            env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if result.returncode != 0:
+        return label, f"fails: {result.stderr.strip()[-60:]}"
+    return label, f"{jobs / wall:.0f}/s"
 
 
 def cancel_queued(client: GpupoolClient) -> None:
@@ -167,6 +182,8 @@ def main() -> int:
         par, par_wall, _ = timed_runs([submit] * args.jobs, flagged, args.parallel)
         rows.append((f"gpupool submit, {args.parallel} parallel callers ({args.jobs}): jobs/s / p50 latency",
                      f"{args.jobs / par_wall:.0f}/s / {ms(pct(par, 0.5))}"))
+        cancel_queued(admin)
+        rows.append(shell_rate(submit, flagged, args.jobs, args.parallel))
         cancel_queued(admin)
         rate = asyncio.run(api_rate(service.url, args.jobs, args.parallel))
         rows.append((f"HTTP API (async client, {args.parallel} in flight): jobs/s", f"{rate:.0f}/s"))
