@@ -533,6 +533,18 @@ def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
         sys.stderr.write(f"token for {reply['user']} (shown once; give it to them as GPUPOOL_TOKEN)\n")
 
 
+def _jobs_run_as(core: Any) -> str:
+    """The banner's line on which account runs jobs, and what that means for a shared service."""
+    if getattr(core, "_owner_jobs", False):
+        return "jobs run as: their owners' Unix accounts (docs/service.md, Isolation)"
+    import pwd
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    return (f"jobs run as: {me}, this service's own account: every token holder's jobs can read its state "
+            "directory; trust them all, or run the service as root to run each job as its owner "
+            "(docs/service.md, Isolation)")
+
+
 def _admin_token_from_file(path: str | None) -> str | None:
     """The admin token in ``path`` (first line), with a clear error for a missing, empty or open file."""
     if path is None:
@@ -595,6 +607,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if args.host not in ("127.0.0.1", "localhost", "::1"):
                 print(f"warning: listening on {args.host} over plain HTTP: tokens cross the network "
                       "unencrypted; put a TLS proxy in front", flush=True)
+            print(_jobs_run_as(scheduler.core), flush=True)
             print(f"admin token: {where}", flush=True)
             print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
             if not admin_token:

@@ -157,6 +157,11 @@ def test_serve_banner_names_url_simulation_and_token_file(tmp_path):
         banner = "\n".join(srv.banner)
         token_file = tmp_path / "state" / "admin_token"
         assert "with SIMULATED GPUs" in banner and f"in {token_file}" in banner and srv.url in banner
+        import os
+        import pwd
+
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        assert f"jobs run as: {me}, this service's own account: every token holder's jobs can read" in banner
         result = gpupool(["status"], srv.env(token_file.read_text().strip()))
         assert result.returncode == 0 and "SIMULATED" in result.stdout and "A100-80GB" in result.stdout
     finally:
