@@ -15,6 +15,20 @@ from scheduler.store import JobRecord, ProjectRecord
 MIB = 1024 * 1024
 
 
+def assigned_gpus(rec: JobRecord) -> list[dict[str, Any]]:
+    """The per-GPU entries (id, milli, memory_limit...) of a job's stored assignment; [] when it has none."""
+    return (rec.assignment or {}).get("gpus", [])
+
+
+def held_milli(rec: JobRecord) -> int:
+    """Milli-GPU a job's assignment holds, summed over its GPUs (0 with no assignment).
+
+    One definition, so that project usage and the build-quota check count a job's
+    share the same way.
+    """
+    return sum(int(g["milli"]) for g in assigned_gpus(rec))
+
+
 def gpus_text(milli: int) -> float | int:
     """milli -> GPUs for the wire: whole numbers as ints (``2``), fractions as floats (``0.25``)."""
     return milli // MILLI if milli % MILLI == 0 else milli / MILLI

@@ -1,0 +1,258 @@
+"""Attempts of training jobs: start, stop, settle an ended process, recover after a restart.
+
+A mixin of :class:`scheduler.service.core.SchedulerCore`, one job per file:
+every transition is committed (with its event) before the action it
+describes; a recorded exit status wins over a stop that came too late; after
+a restart each job stored as running is adopted, finished or requeued
+(docs/service.md, "Durability and crash recovery").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from scheduler.envbuilder import gpu_environment, mps_running
+from scheduler.executor.accounts import job_account, job_environment
+from scheduler.executor.local import ProcessHandle
+from scheduler.policy.model import MILLI, Start
+from scheduler.service.jobs import assigned_gpus
+from scheduler.store import JobRecord
+
+log = logging.getLogger("scheduler.service")
+
+PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
+
+
+class AttemptsMixin:
+    """Process attempts of the core's jobs (state lives on the core; see SchedulerCore.__init__)."""
+
+    config: Any
+    executor: Any
+    simulated: bool
+    _gpus: dict[str, Any]
+    _procs: dict[str, ProcessHandle]
+    _stop_tasks: dict[tuple[str, int], asyncio.Task[bool]]
+    _settled: dict[str, asyncio.Event]
+    _closing: bool
+    _metrics: Any
+    _watchdog: Any
+    _live: dict[str, JobRecord]
+    _mps_checked: tuple[float, bool] | None
+
+    def _mps(self) -> bool:
+        """Whether to add MPS limits: the config, else a detection cached for a minute (it scans /proc)."""
+        if self.config.mps is not None:
+            return self.config.mps
+        now = time.monotonic()
+        if self._mps_checked is None or now - self._mps_checked[0] > 60:
+            self._mps_checked = (now, mps_running())
+        return self._mps_checked[1]
+
+    def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
+        gpus = []
+        want_mem = rec.request.get("gpu_memory")
+        for gid, m in s.assignment.gpus:
+            g = self._gpus[gid]
+            limit = min(int(want_mem), g.memory) if want_mem and m < MILLI else g.memory * m // MILLI
+            gpus.append({"id": gid, "index": g.index, "model": g.model, "milli": m, "memory_limit": limit})
+        return {"node": s.assignment.node, "gpus": gpus}
+
+    def _start(self, rec: JobRecord, s: Start) -> None:
+        """Record "starting attempt N" durably, then act (spawn, or grant the lease)."""
+        attempt = rec.attempts + 1
+        now = time.time()
+        assignment = self._assignment_wire(rec, s)
+        shares = [(g["id"], g["milli"], g["memory_limit"]) for g in assignment["gpus"]]
+        gpu_env = gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
+                                  mps=self._mps(),
+                                  pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+        fields: dict[str, Any] = dict(
+            state="running", attempts=attempt, assignment=assignment, started_at=now, preemptible=s.preemptible,
+            pid=None, pid_start=None, stop_intent=None, exit_code=None,
+        )
+        if rec.kind == "build":
+            fields.update(env=gpu_env, reason=s.reason, lease_expires_at=now + self.config.lease_s)
+            self._transition(rec.id, **fields)
+            return
+        # "running" is committed, with its event, before the process exists: a service killed
+        # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
+        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
+                         **fields)
+        try:
+            run_as = job_account(rec.user, self.config.run_jobs_as, self.config.allow_root_jobs)
+            env = job_environment(dict(os.environ), run_as)
+            env.update(rec.job_env)
+            env.update(gpu_env)
+            handle = self.executor.spawn(rec.id, attempt, rec.command or [], rec.workdir, env, run_as)
+        except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
+            self._finish(rec, "failed", f"could not start: {e}")
+            return
+        self._procs[rec.id] = handle
+        self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+
+    # ================================================================ stopping and finishing
+    def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
+        """Record the intent, then ask the job's process to stop (SIGKILL after the grace) in the background.
+
+        A command that has already ended is settled from its own exit status
+        instead: the stop comes too late, and a finished job never runs again.
+        """
+        handle = self._procs.get(rec.id)
+        if handle is not None and not self.executor.alive(handle):
+            self._settle_ended(rec.id, handle)
+            return
+        self._transition(rec.id, stop_intent=intent, reason=reason)
+        if handle is None:
+            fresh = self._job(rec.id)
+            if fresh is not None:
+                self._finish_attempt(fresh, None)
+            return
+        self._spawn_stop(rec.id, handle)
+
+    def _spawn_stop(self, job_id: str, handle: ProcessHandle) -> None:
+        """Stop this attempt's process group in the background (once per attempt)."""
+        key = (job_id, handle.attempt)
+        if key in self._stop_tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self.executor.stop(handle, self.config.pause_grace_s))
+        self._stop_tasks[key] = task
+        task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
+
+    def _check_processes(self) -> None:
+        """Monitor: settle every attempt whose wrapper has ended."""
+        ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
+        for jid, h in ended:
+            self._settle_ended(jid, h)
+        if ended and not self._closing:
+            self._request_cycle()
+
+    def _settle_ended(self, job_id: str, handle: ProcessHandle) -> None:
+        """An attempt's wrapper has ended: forget its process and record how the attempt ended."""
+        self._procs.pop(job_id, None)
+        self.executor.reap_group(handle)
+        rec = self._job(job_id)
+        if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
+            return
+        self._finish_attempt(rec, self.executor.exit_code(job_id, handle.attempt))
+
+    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False) -> None:
+        """An attempt's process is gone: decide the job's next state from the stop intent and the exit code.
+
+        A command that ended on its own before the stop reached it (its wrapper
+        says so) has finished: its exit status wins over the intent.
+        """
+        intent = rec.stop_intent
+        if intent is not None and code is not None and self.executor.ended_on_its_own(rec.id, rec.attempts):
+            intent = None
+        self._watchdog.forget(rec.id)
+        if intent in PAUSE_INTENTS:
+            reason = rec.reason or PAUSE_INTENTS[intent]
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, exit_code=code, reason=reason,
+                             user_paused=(intent == "pause"), preemptible=False)
+            if intent != "preempt":
+                self._metrics.pauses.labels(intent).inc()
+        elif intent == "cancel":
+            self._finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
+        elif intent == "watchdog":
+            self._finish(rec, "failed", rec.reason, exit_code=code)
+        elif lost:
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
+                             reason="process lost during restart; requeued")
+        elif code is None:
+            self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
+        elif code == 0:
+            self._finish(rec, "succeeded", "exited with code 0", exit_code=0)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self._finish(rec, "failed", how, exit_code=code)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
+        self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+                         assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
+                         lease_expires_at=None)
+        self._metrics.finished.labels(state).inc()
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    async def _await_grant(self, job_id: str) -> None:
+        """A build share waiting only for preempted jobs to stop: give them ``reply_wait_s`` to do so.
+
+        A kernel asking for its share then gets it in the submit reply in the
+        common case (victims that checkpoint promptly), not one poll later.
+        """
+        deadline = time.monotonic() + self.config.reply_wait_s
+        while time.monotonic() < deadline:
+            rec = self._job(job_id)
+            if rec is None or rec.state != "queued":
+                return
+            # Shares are released when a stopping job's exit is recorded (its stop_intent cleared).
+            if not any(r.stop_intent is not None for r in self._live.values()):
+                return
+            await asyncio.sleep(0.02)
+
+    async def _await_settled(self, job_id: str) -> None:
+        rec = self._job(job_id)
+        if rec is None or rec.state != "running" or rec.stop_intent is None:
+            return
+        ev = self._settled.setdefault(job_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), self.config.reply_wait_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ================================================================ recovery
+    def _recover(self) -> None:
+        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
+        for rec in self._live_jobs(("running",)):
+            if any(g["id"] not in self._gpus for g in assigned_gpus(rec)):
+                missing = "its GPU is no longer in the pool"
+            else:
+                missing = ""
+            if rec.kind == "build":
+                if missing:
+                    self._finish(rec, "cancelled", missing)
+                continue
+            attempt = rec.attempts
+            handle: ProcessHandle | None = None
+            code: int | None = None
+            if rec.pid:
+                handle = self.executor.adopt(rec.id, attempt, rec.pid, rec.pid_start or 0)
+                outcome = "running" if handle else "gone"
+            else:
+                u = self.executor.recover_unrecorded(rec.id, attempt)
+                outcome, handle, code = u.outcome, u.handle, u.exit_code
+                if outcome == "not-started":
+                    self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                                     assignment=None, started_at=None, stop_intent=None,
+                                     reason="start interrupted by a service restart; requeued")
+                    continue
+                if outcome == "lost":
+                    outcome = "gone"
+            if outcome == "running" and handle is not None:
+                self._procs[rec.id] = handle
+                if not rec.pid:
+                    self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+                log.info("re-adopted job %s (pid %d)", rec.id, handle.pid)
+                if rec.stop_intent is not None:
+                    self._spawn_stop(rec.id, handle)
+                elif missing:
+                    self._begin_stop(rec, "preempt", missing)
+                continue
+            if code is None:
+                code = self.executor.exit_code(rec.id, attempt)
+            fresh = self._job(rec.id)
+            assert fresh is not None
+            if code is None and fresh.stop_intent is None:
+                self._finish_attempt(fresh, None, lost=True)
+            else:
+                self._finish_attempt(fresh, code)

@@ -1,0 +1,75 @@
+"""The backend seam of the service: the machines the core schedules on, and how it runs jobs there.
+
+The core talks to a backend for two things: the pool (its nodes and GPUs,
+with samples of their use) and an executor that starts, watches and stops a
+job's attempts. ``LocalBackend`` is the embedded default: this machine's GPUs
+(NVML, or simulated from a spec) as one node (or a build node and a train
+node, with ``build_gpus``), and jobs as local processes. A cluster backend
+(Kubernetes nodes, jobs as pods) is the second implementation to come
+(issue 14); the core knows neither.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from scheduler.executor.local import LocalExecutor
+from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
+from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
+from scheduler.service.config import ServiceConfig
+
+
+class Backend(Protocol):
+    """What the core needs of where it runs jobs."""
+
+    simulated: bool
+    gpus: dict[str, GpuInfo]  # by GPU id
+    nodes: tuple[Node, ...]  # the policy's view of the same GPUs
+    executor: LocalExecutor
+
+    def sample(self) -> dict[str, GpuSample]:
+        """Utilisation and memory now, per GPU id (empty where nothing is measured)."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the backend holds (NVML handles, watches)."""
+        ...
+
+
+class LocalBackend:
+    """This machine: its GPUs from ``inventory`` (default: NVML or the simulation spec), jobs as processes.
+
+    ``traversable``: jobs run as other Unix accounts (a root service), so the
+    executor's job directories must let them in (see scheduler.executor.accounts).
+    """
+
+    def __init__(self, config: ServiceConfig, inventory: Inventory | None = None, traversable: bool = False) -> None:
+        self.inventory = inventory or detect(config.simulate, config.default_simulation, config.node_name)
+        self.simulated = bool(self.inventory.simulated)
+        self.gpus: dict[str, GpuInfo] = {g.id: g for g in self.inventory.gpus()}
+        self.nodes = _nodes(config, self.gpus)
+        self.executor = LocalExecutor(config.jobs_dir, traversable=traversable)
+
+    def sample(self) -> dict[str, GpuSample]:
+        return self.inventory.sample()
+
+    def close(self) -> None:
+        self.inventory.close()
+
+
+def _nodes(config: ServiceConfig, gpus: dict[str, GpuInfo]) -> tuple[Node, ...]:
+    """One node serving both pools, or (``build_gpus`` = N) a build-only node of the first N GPUs and a train node."""
+    ordered = sorted(gpus.values(), key=lambda g: g.index)
+    cpu_milli = int(config.host_cpu() * 1000)
+    mem_mib = config.host_memory() // (1024 * 1024)
+
+    def node(name: str, members: list[GpuInfo], pools: frozenset[str]) -> Node:
+        return Node(name, cpu_milli, mem_mib,
+                    tuple(Gpu(g.id, g.index, g.model, g.memory // (1024 * 1024), g.topology_group) for g in members),
+                    pools)
+
+    if config.build_gpus is None:
+        return (node(config.node_name, ordered, frozenset({BUILD_POOL, TRAIN_POOL})),)
+    n = min(config.build_gpus, len(ordered))
+    return (node(f"{config.node_name}-build", ordered[:n], frozenset({BUILD_POOL})),
+            node(config.node_name, ordered[n:], frozenset({TRAIN_POOL})))

@@ -1,0 +1,194 @@
+"""The scheduling cycle of the service core: snapshot -> policy -> preempt, start, reject, wait.
+
+A mixin of :class:`scheduler.service.core.SchedulerCore`, one job per file:
+this one turns the live jobs into the policy's snapshot, runs the policy (the
+first-fit fallback when the engine raises), and applies its decisions, never
+handing out a GPU share that is still held. When cycles run, and why they are
+deferred and coalesced, is in :meth:`_request_cycle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from scheduler.policy import schedule
+from scheduler.policy.model import MILLI, Decisions, Project, Snapshot, Start, Workload
+from scheduler.service import fallback_policy
+from scheduler.store import JobRecord
+
+log = logging.getLogger("scheduler.service")
+
+PolicyFn = Callable[[Snapshot], Decisions]
+WAIT_FOR_STOPPING = "waiting for stopping jobs to release their GPUs"
+STOPPING_PROJECT = "\x00stopping"
+"""Pseudo-project of stopping jobs in the held view: not a valid project name, so never a real one."""
+
+
+class CycleMixin:
+    """Scheduling cycles of the core (state lives on the core; see SchedulerCore.__init__)."""
+
+    _policy_override: PolicyFn | None
+    _cycle_handle: asyncio.Handle | None
+    _last_cycle: float
+    _last_cycle_s: float
+    _started: bool
+    _closing: bool
+    config: Any
+    _metrics: Any
+    _store: Any
+    _gpus: dict[str, Any]
+    _nodes: tuple[Any, ...]
+
+    # ================================================================ scheduling cycle
+    def _schedule(self, snapshot: Snapshot) -> Decisions:
+        fn: PolicyFn = self._policy_override or schedule
+        try:
+            return fn(snapshot)
+        except Exception:
+            if fn is fallback_policy.schedule:
+                raise
+            log.exception("policy engine failed; using the first-fit fallback for this cycle")
+            return fallback_policy.schedule(snapshot)
+
+    def _snapshot(self, live: list[JobRecord], hold_stopping: bool = False) -> Snapshot:
+        """The policy's input. User-paused jobs (sticky) are left out.
+
+        Jobs already being stopped are left out too (``hold_stopping=False``, the
+        view the cycle decides on): they are leaving, and showing them as running
+        would make the policy preempt a second victim for the same waiting job
+        during the grace period. With ``hold_stopping=True`` they are shown as
+        running in a project the snapshot does not list, which the engine treats
+        as capacity held by no project: it places around them and never pauses
+        them. The cycle asks for that view only to re-place a start that landed
+        on a GPU a stopping job still holds.
+        """
+        projects = tuple(
+            Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
+            for p in self._projects().values()
+        )
+        workloads: list[Workload] = []
+        for r in live:
+            if r.state == "paused" and r.user_paused:
+                continue
+            if r.stop_intent is None:
+                workloads.append(self._workload(r))
+            elif hold_stopping:
+                w = self._workload(r)
+                if w.assignment is not None:
+                    workloads.append(dataclasses.replace(w, project=STOPPING_PROJECT))
+        return Snapshot(self._nodes, projects, tuple(workloads), time.time(), self._policy_config())
+
+    def _cycle(self) -> None:
+        """One scheduling cycle: snapshot -> policy -> preempt, start, reject, wait."""
+        if not self._started or self._closing:
+            return
+        if self._cycle_handle is not None:  # this cycle covers whatever asked for that one
+            self._cycle_handle.cancel()
+            self._cycle_handle = None
+        t0 = time.perf_counter()
+        self._last_cycle = time.monotonic()
+        live = self._live_jobs()
+        by_id = {r.id: r for r in live}
+        decisions = self._schedule(self._snapshot(live))
+        for p in decisions.preempts:
+            rec = by_id.get(p.workload_id)
+            if rec is None or rec.state != "running" or rec.stop_intent is not None:
+                continue
+            if rec.kind != "train":
+                log.warning("policy asked to preempt build job %s; build shares are never paused", rec.id)
+                continue
+            self._metrics.pauses.labels("preempt").inc()
+            self._begin_stop(rec, "preempt", p.reason)
+        running = [r for r in live if r.state == "running"]
+        used = self._allocations(running)
+        around_stopping: dict[str, Start] | None = None  # the policy's starts with stopping jobs' GPUs held
+        for s in decisions.starts:
+            rec = by_id.get(s.workload_id)
+            if rec is None or rec.state not in ("queued", "paused") or (rec.state == "paused" and rec.user_paused):
+                continue
+            problem = self._check_fits(s, used)
+            if problem == WAIT_FOR_STOPPING:
+                # Placed on a GPU a stopping job still holds: ask the policy (once per cycle) where it
+                # would go with those GPUs taken; other free GPUs may fit it now.
+                if around_stopping is None:
+                    held = self._schedule(self._snapshot(live, hold_stopping=True))
+                    around_stopping = {x.workload_id: x for x in held.starts}
+                alt = around_stopping.get(rec.id)
+                if alt is not None and self._check_fits(alt, used) is None:
+                    s, problem = alt, None
+            if problem:
+                self._set_reason(rec, problem)
+                continue
+            for gid, m in s.assignment.gpus:
+                used[gid] = used.get(gid, 0) + m
+            self._start(rec, s)
+        with self._store.transaction():
+            for rj in decisions.rejects:
+                rec = by_id.get(rj.workload_id)
+                if rec is not None and rec.state in ("queued", "paused"):
+                    self._finish(rec, "rejected", rj.reason)
+            for w in decisions.waits:
+                rec = by_id.get(w.workload_id)
+                if rec is not None and rec.state in ("queued", "paused") and not rec.user_paused:
+                    self._set_reason(rec, w.reason)
+            over = set(decisions.preemptible)
+            for rec in running:
+                if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
+                    self._update(rec.id, preemptible=rec.id in over)
+        self._last_cycle_s = time.perf_counter() - t0
+        self._metrics.cycle.observe(self._last_cycle_s)
+        self._update_gauges()
+
+    def _request_cycle(self, urgent: bool = False) -> None:
+        """Run a cycle now (``urgent``), else soon: one deferred cycle covers every request made before it.
+
+        Train submits and process exits only ask for a cycle; it runs on a later
+        loop iteration, so a burst of requests (everything that reached the loop
+        meanwhile) shares one policy run whatever the queue length. Cycles run at
+        most once every max(``cycle_min_interval_s``, 2 x the last cycle), so the
+        loop keeps at least half of its time for requests.
+        """
+        if urgent:
+            self._cycle()
+            return
+        if self._cycle_handle is not None:
+            return
+        # At most one cycle per max(cycle_min_interval_s, 2 x the last cycle): a quiet service
+        # decides at once, a busy one spends at most about half of the loop on cycles.
+        interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
+        wait = interval - (time.monotonic() - self._last_cycle)
+        loop = asyncio.get_running_loop()
+        self._cycle_handle = (loop.call_later(wait, self._deferred_cycle) if wait > 0
+                              else loop.call_soon(self._deferred_cycle))
+
+    @property
+    def cycle_pending(self) -> bool:
+        """Whether a deferred cycle is scheduled and has not run yet."""
+        return self._cycle_handle is not None
+
+    def _deferred_cycle(self) -> None:
+        self._cycle_handle = None
+        try:
+            self._cycle()
+        except Exception:
+            log.exception("deferred scheduling cycle failed")
+            self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
+
+    def _check_fits(self, s: Start, used: dict[str, int]) -> str | None:
+        """Our own guard against double-booking, whatever the policy says."""
+        for gid, m in s.assignment.gpus:
+            if gid not in self._gpus:
+                return f"policy placed it on unknown GPU {gid}"
+            if m <= 0 or used.get(gid, 0) + m > MILLI:
+                return WAIT_FOR_STOPPING
+        return None
+
+    def _set_reason(self, rec: JobRecord, reason: str) -> None:
+        if rec.reason != reason:
+            self._update(rec.id, reason=reason)
+            rec.reason = reason
