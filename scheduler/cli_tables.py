@@ -123,10 +123,20 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
             "none" if limit is None else gpus_text(limit),
             gpus_text(p.get("weight")),
             p.get("pending", 0),
+            recent_text(p),
             members_text(p),
         ))
     return table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING",
-                  "MEMBERS"], rows)
+                  "RECENT GPU-h", "MEMBERS"], rows)
+
+
+def recent_text(project: dict[str, Any]) -> str:
+    """The GPU-hours a project held lately (build and train, decayed by the usage half-life): '12.5', '-'."""
+    recent = project.get("recent_gpu_hours")
+    if not isinstance(recent, dict):
+        return "-"
+    total = sum(float(v) for v in recent.values() if isinstance(v, int | float))
+    return f"{total:.2f}".rstrip("0").rstrip(".") if total >= 0.005 else "0"
 
 
 def members_text(project: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -72,6 +72,8 @@ CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, t REAL
 CREATE TABLE IF NOT EXISTS tokens (hash TEXT PRIMARY KEY, user TEXT NOT NULL, created_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL NOT NULL, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS history_t ON history(t);
+CREATE TABLE IF NOT EXISTS usage (project TEXT NOT NULL, kind TEXT NOT NULL, value REAL NOT NULL,
+    PRIMARY KEY (project, kind));
 """
 
 
@@ -367,6 +369,21 @@ class Store:
         with self.transaction() as db:
             db.execute("INSERT INTO history(t, body) VALUES (?, ?)", (t, json.dumps(body)))
             db.execute("DELETE FROM history WHERE id <= (SELECT MAX(id) FROM history) - ?", (keep,))
+
+    # ------------------------------------------------------------ decayed usage
+    def save_usage(self, t: float, rows: Iterable[tuple[str, str, float]]) -> None:
+        """Replace the decayed usage (milli-GPU-seconds per project and kind) as of time ``t``."""
+        with self.transaction() as db:
+            db.execute("DELETE FROM usage")
+            db.executemany("INSERT INTO usage(project, kind, value) VALUES (?, ?, ?)", list(rows))
+            db.execute("INSERT INTO meta(key, value) VALUES ('usage_t', ?) "
+                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (repr(float(t)),))
+
+    def load_usage(self) -> tuple[float, dict[tuple[str, str], float]]:
+        """``(t, {(project, kind): value})`` as last saved; ``(0.0, {})`` when never saved."""
+        t = self.get_meta("usage_t")
+        rows = self._db.execute("SELECT project, kind, value FROM usage").fetchall()
+        return (float(t) if t else 0.0), {(str(r[0]), str(r[1])): float(r[2]) for r in rows}
 
     def history_since(self, since: float | None, limit: int = 10000) -> list[dict[str, Any]]:
         rows = self._db.execute(

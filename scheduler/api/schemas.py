@@ -181,6 +181,8 @@ PROJECT: dict[str, Any] = {
         "usage": {"type": "object"}, "pending": {"type": "integer"},
         "members": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
+        "recent_gpu_hours": {"type": "object", "description": "GPU-hours held by kind (build, train), decayed "
+                             "by the service's usage half-life: a half-life ago counts half."},
     },
 }
 
@@ -193,7 +195,8 @@ POOL: dict[str, Any] = {
 STATUS: dict[str, Any] = {
     "type": "object",
     "properties": {"simulated": {"type": "boolean"}, "pool": POOL,
-                   "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"}},
+                   "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"},
+                   "usage_half_life_s": {"type": "number", "description": "The half-life of recent_gpu_hours"}},
 }
 
 EVENT: dict[str, Any] = {

@@ -39,6 +39,7 @@ class ApiMethodsMixin:
     _project_cache: dict[str, ProjectRecord] | None
     _live: dict[str, JobRecord]
     _metrics: Any
+    recent_gpu_hours: Any
 
     # ================================================================ reads
     def _job_or_404(self, job_id: Any) -> JobRecord:
@@ -90,11 +91,14 @@ class ApiMethodsMixin:
     def list_projects(self, actor: Actor | None = None) -> list[dict[str, Any]]:
         """Every project with its usage; with ``actor``, ``member`` says whether they may submit into it."""
         usage, pending = self._project_usage()
+        recent = self.recent_gpu_hours()
         out = []
         for p in self._projects().values():
             u = dict(usage.get(p.name, {}))
             u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
             wire = project_to_wire(p, u, pending.get(p.name, 0))
+            mine = recent.get(p.name, {})
+            wire["recent_gpu_hours"] = {k: round(mine.get(k, 0.0), 6) for k in ("build", "train")}
             if actor is not None:
                 wire["member"] = self._may_use(actor, p)
             out.append(wire)
@@ -115,7 +119,7 @@ class ApiMethodsMixin:
         for rec in self._live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
         return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(actor),
-                "queue": counts}
+                "queue": counts, "usage_half_life_s": self.config.usage_half_life_s}
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):

@@ -89,6 +89,8 @@ class ServiceConfig:
     # The default comes from $GPUPOOL_RUN_JOBS_AS when set (e.g. the test suite's "service").
     run_jobs_as: str = field(default_factory=lambda: os.environ.get("GPUPOOL_RUN_JOBS_AS", "auto"))
     allow_root_jobs: bool = False  # with "owner": may a job of a user whose account is root run (as root)?
+    # Each project's GPU use is kept decayed by this half-life (default 7 days; 0 keeps none).
+    usage_half_life_s: float = 7 * 86400.0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -107,6 +109,8 @@ class ServiceConfig:
                                  "other accounts); use 'service' or 'auto'")
         if self.sqlite_synchronous not in ("FULL", "NORMAL"):
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
+        if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:
+            raise InvalidRequest(f"usage_half_life_s must be a number >= 0, not {self.usage_half_life_s!r}")
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

@@ -36,6 +36,7 @@ from scheduler.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMi
 from scheduler.service.jobs import assigned_gpus, held_milli, workload_of
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
+from scheduler.service.usage import DecayedUsage, gpu_hours
 from scheduler.service.validation import (
     PoolLimits,
 )
@@ -173,6 +174,9 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         self.last_event_seq: int = self._store.last_event_seq()
         self._trimmed_seq = -1  # events are trimmed at the first tick, then once a tenth more have come
         self._live: dict[str, JobRecord] = {}
+        saved_t, saved = self._store.load_usage()
+        self._usage = DecayedUsage(self.config.usage_half_life_s, saved, saved_t)
+        self._held: dict[tuple[str, str], int] = {}
         self._reload_live()
         self._last_cycle = 0.0
         self._last_cycle_s = 0.0
@@ -250,6 +254,22 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
     def _reload_live(self) -> None:
         self._live = {r.id: r for r in self._store.jobs(LIVE_STATES)}
         self._workloads: dict[str, Workload] = {}
+        self._usage.accrue(time.time(), self._held)  # what was held until now, then what the store says
+        self._held = {}
+        for rec in self._live.values():
+            if rec.state == "running":
+                key = (rec.project, rec.kind)
+                self._held[key] = self._held.get(key, 0) + held_milli(rec)
+
+    def _held_changes(self, rec: JobRecord, assignment: dict[str, Any] | None) -> None:
+        """A live job's assignment is about to change: count the use so far, then what its project holds now."""
+        new = sum(int(g["milli"]) for g in (assignment or {}).get("gpus", []))
+        old = held_milli(rec)
+        if new == old:
+            return
+        self._usage.accrue(time.time(), self._held)
+        key = (rec.project, rec.kind)
+        self._held[key] = self._held.get(key, 0) + new - old
 
     def _workload(self, rec: JobRecord) -> Workload:
         """The policy view of a live job, rebuilt only after the job changed."""
@@ -265,6 +285,8 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         rec = self._live.get(job_id)
         if rec is None:
             return
+        if "assignment" in changes:
+            self._held_changes(rec, changes["assignment"])
         for k, v in changes.items():
             setattr(rec, k, v)
         if not rec.live:
@@ -335,8 +357,25 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
             self._run_watchdog(now)
         if now - self._last_history >= self.config.history_interval_s:
             self._record_history(now)
+        self._save_usage(now)
         self._trim_events()
         self._cycle()
+
+    def _save_usage(self, now: float) -> None:
+        """Count each project's use up to now, keep it in the store, and show it in /metrics."""
+        self._usage.accrue(now, self._held)
+        self._store.save_usage(self._usage.t, self._usage.rows())
+        for (project, kind), value in self._usage.values.items():
+            self._metrics.recent_usage.labels(project, kind).set(gpu_hours(value))
+
+    def recent_gpu_hours(self) -> dict[str, dict[str, float]]:
+        """Each project's decayed GPU-hours by kind, as of now (what it has held, a half-life ago counting half)."""
+        now = time.time()
+        self._usage.accrue(now, self._held)
+        out: dict[str, dict[str, float]] = {}
+        for (project, kind), value in self._usage.at(now).items():
+            out.setdefault(project, {})[kind] = gpu_hours(value)
+        return out
 
     def _trim_events(self) -> None:
         """Keep the newest ``events_max_rows`` events; a write only once a tenth more have come."""

@@ -28,6 +28,10 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5), registry=r,
         )
         self.simulated = Gauge("gpupool_simulated", "1 when the GPUs are simulated", registry=r)
+        self.recent_usage = Gauge(
+            "gpupool_project_recent_gpu_hours",
+            "GPU-hours a project has held, decayed by the usage half-life (fair share over time)",
+            ["project", "kind"], registry=r)
 
     def update(self, live: Iterable[JobRecord], gpu_ids: Iterable[str]) -> None:
         """Set the gauges from the live jobs (after every cycle)."""

@@ -1,0 +1,67 @@
+"""Each project's recent GPU use, decayed by a half-life: the history that fair share over time reads.
+
+Why a decayed sum and not a window: it needs one number per project and kind,
+updated in O(1) whenever what a project holds changes, and it forgets
+smoothly (use a half-life ago counts half). Between two updates a project
+holds a constant ``m`` milli-GPU, so the exact update over ``dt`` seconds is
+
+    value <- value * 2^(-dt/H) + m * (H / ln 2) * (1 - 2^(-dt/H))
+
+(the integral of ``m`` weighed by the decay from each instant to the end).
+With ``H = 0`` nothing is kept: recent usage is 0 and fair share falls back
+to what runs now. Values are milli-GPU-seconds; :func:`gpu_hours` converts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+Key = tuple[str, str]  # (project, kind)
+
+
+def gpu_hours(milli_seconds: float) -> float:
+    return milli_seconds / 1000.0 / 3600.0
+
+
+class DecayedUsage:
+    """Decayed milli-GPU-seconds per (project, kind), advanced to a time by :meth:`accrue`."""
+
+    def __init__(self, half_life_s: float, values: Mapping[Key, float] | None = None, t: float = 0.0) -> None:
+        if half_life_s < 0:
+            raise ValueError("the half-life must be >= 0 seconds")
+        self.half_life_s = float(half_life_s)
+        self.values: dict[Key, float] = dict(values or {}) if half_life_s > 0 else {}
+        self.t = float(t)
+
+    def _factor(self, dt: float) -> float:
+        return 2.0 ** (-dt / self.half_life_s)
+
+    def accrue(self, now: float, held: Mapping[Key, int]) -> None:
+        """Advance to ``now``, ``held`` (milli-GPU per key) having been held since the last call."""
+        if self.half_life_s <= 0:
+            self.t = now
+            return
+        dt = now - self.t
+        if self.t <= 0 or dt <= 0:  # first call, or a clock step back: start counting from here
+            self.t = max(self.t, now)
+            return
+        decay = self._factor(dt)
+        gained = self.half_life_s / math.log(2) * (1.0 - decay)
+        for key in list(self.values):
+            self.values[key] *= decay
+        for key, milli in held.items():
+            if milli:
+                self.values[key] = self.values.get(key, 0.0) + milli * gained
+        self.t = now
+
+    def at(self, now: float) -> dict[Key, float]:
+        """The values decayed to ``now`` (without what is held meanwhile: call :meth:`accrue` first)."""
+        if self.half_life_s <= 0:
+            return {}
+        decay = self._factor(max(0.0, now - self.t))
+        return {k: v * decay for k, v in self.values.items()}
+
+    def rows(self) -> Iterable[tuple[str, str, float]]:
+        """What the store keeps: (project, kind, value) at time :attr:`t`."""
+        return ((p, k, v) for (p, k), v in self.values.items())
