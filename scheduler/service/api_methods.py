@@ -18,7 +18,7 @@ from scheduler.policy.model import MILLI
 from scheduler.service.actor import Actor
 from scheduler.service.build_quota import build_holders, check_build_quota
 from scheduler.service.jobs import held_milli, job_to_wire, project_to_wire
-from scheduler.service.membership import is_member, unix_groups, validate_members
+from scheduler.service.membership import is_member, unix_groups
 from scheduler.service.validation import validate_project, validate_spec, validate_user
 from scheduler.service.views import job_filters, pool_view, read_log_chunk
 from scheduler.store import JobRecord, ProjectRecord
@@ -132,12 +132,7 @@ class ApiMethodsMixin:
         self._check_open()
         if not actor.admin:
             raise Forbidden("only an admin may change projects")
-        members = fields.get("members", ...) if isinstance(fields, dict) else ...
-        if members is not ...:
-            fields = {k: v for k, v in fields.items() if k != "members"}
         changes = validate_project(name, fields, len(self._gpus))
-        if members is not ...:
-            changes["members"] = validate_members(members, validate_user)
         cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)

@@ -16,12 +16,13 @@ from typing import Any
 
 from scheduler.errors import InvalidRequest
 from scheduler.policy.model import MILLI
+from scheduler.service.membership import validate_members
 
 SPEC_FIELDS = {
     "project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "command",
     "workdir", "env", "cpu", "memory", "labels", "client_key",
 }
-PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight"}
+PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight", "members"}
 # Limits on wire fields, defined once: enforced below and published by the OpenAPI
 # schema (scheduler.api.schemas imports them), so the document cannot promise more
 # or less than the service accepts. Stored data respects these values.
@@ -355,6 +356,8 @@ def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
         if not _is_num(w) or w <= 0 or w > 1e6:
             raise InvalidRequest(f"weight must be a positive number, not {w!r}")
         out["weight"] = float(w)
+    if "members" in fields:
+        out["members"] = validate_members(fields["members"], validate_user)
     return out
 
 
