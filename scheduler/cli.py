@@ -535,7 +535,7 @@ def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
 
 def _jobs_run_as(core: Any) -> str:
     """The banner's line on which account runs jobs, and what that means for a shared service."""
-    if getattr(core, "_owner_jobs", False):
+    if core.owner_jobs:
         return "jobs run as: their owners' Unix accounts (docs/service.md, Isolation)"
     import pwd
 
@@ -632,11 +632,11 @@ COMMANDS = {
 }
 
 
-def _where_to_look(args: argparse.Namespace) -> str:
-    """A hint when the URL was nobody's choice (the default): how a scheduler is found."""
+def where_to_look(url: str | None) -> str:
+    """A hint when the URL (``--url``, else the environment) was nobody's choice: how a scheduler is found."""
     from scheduler.client import DEFAULT_URL, resolve_connection
 
-    if args.url or os.environ.get("GPUPOOL_URL"):
+    if url or os.environ.get("GPUPOOL_URL"):
         return ""
     try:
         if resolve_connection()[0] != DEFAULT_URL:
@@ -676,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)
     except Unavailable as e:
-        return _fail(e.message + _where_to_look(args), EXIT_UNREACHABLE)
+        return _fail(e.message + where_to_look(args.url), EXIT_UNREACHABLE)
     except GpupoolError as e:
         return _fail(e.message, EXIT_SERVER)
     except KeyboardInterrupt:

@@ -88,7 +88,8 @@ def _looks_like_an_option(value: str) -> bool:
     return False
 
 
-def _spec(found: dict[str, Any], command: list[str]) -> dict[str, Any] | None:
+def _spec(found: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """The JobSpec of the options found; ValueError where the full CLI must read them (and say why)."""
     if "project" not in found or ("gpus" in found and "gpu_fraction" in found):
         raise ValueError("not a plain submit")
     spec: dict[str, Any] = {"project": found["project"]}
@@ -139,11 +140,9 @@ def _submit(parsed: tuple[dict[str, Any], str | None, str | None]) -> int:
     try:
         job = GpupoolClient(url, token).submit(spec)
     except Unavailable as e:
-        from types import SimpleNamespace
+        from scheduler.cli import where_to_look
 
-        from scheduler.cli import _where_to_look
-
-        sys.stderr.write(f"gpupool: error: {e.message}{_where_to_look(SimpleNamespace(url=url))}\n")
+        sys.stderr.write(f"gpupool: error: {e.message}{where_to_look(url)}\n")
         return EXIT_UNREACHABLE
     except GpupoolError as e:
         sys.stderr.write(f"gpupool: error: {e.message}\n")

@@ -15,7 +15,7 @@ moment where it is readable by others), and files not owned by this user are
 never trusted. Stale files (the process died without cleaning up) are skipped
 and removed.
 
-Imported by every CLI call: only ``os``, ``json`` and ``time`` here.
+Imported by every CLI call: only ``os``, ``time`` and :mod:`scheduler.jsonlite` here.
 """
 
 from __future__ import annotations

@@ -45,11 +45,6 @@ class RunAs:
         """``uid:gid:g1,g2``: how the service tells the wrapper whom to run the command as."""
         return f"{self.uid}:{self.gid}:{','.join(str(g) for g in self.groups)}"
 
-    @classmethod
-    def from_wrapper_arg(cls, text: str) -> RunAs:
-        uid, gid, groups = text.split(":")
-        return cls("", int(uid), int(gid), tuple(int(g) for g in groups.split(",") if g), "")
-
 
 def resolve_mode(mode: str) -> str:
     """``"owner"`` or ``"service"``: what ``auto`` means for this process."""

@@ -126,9 +126,10 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Jobs of other accounts (a root service) must enter the state dir to reach their own job's
         # directory: 0711 lets them in but not list it; every secret in it is a 0600 file.
-        self._owner_jobs = resolve_mode(self.config.run_jobs_as) == "owner"
-        os.chmod(self.state_dir, 0o711 if self._owner_jobs else 0o700)
-        if self._owner_jobs:
+        self.owner_jobs = resolve_mode(self.config.run_jobs_as) == "owner"
+        """Whether training jobs run as their owners' Unix accounts (a root service), not as ours."""
+        os.chmod(self.state_dir, 0o711 if self.owner_jobs else 0o700)
+        if self.owner_jobs:
             check_reachable(self.state_dir)
         self._lock = _lock_state_dir(self.state_dir)
         try:
@@ -141,7 +142,7 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
             if db_file.exists():
                 os.chmod(db_file, 0o600)
         try:
-            self.backend: Backend = backend or LocalBackend(self.config, inventory, traversable=self._owner_jobs)
+            self.backend: Backend = backend or LocalBackend(self.config, inventory, traversable=self.owner_jobs)
         except BaseException:  # e.g. an unknown model in the simulation spec: free the state dir again
             self._store.close()
             self._lock.close()
