@@ -17,16 +17,18 @@ class ServeProcess:
     """`gpupool serve` on a free port with ``settings`` (a service config) and admin token ``token``.
 
     ``env`` adds to the environment (e.g. ``GPUPOOL_RUNTIME_DIR``); the
-    settings file lies beside ``state_dir``.
+    settings file lies beside ``state_dir``. ``port`` 0 picks a free one; a
+    fixed port lets a restarted service keep its URL.
     """
 
     def __init__(self, state_dir: Path, simulate: str, settings: dict[str, object], token: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, port: int = 0) -> None:
         self.state_dir = state_dir
         self.simulate = simulate
         self.settings = settings
         self.token = token
         self.env = dict(env or {})
+        self.port = port
         self.proc: subprocess.Popen[str] | None = None
         self.url = ""
 
@@ -37,7 +39,7 @@ class ServeProcess:
         env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=self.token, PYTHONPATH=str(ROOT), **self.env)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", "0",
+            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", str(self.port),
              "--simulate", self.simulate, "--config", str(config), "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         assert self.proc.stdout is not None
@@ -58,6 +60,12 @@ class ServeProcess:
                 key, value = line.split(":", 1)
                 values[key] = int(value.split()[0]) * 1024
         return values["VmRSS"], values["VmHWM"]
+
+    def kill9(self) -> None:
+        """SIGKILL, as a crash: no clean stop, its jobs' processes live on."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

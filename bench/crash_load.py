@@ -31,19 +31,17 @@ import json
 import os
 import platform
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._serve import ServeProcess  # noqa: E402
 from scheduler.client import GpupoolClient  # noqa: E402
 from scheduler.errors import GpupoolError  # noqa: E402
 
@@ -63,23 +61,6 @@ time.sleep(float(sys.argv[1]))
 note("end")
 os._exit(0)
 """
-
-
-def start_service(state: Path, port: int, config: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "GPUPOOL_ADMIN_TOKEN": TOKEN, "GPUPOOL_RUN_JOBS_AS": "service",
-           "GPUPOOL_RUNTIME_DIR": str(state.parent / "runtime"), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "serve", "--state-dir", str(state), "--port",
-                             str(port), "--simulate", "4xA100-80GB", "--config", str(config), "--log-level",
-                             "ERROR"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).read()
-            return proc
-        except OSError:
-            assert proc.poll() is None, "gpupool serve exited"
-            time.sleep(0.05)
-    raise RuntimeError("gpupool serve did not start")
 
 
 def free_port() -> int:
@@ -186,26 +167,25 @@ def main() -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="gpupool-crash-load-") as tmp:
         base = Path(tmp)
-        state, ledger, config = base / "state", base / "ledger.txt", base / "settings.json"
-        config.write_text(json.dumps({**SETTINGS, "poll_s": args.poll_s}))
-        port = free_port()
+        state, ledger = base / "state", base / "ledger.txt"
+        service = ServeProcess(state, "4xA100-80GB", {**SETTINGS, "poll_s": args.poll_s}, TOKEN,
+                               env={"GPUPOOL_RUN_JOBS_AS": "service",
+                                    "GPUPOOL_RUNTIME_DIR": str(base / "runtime")}, port=free_port())
         ids: list[str] = []
         ops = 0
         t0 = time.monotonic()
         for r in range(args.rounds):
-            proc = start_service(state, port, config)
-            client = GpupoolClient(f"http://127.0.0.1:{port}", TOKEN)
+            service.start()
+            client = GpupoolClient(service.url, TOKEN)
             if r == 0:
                 client.set_project("p", train_guarantee=4)
             ops += one_round(client, rng, ledger, args.jobs, ids, args.aim)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        proc = start_service(state, port, config)
+            service.kill9()
+        service.start()
         try:
-            drain(GpupoolClient(f"http://127.0.0.1:{port}", TOKEN), ids, timeout=900)
+            drain(GpupoolClient(service.url, TOKEN), ids, timeout=900)
         finally:
-            proc.terminate()
-            proc.wait(60)
+            service.stop()
         result = analyse(state, ledger)
         took = time.monotonic() - t0
     print(f"kill -9 load test: {args.rounds} rounds x {args.jobs} jobs, seed {args.seed}, poll_s {args.poll_s}, "
