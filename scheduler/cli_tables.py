@@ -124,10 +124,24 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
             gpus_text(p.get("weight")),
             p.get("pending", 0),
             recent_text(p),
+            standing_text(p),
             members_text(p),
         ))
-    return table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING",
-                  "RECENT GPU-h", "MEMBERS"], rows)
+    out = table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING",
+                 "RECENT GPU-h", "OF FAIR SHARE", "MEMBERS"], rows)
+    if any(isinstance(p.get("fair_share"), dict) and p["fair_share"].get("percent") is not None for p in projects):
+        out += ("\n(OF FAIR SHARE: the training GPUs a project held on average lately, as a share of what it is "
+                "entitled to when every project wants GPUs;\n idle GPUs beyond guarantees go first to the "
+                "projects lowest here, see docs/policy.md)")
+    return out
+
+
+def standing_text(project: dict[str, Any]) -> str:
+    """'40% of 4' (recent training use as a share of the long-run fair share of 4 GPUs), or '-'."""
+    fair = project.get("fair_share")
+    if not isinstance(fair, dict) or fair.get("percent") is None:
+        return "-"
+    return f"{fair['percent']}% of {gpus_text(fair.get('gpus'))}"
 
 
 def recent_text(project: dict[str, Any]) -> str:

@@ -183,6 +183,15 @@ PROJECT: dict[str, Any] = {
         "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
         "recent_gpu_hours": {"type": "object", "description": "GPU-hours held by kind (build, train), decayed "
                              "by the service's usage half-life: a half-life ago counts half."},
+        "fair_share": {
+            "type": "object",
+            "description": "The project's long-run share of the train pool when every project wants it all (gpus), "
+                           "the GPUs it held for training on average lately (recent_gpus, the measure by which idle "
+                           "GPUs beyond guarantees are handed out), and the second as a percentage of the first "
+                           "(null when no history is kept).",
+            "properties": {"gpus": {"type": "number"}, "recent_gpus": {"type": "number"},
+                           "percent": {"type": "integer", "nullable": True}},
+        },
     },
 }
 

@@ -108,6 +108,7 @@ class BuildReclaimMixin:
         now: float
         projects: dict[str, Project]
         usage: dict[str, int]
+        recent: dict[str, float]
         milli: dict[str, int]
         build_used: dict[str, int]
         train_running: dict[str, list[Workload]]
@@ -183,7 +184,7 @@ class BuildReclaimMixin:
         if known is not None and known.usage == used:
             return known
         q = self.projects[name]
-        above = used - state.shares.get(name, 0.0)
+        above = used + self.recent[name] - state.shares.get(name, 0.0)  # recent use counts (0 without history)
         min_start = self.now - self.cfg.min_runtime_s
         out = _ProjectJobs(used, [], [], [], [])
         for v in state.on_build_nodes.get(name, ()):

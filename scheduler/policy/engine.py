@@ -14,7 +14,10 @@ The rules are written down for users in docs/policy.md; in short:
   (:mod:`scheduler.policy.reclaim`). Pass 2 takes the rest, which may only use
   idle capacity and start as preemptible. In each pass jobs go by priority,
   then by the project furthest below its fair share
-  (:mod:`scheduler.policy.fairshare`), then by submission time.
+  (:mod:`scheduler.policy.fairshare`), then by submission time. In pass 2 and
+  in the choice of reclaim victims a project's recent use (``Project.recent_milli``,
+  history decayed by a half-life) counts on top of its use now, so idle GPUs go
+  first to the projects that had least of them lately; guarantees ignore history.
 * A job may pause lower-priority jobs of its own project.
 * A job that has waited longer than ``starvation_s`` is served in pass 1 at its
   place in the order; if it still does not fit it reserves the node closest to
@@ -210,6 +213,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
         self.shares: dict[str, float] = {}
+        # recent training use per project (milli-GPU on average lately); all 0 when no history is kept
+        self.recent: dict[str, float] = {name: max(0.0, p.recent_milli) for name, p in self.projects.items()}
+        self.history = any(self.recent.values())
         self.pending_need: dict[str, int] | None = None  # per project, set by admissible_trains
         self.queue: FairQueue | None = None
         # per project: running training jobs beyond the guarantee now (the only ones another
@@ -268,6 +274,11 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
     def ratio(self, project: str) -> float:
         share = self.shares.get(project, 0.0)
         return self.usage[project] / share if share > 0 else math.inf
+
+    def standing(self, project: str) -> float:
+        """Pass 2's order: (use now + recent use) / fair share; with no history, :meth:`ratio`."""
+        share = self.shares.get(project, 0.0)
+        return (self.usage[project] + self.recent[project]) / share if share > 0 else math.inf
 
     def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None:
         self.cap.commit(a, req)
@@ -445,7 +456,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
                 else:
                     deferred.append(w)
             jobs = now_jobs
-        queue = FairQueue(jobs, self.ratio)
+        # Guarantees do not depend on history: pass 1 orders by use now; idle capacity beyond the
+        # guarantees (pass 2) goes first to the projects with the least use, now and recently, for their share.
+        queue = FairQueue(jobs, self.standing if self.history and not first else self.ratio)
         self.queue = queue
         pop, touch = queue.pop, queue.touch
         verdicts, waits, cap, reserved, now = self.verdicts, self.waits, self.cap, self.reserved, self.now
@@ -557,10 +570,17 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
     def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str:
         used, guarantee = txt.gpus(self.usage[p.name]), txt.gpus(p.train_guarantee_milli)
         if not within:
-            return (
+            text = (
                 f"; project {p.name} runs {used} of training against a guarantee of {guarantee}, "
                 "so this job waits for idle GPUs"
             )
+            if self.history:
+                text += (
+                    f"; idle GPUs go first to projects that used less of their fair share lately: "
+                    f"project {p.name} held {txt.gpus(self.recent[p.name])} on average recently "
+                    f"(fair share now {txt.gpus(self.shares.get(p.name, 0.0))})"
+                )
+            return text
         if protected:
             return (
                 f"; jobs that could be paused for it started less than "
@@ -641,7 +661,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             return (
                 f" as preemptible: project {p.name} runs {used} of training, "
                 f"over its guarantee of {guarantee}, on idle GPUs "
-                f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))})"
+                f"(fair share {txt.gpus(self.shares.get(p.name, 0.0))}"
+                + (f", {txt.gpus(self.recent[p.name])} on average recently" if self.recent[p.name] else "")
+                + ")"
             )
         if self.usage[p.name] > p.train_guarantee_milli:
             return (

@@ -58,3 +58,13 @@ def fair_shares(capacity: int, projects: Mapping[str, ShareInput]) -> dict[str, 
             share[n] = caps[n]
         active = [n for n in active if n not in saturated]
     return share
+
+
+def entitlements(capacity: int, projects: Mapping[str, ShareInput]) -> dict[str, float]:
+    """Each project's fair share when every project wants the whole pool (its ``demand`` is ignored).
+
+    What a project is entitled to in the long run: the measure its recent use
+    is compared with when users ask "how much of my share have we used?".
+    """
+    wanting = {name: ShareInput(p.guarantee, p.limit, p.weight, max(capacity, 0)) for name, p in projects.items()}
+    return fair_shares(capacity, wanting)

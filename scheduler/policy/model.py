@@ -61,6 +61,11 @@ class Project:
     train_guarantee_milli: int = 0  # guaranteed training quota
     train_limit_milli: int | None = None  # max training use; None = no limit
     weight: float = 1.0  # share of idle capacity beyond guarantees
+    # Recent training use, as the average milli-GPU held lately: the decayed milli-GPU-seconds
+    # divided by (half-life / ln 2), so holding m all along gives m. Orders who gets idle GPUs
+    # beyond guarantees and whose over-quota jobs are paused first (docs/policy.md, "Fair share
+    # over time"). 0 for every project (no history kept) gives the decisions without history.
+    recent_milli: float = 0.0
 
 
 @dataclass(frozen=True)

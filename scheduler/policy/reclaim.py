@@ -69,6 +69,7 @@ class ReclaimMixin:
         now: float
         projects: dict[str, Project]
         usage: dict[str, int]
+        recent: dict[str, float]
         shares: dict[str, float]
         milli: dict[str, int]
         train_running: dict[str, list[Workload]]
@@ -169,7 +170,9 @@ class ReclaimMixin:
                 if over and self.smallest_over[name] <= room:
                     names.append(name)
                 protected += young
-        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n], n))
+        # the project most above its fair share first, its recent use counted (0 without history)
+        recent = self.recent
+        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
         if req.gpus > 1 and not self._gang_reachable(req.gpus, p.name, names):
             return (protected, bool(names))
         node_ok: dict[str, bool] = {}
@@ -322,7 +325,9 @@ class ReclaimMixin:
                     f"paused to give GPUs back to project {p.name} (below its "
                     f"{txt.gpus(p.train_guarantee_milli)} guarantee) for job {w.id}: project {q.name} "
                     f"used {txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} "
-                    f"guarantee (fair share {txt.gpus(self.shares.get(q.name, 0.0))})"
+                    f"guarantee (fair share {txt.gpus(self.shares.get(q.name, 0.0))}"
+                    + (f", {txt.gpus(self.recent[q.name])} on average recently" if self.recent[q.name] else "")
+                    + ")"
                 )
             self.preempted[v.id] = reason
             self.touched.add(v.project)

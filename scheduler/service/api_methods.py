@@ -40,6 +40,7 @@ class ApiMethodsMixin:
     _live: dict[str, JobRecord]
     _metrics: Any
     recent_gpu_hours: Any
+    fair_share_standing: Any
 
     # ================================================================ reads
     def _job_or_404(self, job_id: Any) -> JobRecord:
@@ -92,6 +93,7 @@ class ApiMethodsMixin:
         """Every project with its usage; with ``actor``, ``member`` says whether they may submit into it."""
         usage, pending = self._project_usage()
         recent = self.recent_gpu_hours()
+        standing = self.fair_share_standing()
         out = []
         for p in self._projects().values():
             u = dict(usage.get(p.name, {}))
@@ -99,6 +101,7 @@ class ApiMethodsMixin:
             wire = project_to_wire(p, u, pending.get(p.name, 0))
             mine = recent.get(p.name, {})
             wire["recent_gpu_hours"] = {k: round(mine.get(k, 0.0), 6) for k in ("build", "train")}
+            wire["fair_share"] = standing[p.name]
             if actor is not None:
                 wire["member"] = self._may_use(actor, p)
             out.append(wire)

@@ -21,6 +21,7 @@ from scheduler.errors import InvalidRequest, Unavailable
 from scheduler.executor.accounts import check_reachable, resolve_mode
 from scheduler.executor.local import ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory
+from scheduler.policy.fairshare import ShareInput
 from scheduler.policy.model import (
     BUILD_POOL,
     TRAIN_POOL,
@@ -36,7 +37,7 @@ from scheduler.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMi
 from scheduler.service.jobs import assigned_gpus, held_milli, workload_of
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
-from scheduler.service.usage import DecayedUsage, gpu_hours
+from scheduler.service.usage import DecayedUsage, fair_share_standing, gpu_hours
 from scheduler.service.validation import (
     PoolLimits,
 )
@@ -382,6 +383,14 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         for (project, kind), value in self._usage.at(now).items():
             out.setdefault(project, {})[kind] = gpu_hours(value)
         return out
+
+    def fair_share_standing(self) -> dict[str, dict[str, Any]]:
+        """Each project's long-run fair share of the train pool and how much of it it used lately."""
+        capacity = sum(g.capacity_milli for n in self._nodes if TRAIN_POOL in n.pools for g in n.gpus)
+        inputs = {p.name: ShareInput(p.train_guarantee_milli, p.train_limit_milli, p.weight, 0)
+                  for p in self._projects().values()}
+        average = self._usage.average_milli(time.time(), "train")
+        return fair_share_standing(capacity, inputs, average, self._usage.half_life_s > 0)
 
     def _trim_events(self) -> None:
         """Keep the newest ``events_max_rows`` events; a write only once a tenth more have come."""

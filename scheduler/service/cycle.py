@@ -19,6 +19,7 @@ from typing import Any
 from scheduler.policy import schedule
 from scheduler.policy.model import MILLI, Decisions, Project, Snapshot, Start, Workload
 from scheduler.service import fallback_policy
+from scheduler.service.usage import DecayedUsage
 from scheduler.store import JobRecord
 
 log = logging.getLogger("scheduler.service")
@@ -43,6 +44,7 @@ class CycleMixin:
     _store: Any
     _gpus: dict[str, Any]
     _nodes: tuple[Any, ...]
+    _usage: DecayedUsage
 
     # ================================================================ scheduling cycle
     def _schedule(self, snapshot: Snapshot) -> Decisions:
@@ -67,8 +69,11 @@ class CycleMixin:
         them. The cycle asks for that view only to re-place a start that landed
         on a GPU a stopping job still holds.
         """
+        now = time.time()
+        recent = self._usage.average_milli(now, "train")  # {} when no history is kept (half-life 0)
         projects = tuple(
-            Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight)
+            Project(p.name, p.build_quota_milli, p.train_guarantee_milli, p.train_limit_milli, p.weight,
+                    recent.get(p.name, 0.0))
             for p in self._projects().values()
         )
         workloads: list[Workload] = []
@@ -81,7 +86,7 @@ class CycleMixin:
                 w = self._workload(r)
                 if w.assignment is not None:
                     workloads.append(dataclasses.replace(w, project=STOPPING_PROJECT))
-        return Snapshot(self._nodes, projects, tuple(workloads), time.time(), self._policy_config())
+        return Snapshot(self._nodes, projects, tuple(workloads), now, self._policy_config())
 
     def _cycle(self) -> None:
         """One scheduling cycle: snapshot -> policy -> preempt, start, reject, wait."""

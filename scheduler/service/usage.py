@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+from scheduler.policy.fairshare import ShareInput, entitlements
 
 Key = tuple[str, str]  # (project, kind)
 
@@ -62,6 +65,39 @@ class DecayedUsage:
         decay = self._factor(max(0.0, now - self.t))
         return {k: v * decay for k, v in self.values.items()}
 
+    def average_milli(self, now: float, kind: str) -> dict[str, float]:
+        """Per project, the milli-GPU of ``kind`` it held on average lately: what the policy reads.
+
+        The decayed sum divided by ``H / ln 2`` (what holding ``m`` forever would
+        sum to), so holding ``m`` all along gives ``m`` and one half-life of it,
+        then nothing, gives ``m / 2``. Empty when no history is kept.
+        """
+        if self.half_life_s <= 0:
+            return {}
+        scale = math.log(2) / self.half_life_s
+        return {p: v * scale for (p, k), v in self.at(now).items() if k == kind and v > 0}
+
     def rows(self) -> Iterable[tuple[str, str, float]]:
         """What the store keeps: (project, kind, value) at time :attr:`t`."""
         return ((p, k, v) for (p, k), v in self.values.items())
+
+
+def fair_share_standing(train_capacity_milli: int, projects: Mapping[str, ShareInput],
+                        average_train_milli: Mapping[str, float], history: bool) -> dict[str, dict[str, Any]]:
+    """Per project, the wire ``fair_share``: its long-run share, its recent training use and the ratio.
+
+    ``gpus``: the project's share of the train pool when every project wants
+    all of it (guarantee, then idle GPUs by weight); ``recent_gpus``: the GPUs
+    it held on average lately (the policy's measure); ``percent``: the second
+    over the first, ``None`` when no history is kept or the share is 0.
+    """
+    shares = entitlements(train_capacity_milli, projects)
+    out: dict[str, dict[str, Any]] = {}
+    for name in projects:
+        share, recent = shares.get(name, 0.0), average_train_milli.get(name, 0.0)
+        out[name] = {
+            "gpus": round(share / 1000.0, 3),
+            "recent_gpus": round(recent / 1000.0, 3),
+            "percent": round(100.0 * recent / share) if history and share > 0 else None,
+        }
+    return out

@@ -66,6 +66,27 @@ async def test_half_life_zero_keeps_no_history(make_core):
     await core.submit(ALICE, {"project": "a", "kind": "build", "gpu_fraction": 0.5})
     await asyncio.sleep(0.5)
     assert core.list_projects()[0]["recent_gpu_hours"] == {"build": 0, "train": 0}
+    assert core.list_projects()[0]["fair_share"]["percent"] is None
+    # what the policy is given: no history at all, so it decides as it always did
+    assert all(p.recent_milli == 0.0 for p in core._snapshot(core._live_jobs()).projects)
+
+
+async def test_the_policy_is_given_each_projects_recent_training_use(make_core):
+    core = await make_core(simulate="2xA100-80GB", usage_half_life_s=3600)
+    core.set_project(ADMIN, "a", {"train_guarantee": 0})
+    core.set_project(ADMIN, "b", {"train_guarantee": 0})
+    job, _ = await core.submit(ALICE, {"project": "a", "gpus": 2, "command": [PY, "-c", "import time; time.sleep(60)"]})
+    assert (await started(core, job["id"]))["state"] == "running"
+    await asyncio.sleep(1.0)
+    core.recent_gpu_hours()  # counts what was held up to now
+    recent = {p.name: p.recent_milli for p in core._snapshot(core._live_jobs()).projects}
+    # 2 GPUs for ~1 s, over (3600 s / ln 2): about 0.4 milli-GPU on average
+    assert 2000 * 0.8 * math.log(2) / 3600 < recent["a"] < 2000 * 3.0 * math.log(2) / 3600
+    assert recent["b"] == 0.0
+    fair = {p["name"]: p["fair_share"] for p in core.list_projects()}
+    assert fair["a"]["gpus"] == fair["b"]["gpus"] == 1.0  # two projects of weight 1 on 2 GPUs
+    assert fair["a"]["percent"] == 0 and fair["b"]["percent"] == 0  # a fraction of a percent so far
+    await core.cancel(ALICE, job["id"])
 
 
 def _metrics(core) -> str:
@@ -81,4 +102,9 @@ def test_gpupool_projects_shows_recent_gpu_hours():
            "recent_gpu_hours": {"build": 0.5, "train": 12.0}, "members": None}
     text = projects_table([row, {**row, "name": "b", "recent_gpu_hours": {"build": 0, "train": 0}}])
     assert "RECENT GPU-h" in text
-    assert [line.split()[-2] for line in text.splitlines()[1:]] == ["12.5", "0"]
+    assert [line.split()[-3] for line in text.splitlines()[1:]] == ["12.5", "0"]
+    assert "OF FAIR SHARE" in text and "entitled" not in text  # no standing known: no footnote
+    fair = {**row, "fair_share": {"gpus": 4, "recent_gpus": 1.6, "percent": 40}}
+    text = projects_table([fair])
+    assert "40% of 4" in text.splitlines()[1]
+    assert "as a share of what it is entitled to" in text
