@@ -25,7 +25,8 @@ from pathlib import Path
 
 from scheduler.errors import InvalidRequest
 from scheduler.executor._wrapper import ENDED
-from scheduler.executor.accounts import RunAs
+from scheduler.executor.accounts import RunAs, job_account, job_environment
+from scheduler.executor.base import Interrupted, Launch, Recovered
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -87,11 +88,15 @@ class Unrecorded:
 
 
 class LocalExecutor:
-    """Starts, watches and stops job processes on this machine."""
+    """Starts, watches and stops job processes on this machine (a :class:`scheduler.executor.base.Executor`)."""
 
-    def __init__(self, jobs_dir: Path, traversable: bool = False) -> None:
+    def __init__(self, jobs_dir: Path, traversable: bool = False, run_jobs_as: str = "service",
+                 allow_root_jobs: bool = False) -> None:
         """``traversable``: jobs run as other accounts (root service), which must reach their own job's
-        directory: ``jobs/`` is then 0711 (entered, never listed), else 0700."""
+        directory: ``jobs/`` is then 0711 (entered, never listed), else 0700. ``run_jobs_as`` and
+        ``allow_root_jobs``: which Unix account :meth:`launch` runs a job as (ServiceConfig's)."""
+        self.run_jobs_as = run_jobs_as
+        self.allow_root_jobs = allow_root_jobs
         self.jobs_dir = Path(jobs_dir)
         self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.jobs_dir, 0o711 if traversable else 0o700)
@@ -129,6 +134,19 @@ class LocalExecutor:
             os.fchown(fd, run_as.uid, run_as.gid)
         os.fchmod(fd, 0o600)
         return fd
+
+    def launch(self, launch: Launch) -> ProcessHandle:
+        """Start an attempt as the job's Unix account, with this service's environment less its secrets.
+
+        The environment is the service's (the job runs on this machine, as the
+        service's or its owner's account) with the job's own variables, then
+        the GPU variables, on top.
+        """
+        run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs)
+        env = job_environment(dict(os.environ), run_as)
+        env.update(launch.job_env)
+        env.update(launch.gpu_env)
+        return self.spawn(launch.job_id, launch.attempt, launch.command, launch.workdir, env, run_as)
 
     def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str],
               run_as: RunAs | None = None) -> ProcessHandle:
@@ -202,6 +220,25 @@ class LocalExecutor:
         """
         lines = self._exit_lines(job_id, attempt)
         return len(lines) >= 2 and lines[1] == ENDED
+
+    def interrupted(self, handle: ProcessHandle) -> Interrupted | None:
+        """A local process always ends with its own story (an exit file, or none: killed from outside)."""
+        return None
+
+    def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
+        """By the stored pid and start time when the store has them, else by the attempt's run files."""
+        if pid:
+            handle = self.adopt(job_id, attempt, pid, pid_start or 0)
+            return Recovered("running", handle) if handle is not None else Recovered("gone")
+        u = self.recover_unrecorded(job_id, attempt)
+        if u.outcome == "running":
+            return Recovered("running", u.handle)
+        if u.outcome == "not-started":
+            return Recovered("not-started")
+        return Recovered("gone", exit_code=u.exit_code)
+
+    def recovered(self, live: set[tuple[str, int]]) -> None:
+        """Nothing to sweep: a local attempt that nobody adopted has no process left to clean up."""
 
     def adopt(self, job_id: str, attempt: int, pid: int, start_time: int) -> ProcessHandle | None:
         """Find a process again after a restart: alive with the same start time, else None."""
@@ -281,3 +318,7 @@ class LocalExecutor:
     def reap_group(self, handle: ProcessHandle) -> None:
         """After the wrapper ended: kill what the job left behind in its group."""
         self.signal_group(handle, signal.SIGKILL)
+
+    def release(self, handle: ProcessHandle) -> None:
+        """The attempt is settled: what remains of its process group goes."""
+        self.reap_group(handle)

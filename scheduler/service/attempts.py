@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from scheduler.envbuilder import gpu_environment, mps_running
-from scheduler.executor.accounts import job_account, job_environment
-from scheduler.executor.local import ProcessHandle
+from scheduler.executor.base import AttemptHandle, Launch
 from scheduler.policy.model import MILLI, Start
 from scheduler.service.jobs import assigned_gpus
 from scheduler.store import JobRecord
@@ -32,9 +31,12 @@ class AttemptsMixin:
 
     config: Any
     executor: Any
+    backend: Any
     simulated: bool
     _gpus: dict[str, Any]
-    _procs: dict[str, ProcessHandle]
+    _nodes: tuple[Any, ...]
+    _pool_limits: Any
+    _procs: dict[str, AttemptHandle]
     _stop_tasks: dict[tuple[str, int], asyncio.Task[bool]]
     _settled: dict[str, asyncio.Event]
     _closing: bool
@@ -82,12 +84,10 @@ class AttemptsMixin:
         # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
         self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
                          **fields)
+        launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
+                        dict(rec.job_env), gpu_env, assignment)
         try:
-            run_as = job_account(rec.user, self.config.run_jobs_as, self.config.allow_root_jobs)
-            env = job_environment(dict(os.environ), run_as)
-            env.update(rec.job_env)
-            env.update(gpu_env)
-            handle = self.executor.spawn(rec.id, attempt, rec.command or [], rec.workdir, env, run_as)
+            handle = self.executor.launch(launch)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
             self._finish(rec, "failed", f"could not start: {e}")
             return
@@ -113,7 +113,7 @@ class AttemptsMixin:
             return
         self._spawn_stop(rec.id, handle)
 
-    def _spawn_stop(self, job_id: str, handle: ProcessHandle) -> None:
+    def _spawn_stop(self, job_id: str, handle: AttemptHandle) -> None:
         """Stop this attempt's process group in the background (once per attempt)."""
         key = (job_id, handle.attempt)
         if key in self._stop_tasks:
@@ -123,23 +123,69 @@ class AttemptsMixin:
         task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
 
     def _check_processes(self) -> None:
-        """Monitor: settle every attempt whose wrapper has ended."""
+        """Monitor: follow the pool's changes, and settle every attempt whose wrapper has ended."""
+        self._follow_pool()
         ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
         for jid, h in ended:
             self._settle_ended(jid, h)
         if ended and not self._closing:
             self._request_cycle()
 
-    def _settle_ended(self, job_id: str, handle: ProcessHandle) -> None:
-        """An attempt's wrapper has ended: forget its process and record how the attempt ended."""
-        self._procs.pop(job_id, None)
-        self.executor.reap_group(handle)
-        rec = self._job(job_id)
-        if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
-            return
-        self._finish_attempt(rec, self.executor.exit_code(job_id, handle.attempt))
+    def _follow_pool(self) -> None:
+        """Take the backend's pool changes (a cluster's nodes come and go); requeue work off the pool.
 
-    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False) -> None:
+        A job on a node that left the pool (cordoned, not ready, deleted) is
+        stopped like a preemption and resumes elsewhere from its checkpoint: it
+        did nothing wrong, so it is never failed. A build share there is cancelled
+        (its kernel gets a new one by asking again).
+        """
+        if not self.backend.refresh():
+            return
+        self._gpus, self._nodes = self.backend.gpus, self.backend.nodes
+        self._pool_limits = None  # the models and sizes a request may ask for follow the pool
+        for rec in self._live_jobs(("running",)):
+            if all(g["id"] in self._gpus for g in assigned_gpus(rec)):
+                continue
+            why = (f"node {(rec.assignment or {}).get('node')} left the pool (cordoned, not ready or deleted); "
+                   "requeued")
+            if rec.kind == "build":
+                self._finish(rec, "cancelled", why)
+            elif rec.stop_intent is None:
+                self._metrics.pauses.labels("node").inc()
+                self._begin_stop(rec, "preempt", why)
+        if not self._closing:
+            self._request_cycle()
+
+    def _settle_ended(self, job_id: str, handle: AttemptHandle) -> None:
+        """An attempt has ended: forget it, record how it ended, then let the executor free what it left."""
+        self._procs.pop(job_id, None)
+        try:
+            rec = self._job(job_id)
+            if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
+                return
+            why = self.executor.interrupted(handle)
+            if why is not None and rec.stop_intent is None:
+                if why.kind == "not-started":
+                    self._requeue_unstarted(rec, why.reason)
+                else:
+                    self._finish_attempt(rec, None, lost=True, lost_reason=why.reason)
+                return
+            self._finish_attempt(rec, None if why is not None else self.executor.exit_code(job_id, handle.attempt))
+        finally:
+            self.executor.release(handle)
+
+    def _requeue_unstarted(self, rec: JobRecord, reason: str) -> None:
+        """The attempt provably never ran: back to the queue as before it, the attempt not counted."""
+        attempt = rec.attempts
+        self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                         assignment=None, started_at=None, stop_intent=None, pid=None, pid_start=None,
+                         reason=reason)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False,
+                        lost_reason: str = "process lost during restart; requeued") -> None:
         """An attempt's process is gone: decide the job's next state from the stop intent and the exit code.
 
         A command that ended on its own before the stop reached it (its wrapper
@@ -163,7 +209,7 @@ class AttemptsMixin:
         elif lost:
             self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                              pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
-                             reason="process lost during restart; requeued")
+                             reason=lost_reason)
         elif code is None:
             self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
         elif code == 0:
@@ -223,26 +269,19 @@ class AttemptsMixin:
                     self._finish(rec, "cancelled", missing)
                 continue
             attempt = rec.attempts
-            handle: ProcessHandle | None = None
-            code: int | None = None
-            if rec.pid:
-                handle = self.executor.adopt(rec.id, attempt, rec.pid, rec.pid_start or 0)
-                outcome = "running" if handle else "gone"
-            else:
-                u = self.executor.recover_unrecorded(rec.id, attempt)
-                outcome, handle, code = u.outcome, u.handle, u.exit_code
-                if outcome == "not-started":
-                    self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
-                                     assignment=None, started_at=None, stop_intent=None,
-                                     reason="start interrupted by a service restart; requeued")
-                    continue
-                if outcome == "lost":
-                    outcome = "gone"
-            if outcome == "running" and handle is not None:
+            found = self.executor.recover(rec.id, attempt, rec.pid, rec.pid_start)
+            handle: AttemptHandle | None = found.handle
+            code: int | None = found.exit_code
+            if found.outcome == "not-started":
+                self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                                 assignment=None, started_at=None, stop_intent=None,
+                                 reason="start interrupted by a service restart; requeued")
+                continue
+            if found.outcome == "running" and handle is not None:
                 self._procs[rec.id] = handle
-                if not rec.pid:
+                if not rec.pid and handle.pid:
                     self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
-                log.info("re-adopted job %s (pid %d)", rec.id, handle.pid)
+                log.info("re-adopted job %s (attempt %d)", rec.id, attempt)
                 if rec.stop_intent is not None:
                     self._spawn_stop(rec.id, handle)
                 elif missing:
@@ -256,3 +295,4 @@ class AttemptsMixin:
                 self._finish_attempt(fresh, None, lost=True)
             else:
                 self._finish_attempt(fresh, code)
+        self.executor.recovered({(jid, h.attempt) for jid, h in self._procs.items()})

@@ -11,8 +11,9 @@ node, with ``build_gpus``), and jobs as local processes. A cluster backend
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from scheduler.executor.base import Executor
 from scheduler.executor.local import LocalExecutor
 from scheduler.inventory import GpuInfo, GpuSample, Inventory, detect
 from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
@@ -25,10 +26,18 @@ class Backend(Protocol):
     simulated: bool
     gpus: dict[str, GpuInfo]  # by GPU id
     nodes: tuple[Node, ...]  # the policy's view of the same GPUs
-    executor: LocalExecutor
+    executor: Executor
 
     def sample(self) -> dict[str, GpuSample]:
         """Utilisation and memory now, per GPU id (empty where nothing is measured)."""
+        ...
+
+    def refresh(self) -> bool:
+        """Apply the pool changes seen since the last call (on the core's loop); True if ``gpus``/``nodes`` changed."""
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """How the backend's own machinery is doing, for ``GET /status`` (e.g. an unreachable API server)."""
         ...
 
     def close(self) -> None:
@@ -48,13 +57,30 @@ class LocalBackend:
         self.simulated = bool(self.inventory.simulated)
         self.gpus: dict[str, GpuInfo] = {g.id: g for g in self.inventory.gpus()}
         self.nodes = _nodes(config, self.gpus)
-        self.executor = LocalExecutor(config.jobs_dir, traversable=traversable)
+        self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
+                                      allow_root_jobs=config.allow_root_jobs)
 
     def sample(self) -> dict[str, GpuSample]:
         return self.inventory.sample()
 
+    def refresh(self) -> bool:
+        """One machine's GPUs are read once: the pool never changes."""
+        return False
+
+    def health(self) -> dict[str, Any]:
+        return {"backend": "local", "ok": True}
+
     def close(self) -> None:
         self.inventory.close()
+
+
+def make_backend(config: ServiceConfig, inventory: Inventory | None = None, traversable: bool = False) -> Backend:
+    """The backend ``config.backend`` names: ``local`` (this machine) or ``kubernetes`` (a cluster)."""
+    if config.backend == "kubernetes":
+        from scheduler.kube.backend import KubeBackend  # the kubernetes client loads only when asked for
+
+        return KubeBackend(config)
+    return LocalBackend(config, inventory, traversable=traversable)
 
 
 def _nodes(config: ServiceConfig, gpus: dict[str, GpuInfo]) -> tuple[Node, ...]:

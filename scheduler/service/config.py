@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from scheduler.errors import InvalidRequest
 
 _SHUTDOWN_MODES = ("stop", "leave")
 _WATCHDOG_MODES = ("off", "warn", "stop")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def default_state_dir() -> Path:
@@ -91,6 +93,14 @@ class ServiceConfig:
     allow_root_jobs: bool = False  # with "owner": may a job of a user whose account is root run (as root)?
     # Each project's GPU use is kept decayed by this half-life (default 7 days; 0 keeps none).
     usage_half_life_s: float = 7 * 86400.0
+    # Where jobs run (docs/kubernetes.md): "local" (this machine's GPUs, jobs as processes) or
+    # "kubernetes" (the cluster's GPU nodes are the pool, each attempt a Pod that gpupool binds).
+    backend: str = "local"
+    kubeconfig: str | None = None  # None: the in-cluster service account, else $KUBECONFIG / ~/.kube/config
+    namespace: str = "gpupool"  # where job pods are created
+    image: str = "python:3.12-slim"  # a job pod's image when its spec names none
+    kube_scheduler_name: str = "gpupool"  # spec.schedulerName of our pods (and of kubectl pods we bind)
+    kube_workdir_pvc: str | None = None  # a PVC mounted at each job's working directory (checkpoints survive)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -111,6 +121,11 @@ class ServiceConfig:
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:
             raise InvalidRequest(f"usage_half_life_s must be a number >= 0, not {self.usage_half_life_s!r}")
+        if self.backend not in ("local", "kubernetes"):
+            raise InvalidRequest(f"backend must be local or kubernetes, not {self.backend!r}")
+        if not _DNS_LABEL.fullmatch(str(self.namespace)):
+            raise InvalidRequest(f"namespace must be a Kubernetes name (lower case letters, digits and '-', "
+                                 f"at most 63), not {self.namespace!r}")
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

@@ -31,7 +31,7 @@ from scheduler.policy.model import (
 from scheduler.service.actor import Actor
 from scheduler.service.api_methods import ApiMethodsMixin
 from scheduler.service.attempts import PAUSE_INTENTS, AttemptsMixin
-from scheduler.service.backend import Backend, LocalBackend
+from scheduler.service.backend import Backend, make_backend
 from scheduler.service.config import ServiceConfig
 from scheduler.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMixin, PolicyFn
 from scheduler.service.jobs import assigned_gpus, held_milli, workload_of
@@ -143,7 +143,7 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
             if db_file.exists():
                 os.chmod(db_file, 0o600)
         try:
-            self.backend: Backend = backend or LocalBackend(self.config, inventory, traversable=self.owner_jobs)
+            self.backend: Backend = backend or make_backend(self.config, inventory, traversable=self.owner_jobs)
         except BaseException:  # e.g. an unknown model in the simulation spec: free the state dir again
             self._store.close()
             self._lock.close()
