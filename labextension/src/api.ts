@@ -108,6 +108,10 @@ export interface IProject {
   members?: string[] | null;
   /** Whether the signed-in user may submit into the project. */
   member?: boolean;
+  /** GPU-hours held lately by kind, each hour weighed by its age (a half-life ago counts half). */
+  recent_gpu_hours?: { build: number; train: number };
+  /** Long-run share of the train pool, training GPUs held on average lately, and their ratio (null: no history kept). */
+  fair_share?: { gpus: number; recent_gpus: number; percent: number | null };
 }
 
 export interface IStatus {

@@ -377,6 +377,10 @@ export class GpuPoolPanel extends Widget {
     const body = h('tbody');
     for (const p of status.projects) {
       body.appendChild(this._projectRow(p, names, status.admin));
+      const recent = recentRow(p, status.admin ? 4 : 3);
+      if (recent) {
+        body.appendChild(recent);
+      }
     }
     table.appendChild(body);
     const children: HTMLElement[] = [table];
@@ -774,5 +778,30 @@ function meter(used: number, quota: number, label: string): HTMLElement {
     },
     h('span', { class: 'jp-gpupool-meter-fill', style: `width:${(within / scale) * 100}%` }),
     over > 0 ? h('span', { class: 'jp-gpupool-meter-over', style: `width:${(over / scale) * 100}%` }) : null
+  );
+}
+
+/**
+ * The line under a project's row: GPU-hours it held lately and, with history kept, its training use
+ * against its fair share (a row of its own: the sidebar is too narrow for another column).
+ */
+function recentRow(p: IProject, columns: number): HTMLElement | null {
+  const hours = p.recent_gpu_hours ? p.recent_gpu_hours.build + p.recent_gpu_hours.train : null;
+  const fair = p.fair_share;
+  if (hours === null || !fair) {
+    return null;
+  }
+  const used = hours > 0 && hours < 0.01 ? '<0.01' : String(Number(hours.toFixed(hours >= 100 ? 0 : 2)));
+  const standing = fair.percent === null ? '' : `, ${fair.percent}% of its fair share`;
+  const title =
+    fair.percent === null
+      ? 'GPU-hours held lately. No usage history is kept (half-life 0): idle GPUs are shared by what runs now.'
+      : `GPU-hours held lately (an hour one half-life ago counts half). Training: ${formatGpus(fair.recent_gpus)} GPU ` +
+        `on average lately, of a fair share of ${formatGpus(fair.gpus)} GPU. Idle GPUs beyond guarantees go first ` +
+        'to the projects that used least of their fair share lately.';
+  return h(
+    'tr',
+    { class: 'jp-gpupool-recent', 'data-recent-of': p.name },
+    h('td', { colspan: String(columns), title }, `Recent: ${used} GPU-h${standing}`)
   );
 }

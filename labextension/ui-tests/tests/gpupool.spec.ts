@@ -285,6 +285,10 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await expect(training).toHaveClass(/jp-mod-over/);
     await expect(training).toHaveAttribute('title', /may be paused when another project claims its share/);
     await expect(training.locator('[role="meter"]')).toHaveAttribute('aria-valuetext', '4 of 2 GPU');
+    // Recent use: GPU-hours held lately and the share of the fair share they make (issue 15).
+    const recent = panel.locator('tr[data-recent-of="vision"] td');
+    await expect(recent).toContainText(/Recent: [\d.<]+ GPU-h, \d+% of its fair share/, { timeout: 30000 });
+    await expect(recent).toHaveAttribute('title', /on average lately, of a fair share of/);
     // The history chart draws vision's shares once the scheduler has sampled them.
     await expect(panel.locator('svg.jp-gpupool-chart polygon[data-project="vision"]')).toHaveCount(1, { timeout: 40000 });
     await expect(panel.locator('svg.jp-gpupool-chart')).toHaveAttribute('aria-label', /vision 4 GPU/);
