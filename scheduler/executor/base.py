@@ -38,6 +38,7 @@ class Launch:
     job_env: dict[str, str] = field(default_factory=dict)
     gpu_env: dict[str, str] = field(default_factory=dict)
     assignment: dict[str, Any] = field(default_factory=dict)
+    image: str = ""  # a container executor's image ("" = its configured default); a local one ignores it
 
 
 class AttemptHandle(Protocol):

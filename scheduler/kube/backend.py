@@ -1,0 +1,128 @@
+"""The Kubernetes backend: the cluster's GPU nodes (kept current by a watch) and the pod executor.
+
+The node watch thread only records what it sees; :meth:`KubeBackend.refresh`
+(called by the core on its loop) turns that into the pool the policy reads,
+so the pool never changes under a running cycle. A node leaves the pool when
+it is cordoned, NotReady, tainted by the node controller, deleted, or loses
+its GPUs; the core then requeues its jobs (scheduler/service/attempts.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from kubernetes import client
+
+from scheduler.inventory import GpuInfo, GpuSample
+from scheduler.kube.calls import Calls
+from scheduler.kube.connect import api_client
+from scheduler.kube.executor import PodExecutor
+from scheduler.kube.health import Health
+from scheduler.kube.nodes import PoolNode, read_node
+from scheduler.kube.pods import PodSettings
+from scheduler.kube.watcher import ListWatch
+from scheduler.policy.model import Node
+from scheduler.service.config import ServiceConfig
+
+log = logging.getLogger("scheduler.kube")
+
+
+class KubeBackend:
+    """A cluster as the pool (a :class:`scheduler.service.backend.Backend`)."""
+
+    simulated = False
+
+    def __init__(self, config: ServiceConfig, initial_sync_s: float = 10.0) -> None:
+        """Connect, start the node and pod watches, and wait up to ``initial_sync_s`` for the first node list.
+
+        An API server that does not answer is no reason not to start: the
+        service runs with an empty pool, says so in ``GET /status``, and the
+        watches keep retrying.
+        """
+        self.config = config
+        self.api = client.CoreV1Api(api_client(config.kubeconfig))
+        self.health_state = Health()
+        self.calls = Calls(self.health_state)
+        self.gpus: dict[str, GpuInfo] = {}
+        self.nodes: tuple[Node, ...] = ()
+        self._lock = threading.Lock()
+        self._seen: dict[str, PoolNode] = {}  # every GPU node, in the pool or not (watch thread writes)
+        self._changed = True
+        self._in_pool: dict[str, PoolNode] = {}
+        self.node_watch = ListWatch("nodes", self.api.list_node, self._on_reset, self._on_event, self.health_state)
+        settings = PodSettings(config.namespace, config.image, config.kube_scheduler_name, config.pause_grace_s,
+                               config.kube_workdir_pvc)
+        self.executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
+                                    self.node_lost)
+        self.node_watch.start()
+        self.executor.start()
+        if not self.node_watch.synced.wait(initial_sync_s):
+            log.warning("no node list from the API server yet; starting with an empty pool")
+        self.refresh()
+
+    # ------------------------------------------------------------ node watch (its thread)
+    def _on_reset(self, items: list[Any]) -> None:
+        seen = {}
+        for n in items:
+            pn = read_node(n)
+            if pn is not None:
+                seen[pn.name] = pn
+        with self._lock:
+            self._seen = seen
+            self._changed = True
+
+    def _on_event(self, kind: str, node: Any) -> None:
+        pn = None if kind == "DELETED" else read_node(node)
+        with self._lock:
+            if pn is None:
+                if self._seen.pop(node.metadata.name, None) is None:
+                    return
+            elif self._seen.get(pn.name) == pn:
+                return  # a heartbeat: nothing the pool sees changed
+            else:
+                self._seen[pn.name] = pn
+            self._changed = True
+
+    # ------------------------------------------------------------ the core's side (its loop)
+    def refresh(self) -> bool:
+        """Apply what the node watch saw; True when the pool (GPUs, nodes, pools) changed."""
+        with self._lock:
+            if not self._changed:
+                return False
+            self._changed = False
+            in_pool = {name: n for name, n in sorted(self._seen.items()) if not n.problem}
+        if in_pool == self._in_pool:
+            return False
+        for name in sorted(set(self._in_pool) - set(in_pool)):
+            why = self._seen.get(name)
+            log.info("node %s left the pool (%s)", name, why.problem if why is not None else "deleted")
+        self._in_pool = in_pool
+        self.nodes = tuple(n.policy_node() for n in in_pool.values())
+        self.gpus = {g.id: g for n in in_pool.values() for g in n.gpus}
+        return True
+
+    def node_lost(self, name: str) -> bool:
+        """Whether no kubelet will ever finish that node's pods: deleted, NotReady or without GPUs."""
+        with self._lock:
+            n = self._seen.get(name)
+        return n is None or n.problem == "not ready"
+
+    def sample(self) -> dict[str, GpuSample]:
+        """Utilisation is not read from the cluster (yet): the node agent would be its source."""
+        return {}
+
+    def health(self) -> dict[str, Any]:
+        """The API server's state and why GPU nodes are out of the pool, for ``GET /status``."""
+        with self._lock:
+            out = {name: n.problem for name, n in sorted(self._seen.items()) if n.problem}
+        h = self.health_state.snapshot()
+        h.update(backend="kubernetes", namespace=self.config.namespace, api_server=self.api.api_client.configuration.host,
+                 nodes_out=out)
+        return h
+
+    def close(self) -> None:
+        self.node_watch.stop(wait_s=0.5)
+        self.executor.close()
+        self.calls.close()

@@ -1,0 +1,340 @@
+"""The pod executor: each attempt of a training job is a Pod that gpupool creates and binds.
+
+Start: create the Pod (Pending, ``schedulerName`` ours), then bind it to the
+chosen node through the ``pods/binding`` subresource; both on a worker thread.
+A refused bind (409, node gone) deletes the pod and reports the attempt
+"not started": the core requeues the job without counting the attempt.
+Watch: our pods (label ``app.kubernetes.io/managed-by=gpupool``) are kept in a
+cache by a list+watch thread, so :meth:`alive` and the exit status are answered
+from memory, on the loop. Stop: delete with the grace period (the kubelet sends
+SIGTERM, the checkpoint signal, and SIGKILL at its end); a pod on a node that is
+lost (NotReady, deleted) is then deleted for good, since no kubelet will ever
+confirm it. Logs: when an attempt is settled its pod's log is appended to the
+job's log file (what ``gpupool logs`` reads), then the finished pod is deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from scheduler.executor.base import Interrupted, Launch, Recovered
+from scheduler.kube.calls import Calls
+from scheduler.kube.health import Health, describe
+from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
+from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodSettings, pod_end, pod_manifest
+from scheduler.kube.watcher import ListWatch
+
+log = logging.getLogger("scheduler.kube")
+
+START_GIVE_UP_S = 30.0  # an API server away longer than this at a start: the job goes back to the queue
+STOP_WAIT_AFTER_GRACE_S = 60.0  # how long a stop task keeps watching past the grace (the monitor settles later)
+
+
+@dataclass
+class PodHandle:
+    """A started attempt (the core's handle): its pod's name; no local process."""
+
+    job_id: str
+    attempt: int
+    name: str
+    node: str = ""
+    pid: int | None = None
+    start_time: int = 0
+
+
+@dataclass
+class _Attempt:
+    """What we know of one attempt's pod (guarded by the executor's lock)."""
+
+    handle: PodHandle
+    start: Any = None  # the create+bind future (None for an adopted pod)
+    adopted: bool = False  # found by recovery: a list without its pod means it is gone
+    created_rv: int | None = None  # resourceVersion of the created pod: a later list without it means gone
+    seen: bool = False
+    gone: bool = False
+    end: PodEnd | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rv(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+class PodExecutor:
+    """Runs attempts as pods in ``settings.namespace`` (a :class:`scheduler.executor.base.Executor`)."""
+
+    def __init__(self, api: client.CoreV1Api, settings: PodSettings, jobs_dir: Path, calls: Calls, health: Health,
+                 node_lost: Callable[[str], bool], sync_timeout_s: float = 20.0) -> None:
+        """``node_lost(name)``: whether that node is NotReady or gone (its pods are then deleted for good)."""
+        self.api = api
+        self.settings = settings
+        self.jobs_dir = Path(jobs_dir)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.calls = calls
+        self.health = health
+        self.node_lost = node_lost
+        self.sync_timeout_s = sync_timeout_s
+        self._lock = threading.Lock()
+        self._pods: dict[str, Any] = {}  # the watch's view of our pods, by name
+        self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
+        self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
+        self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
+                               namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def close(self) -> None:
+        self.watch.stop()
+
+    # ------------------------------------------------------------ the watch's view (watch thread)
+    def _on_reset(self, pods: list[Any]) -> None:
+        with self._lock:
+            listed = {p.metadata.name: p for p in pods}
+            list_rv = max((_rv(p.metadata.resource_version) or 0 for p in pods), default=0)
+            self._pods = listed
+            for name, a in self._attempts.items():
+                pod = listed.get(name)
+                if pod is not None and (pod.spec.node_name or not a.adopted):
+                    self._observe(a, pod)
+                elif a.adopted or (a.start is not None and a.start.done() and a.created_rv is not None
+                                   and list_rv >= a.created_rv):
+                    a.gone = True  # listed after it existed and not there (or, adopted, never bound): it is gone
+
+    def _on_event(self, kind: str, pod: Any) -> None:
+        name = pod.metadata.name
+        with self._lock:
+            if kind == "DELETED":
+                self._pods.pop(name, None)
+            else:
+                self._pods[name] = pod
+            a = self._attempts.get(name)
+            if a is not None:
+                self._observe(a, pod)
+                if kind == "DELETED":
+                    a.gone = True
+
+    @staticmethod
+    def _observe(a: _Attempt, pod: Any) -> None:
+        a.seen = True
+        if a.end is None:
+            a.end = pod_end(pod)
+
+    # ------------------------------------------------------------ start
+    def launch(self, launch: Launch) -> PodHandle:
+        """Begin to create and bind the attempt's pod (on a worker thread); the handle at once."""
+        node = str(launch.assignment.get("node", ""))
+        handle = PodHandle(launch.job_id, launch.attempt, pod_name(launch.job_id, launch.attempt), node)
+        a = _Attempt(handle)
+        a.start = self.calls.submit(self._create_and_bind, a, pod_manifest(launch, self.settings), node)
+        with self._lock:
+            self._attempts[handle.name] = a
+            pod = self._pods.get(handle.name)  # the watch may have seen it before we listed the attempt
+            if pod is not None:
+                self._observe(a, pod)
+        return handle
+
+    def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
+        ns, name = self.settings.namespace, a.handle.name
+        created = self.calls.retrying("start", lambda: self.api.create_namespaced_pod(ns, manifest),
+                                      START_GIVE_UP_S)
+        with self._lock:
+            a.created_rv = _rv(created.metadata.resource_version)
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
+                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        try:
+            # The reply is a Status the client cannot read as a V1Binding: take it raw and check 201.
+            resp = self.calls.retrying("start", lambda: self.api.create_namespaced_pod_binding(
+                name, ns, body, _preload_content=False), START_GIVE_UP_S)
+            if resp.status != 201:
+                raise RuntimeError(f"binding {name} to {node} answered HTTP {resp.status}")
+        except Exception as e:
+            self._delete_quietly(name, 0)  # never bound: nothing ran; free the name for nobody
+            raise RuntimeError(f"could not bind pod {name} to node {node}: {describe(e)}") from e
+
+    def _start_error(self, a: _Attempt) -> str | None:
+        f = a.start
+        if f is None or not f.done() or f.cancelled():
+            return "the start was cancelled" if f is not None and f.cancelled() else None
+        e = f.exception()
+        return None if e is None else describe(e) if not isinstance(e, RuntimeError) else str(e)
+
+    # ------------------------------------------------------------ watch
+    def alive(self, handle: PodHandle) -> bool:  # type: ignore[override]
+        with self._lock:
+            a = self._attempts.get(handle.name)
+            if a is None:
+                return False
+            if self._start_error(a) is not None:
+                return False
+            return a.end is None and not a.gone
+
+    def _end_of(self, job_id: str, attempt: int) -> PodEnd | None:
+        with self._lock:
+            a = self._attempts.get(pod_name(job_id, attempt))
+            return a.end if a is not None else self._finished.get((job_id, attempt))
+
+    def exit_code(self, job_id: str, attempt: int) -> int | None:
+        end = self._end_of(job_id, attempt)
+        return end.exit_code if end is not None else None
+
+    def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        end = self._end_of(job_id, attempt)
+        return end is not None and end.on_its_own
+
+    def interrupted(self, handle: PodHandle) -> Interrupted | None:  # type: ignore[override]
+        with self._lock:
+            a = self._attempts.get(handle.name)
+            if a is None:
+                return Interrupted("lost", "its pod is unknown to the scheduler; requeued")
+            err = self._start_error(a)
+            if err is not None:
+                return Interrupted("not-started", f"{err}; requeued")
+            if a.end is None:
+                return Interrupted("lost", f"its pod {handle.name} vanished without an exit status "
+                                           f"(node {handle.node} lost, or the pod was deleted); requeued")
+            return None
+
+    # ------------------------------------------------------------ stop
+    async def stop(self, handle: PodHandle, grace_s: float) -> bool:  # type: ignore[override]
+        """Delete the pod with the grace period; past it, delete it for good if its node is lost."""
+        with self._lock:
+            a = self._attempts.get(handle.name)
+        if a is None:
+            return True
+        if a.start is not None:  # a delete before the create lands would be undone by the create
+            try:
+                await asyncio.wrap_future(a.start)
+            except Exception:
+                return True  # never started
+        if not self.alive(handle):
+            return True
+        grace = max(0, int(round(grace_s)))
+        await self._delete(handle.name, grace)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not self.alive(handle):
+                return True
+            await asyncio.sleep(0.05)
+        forced = False
+        while self.alive(handle) and time.monotonic() < deadline + STOP_WAIT_AFTER_GRACE_S:
+            if not forced and self.node_lost(handle.node):
+                log.warning("pod %s: node %s is lost; deleting the pod for good", handle.name, handle.node)
+                await self._delete(handle.name, 0)
+                forced = True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _delete(self, name: str, grace: int) -> None:
+        try:
+            await asyncio.wrap_future(self.calls.submit(self._delete_retrying, name, grace))
+        except Exception as e:
+            log.warning("could not delete pod %s: %s", name, describe(e))
+
+    def _delete_retrying(self, name: str, grace: int) -> None:
+        try:
+            self.calls.retrying("stop", lambda: self.api.delete_namespaced_pod(
+                name, self.settings.namespace, grace_period_seconds=grace), STOP_WAIT_AFTER_GRACE_S)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _delete_quietly(self, name: str, grace: int) -> None:
+        try:
+            self._delete_retrying(name, grace)
+        except Exception as e:
+            log.warning("could not delete pod %s: %s", name, describe(e))
+
+    # ------------------------------------------------------------ after the end
+    def release(self, handle: PodHandle) -> None:  # type: ignore[override]
+        """Keep the attempt's log (appended to the job's log file), then delete its finished pod."""
+        with self._lock:
+            a = self._attempts.pop(handle.name, None)
+        if a is None or self._start_error(a) is not None:
+            return
+        self.calls.submit(self._archive_and_delete, handle.job_id, handle.attempt, handle.name)
+
+    def _archive_and_delete(self, job_id: str, attempt: int, name: str) -> None:
+        try:
+            text = self.api.read_namespaced_pod_log(name, self.settings.namespace, container="job")
+        except Exception as e:
+            text = f"(the log of pod {name} could not be read: {describe(e)})\n"
+        path = self.log_path(job_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(path, "a") as f:
+            f.write(f"--- gpupool: attempt {attempt} of {job_id} (pod {name}) ---\n{text}")
+            if text and not text.endswith("\n"):
+                f.write("\n")
+        self._delete_quietly(name, 0)
+
+    # ------------------------------------------------------------ recovery
+    def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
+        """Find the attempt's pod by its name (job and attempt labels): adopt, finish, or requeue.
+
+        Waits for the first list of our pods (at most ``sync_timeout_s``); an
+        API server that does not answer by then leaves the attempt adopted, and
+        the watch settles it once it can list.
+        """
+        name = pod_name(job_id, attempt)
+        handle = PodHandle(job_id, attempt, name)
+        a = _Attempt(handle, adopted=True)
+        if not self.watch.synced.wait(self.sync_timeout_s):
+            with self._lock:
+                self._attempts[name] = a
+            return Recovered("running", handle)
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None:
+                return Recovered("gone")  # never created, or deleted while we were away: resume it
+            handle.node = pod.spec.node_name or ""
+            if not handle.node:
+                self.calls.submit(self._delete_quietly, name, 0)  # created, never bound: nothing ran
+                return Recovered("not-started")
+            self._observe(a, pod)
+            if a.end is not None:
+                self._finished[(job_id, attempt)] = a.end
+                self.calls.submit(self._archive_and_delete, job_id, attempt, name)
+                return Recovered("gone", exit_code=a.end.exit_code)
+            self._attempts[name] = a
+        return Recovered("running", handle)
+
+    def recovered(self, live: set[tuple[str, int]]) -> None:
+        """Delete our pods that no running attempt accounts for (a crash between a job's end and its cleanup)."""
+        self.calls.submit(self._sweep, set(live))
+
+    def _sweep(self, live: set[tuple[str, int]]) -> None:
+        if not self.watch.synced.wait(self.sync_timeout_s * 3):
+            return
+        with self._lock:
+            ours = {pod_name(j, n) for j, n in live} | set(self._attempts)
+            ours |= {pod_name(j, n) for j, n in self._finished}
+            orphans = [p for p in self._pods.values() if p.metadata.name not in ours
+                       and p.metadata.deletion_timestamp is None]
+        for p in orphans:
+            labels = p.metadata.labels or {}
+            log.warning("deleting pod %s (job %s attempt %s): no running attempt of ours", p.metadata.name,
+                        labels.get(JOB_LABEL), labels.get(ATTEMPT_LABEL))
+            self._delete_quietly(p.metadata.name, self.settings_grace())
+
+    def settings_grace(self) -> int:
+        return max(0, int(round(self.settings.grace_s)))
+
+    # ------------------------------------------------------------ paths
+    def log_path(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id / "job.log"
+
+    def default_workdir(self, job_id: str) -> Path:
+        return Path(WORKDIR_ROOT)

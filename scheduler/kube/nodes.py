@@ -1,0 +1,138 @@
+"""A Kubernetes Node -> the pool's view of it (pure: no API calls).
+
+A node is in the pool when its allocatable ``nvidia.com/gpu`` is above 0 and
+it may take work: Ready, not cordoned, without the node controller's
+``node.kubernetes.io/*`` NoSchedule/NoExecute taints. Other taints (a GPU
+node's ``nvidia.com/gpu:NoSchedule`` is common) are for other schedulers'
+pods; ours tolerate them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from scheduler.inventory import GpuInfo
+from scheduler.inventory.nvml import normalize_model
+from scheduler.kube.names import (
+    GPU_MEMORY_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GPUS_ANNOTATION,
+    POOL_LABEL,
+)
+from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
+
+log = logging.getLogger("scheduler.kube")
+
+MIB = 1024 * 1024
+POOLS = {"build": frozenset({BUILD_POOL}), "train": frozenset({TRAIN_POOL}),
+         "both": frozenset({BUILD_POOL, TRAIN_POOL})}
+_CONTROLLER_TAINT = "node.kubernetes.io/"
+
+
+@dataclass(frozen=True)
+class PoolNode:
+    """One GPU node as the pool sees it; ``problem`` says why it takes no work ("" when it does)."""
+
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    pools: frozenset[str]
+    cpu_milli: int
+    memory_mib: int
+    problem: str = ""
+
+    def policy_node(self) -> Node:
+        """The policy's Node (memory in MiB)."""
+        return Node(self.name, self.cpu_milli, self.memory_mib,
+                    tuple(Gpu(g.id, g.index, g.model, g.memory // MIB, g.topology_group) for g in self.gpus),
+                    self.pools)
+
+
+def read_node(node: Any) -> PoolNode | None:
+    """The pool's view of a ``V1Node``, or None when it has no allocatable GPU (not ours to schedule)."""
+    status = node.status
+    alloc = (status.allocatable if status is not None else None) or {}
+    try:
+        count = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
+    except (ValueError, TypeError):
+        count = 0
+    if count <= 0:
+        return None
+    name = node.metadata.name
+    labels = node.metadata.labels or {}
+    annotations = node.metadata.annotations or {}
+    mem_mib = _int(labels.get(GPU_MEMORY_LABEL), 0)
+    product = labels.get(GPU_PRODUCT_LABEL, "")
+    model = normalize_model(product.replace("NVIDIA-", "NVIDIA ", 1), mem_mib * MIB) if product else "unknown"
+    gpus = _annotated_gpus(name, annotations.get(GPUS_ANNOTATION), model, mem_mib) or tuple(
+        GpuInfo(f"{name}/gpu{i}", i, model, mem_mib * MIB) for i in range(count))
+    pool_value = labels.get(POOL_LABEL, "both")
+    pools = POOLS.get(pool_value)
+    problem = ""
+    if pools is None:
+        pools = POOLS["both"]
+        problem = f"label {POOL_LABEL}={pool_value!r} is not build, train or both"
+    return PoolNode(name, gpus, pools, _milli(alloc.get("cpu")), _mib(alloc.get("memory")),
+                    problem or _not_schedulable(node))
+
+
+def _not_schedulable(node: Any) -> str:
+    """Why the node may not take work now ("" when it may)."""
+    if node.spec is not None and node.spec.unschedulable:
+        return "cordoned"
+    ready = next((c for c in (node.status.conditions or []) if c.type == "Ready"), None)
+    if ready is None or ready.status != "True":
+        return "not ready"
+    for t in (node.spec.taints if node.spec is not None else None) or []:
+        if t.key.startswith(_CONTROLLER_TAINT) and t.effect in ("NoSchedule", "NoExecute"):
+            return f"tainted {t.key}:{t.effect}"
+    return ""
+
+
+def _annotated_gpus(node: str, text: str | None, model: str, mem_mib: int) -> tuple[GpuInfo, ...]:
+    """The node agent's exact GPUs: ``[{"id", "index", "model"?, "memory"? (bytes), "topology_group"?}]``.
+
+    A malformed annotation is logged and ignored (the node falls back to
+    ``<node>/gpu<i>``): one bad agent must not take a node out of the pool.
+    """
+    if not text:
+        return ()
+    try:
+        items = json.loads(text)
+        gpus = tuple(
+            GpuInfo(str(g["id"]), int(g["index"]), str(g.get("model") or model),
+                    int(g.get("memory") or mem_mib * MIB), str(g.get("topology_group") or ""))
+            for g in items)
+    except (ValueError, TypeError, KeyError) as e:
+        log.warning("node %s: ignoring annotation %s (%s)", node, GPUS_ANNOTATION, e)
+        return ()
+    if len({g.id for g in gpus}) != len(gpus):
+        log.warning("node %s: ignoring annotation %s (duplicate GPU ids)", node, GPUS_ANNOTATION)
+        return ()
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(str(text))
+    except ValueError:
+        return default
+
+
+def _milli(q: Any) -> int:
+    try:
+        return int(parse_quantity(q) * 1000) if q is not None else 0
+    except (ValueError, TypeError):
+        return 0
+
+
+def _mib(q: Any) -> int:
+    try:
+        return int(parse_quantity(q)) // MIB if q is not None else 0
+    except (ValueError, TypeError):
+        return 0

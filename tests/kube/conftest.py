@@ -1,0 +1,86 @@
+"""A real kube-apiserver + etcd for the Kubernetes backend's tests (../shared/kube), one per session.
+
+When ../shared/kube is not there at all these tests skip, saying so. When it
+is there but the API server cannot be built or started, they fail: CI runs
+``../shared/kube/setup`` first (scripts/test), so a broken setup is loud.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "kube"))
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The kubeconfig of a fresh API server for this session (admin context)."""
+    if not (KUBE / "start").exists():
+        pytest.skip(f"no Kubernetes test kit at {KUBE} (the real API server these tests need); "
+                    "set GPUPOOL_KUBE_DIR to its directory")
+    d = tmp_path_factory.mktemp("kube")
+    r = subprocess.run([str(KUBE / "start"), str(d)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"could not start the test API server ({KUBE}/start):\n{r.stderr[-3000:]}", pytrace=False)
+    try:
+        yield d / "kubeconfig"
+    finally:
+        subprocess.run([str(KUBE / "stop"), str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+@pytest.fixture
+def namespace(api: Any) -> str:
+    """A fresh namespace per test (a deleted one stays Terminating here: no controllers)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+@pytest.fixture
+def gpu_nodes(api: Any, namespace: str) -> Iterator[Callable[..., list[str]]]:
+    """Factory: ``gpu_nodes(3, gpus=8, **node_options)`` -> their names; all deleted after the test."""
+    from tests.kube.cluster import make_gpu_node
+
+    made: list[str] = []
+
+    def make(count: int, gpus: int = 8, **options: Any) -> list[str]:
+        names = [f"{namespace}-n{len(made) + i}" for i in range(count)]
+        for n in names:
+            make_gpu_node(api, n, gpus, **options)
+            made.append(n)
+        return names
+
+    yield make
+    for n in made:
+        try:
+            api.delete_node(n)
+        except Exception:
+            pass
+
+
+def kube_config(state_dir: Path, kubeconfig: Path, namespace: str, **overrides: Any) -> Any:
+    """A fast ServiceConfig for the Kubernetes backend."""
+    from scheduler.service.config import ServiceConfig
+
+    base: dict[str, Any] = dict(
+        state_dir=state_dir, backend="kubernetes", kubeconfig=str(kubeconfig), namespace=namespace,
+        image="busybox:1.36", tick_s=0.2, poll_s=0.05, pause_grace_s=2.0, reply_wait_s=3.0,
+        history_interval_s=0.5, min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin-secret",
+        cycle_min_interval_s=0.0, run_jobs_as="service", on_shutdown="leave",
+    )
+    base.update(overrides)
+    return ServiceConfig(**base)
