@@ -148,6 +148,10 @@ def _add_serve(sub: Any) -> None:
                         "<state-dir>/admin_token); never on the command line, which every user can read")
     p.add_argument("--admin-token", help=argparse.SUPPRESS)  # refused with a message saying why
     p.add_argument("--config", metavar="FILE", help="JSON file of service settings (tick_s, min_runtime_s, ...)")
+    p.add_argument("--hub", action="store_true", help="accept JupyterHub users' API tokens (run as a Hub service; "
+                   "docs/jupyterhub.md); Hub groups become projects")
+    p.add_argument("--hub-api-url", metavar="URL", help="the Hub's API, e.g. http://127.0.0.1:8081/hub/api "
+                   "(default: $JUPYTERHUB_API_URL, which the Hub sets for its services)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -581,6 +585,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.update({k: v for k, v in given.items() if k != "state_dir"})
         if args.state_dir is None and "state_dir" in given:
             args.state_dir = str(from_file.state_dir)
+    if args.hub or args.hub_api_url:
+        settings["hub"] = True
+    if args.hub_api_url:
+        settings["hub_api_url"] = args.hub_api_url
     if args.admin_token is not None:
         raise UsageError("--admin-token puts the token on the command line, where every user of this machine "
                          "can read it (/proc/PID/cmdline); use --admin-token-file FILE or $GPUPOOL_ADMIN_TOKEN")
@@ -608,6 +616,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 print(f"warning: listening on {args.host} over plain HTTP: tokens cross the network "
                       "unencrypted; put a TLS proxy in front", flush=True)
             print(_jobs_run_as(scheduler.core), flush=True)
+            hub = getattr(scheduler.core, "hub", None)
+            if hub is not None:
+                print(f"JupyterHub users' tokens accepted (checked with {hub.auth.api_url}, cached "
+                      f"{scheduler.core.config.hub_cache_s:g} s)", flush=True)
             print(f"admin token: {where}", flush=True)
             print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
             if not admin_token:

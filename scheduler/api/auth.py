@@ -2,8 +2,9 @@
 
 The API accepts ``Authorization: token <TOKEN>`` (Jupyter's style) and
 ``Authorization: Bearer <TOKEN>``. Which tokens are valid, and who they belong
-to, is the core's business (:meth:`SchedulerCore.authenticate`); this module
-only reads the header and turns "no" into a clear 401.
+to, is the core's business (:meth:`SchedulerCore.authenticate`, and the
+JupyterHub check ``core.hub`` when the service accepts Hub tokens); this
+module only reads the header, asks them, and turns "no" into a clear 401.
 """
 
 from __future__ import annotations
@@ -25,10 +26,18 @@ def parse_authorization(header: str | None) -> str:
     return parts[1].strip()
 
 
-def authenticate(core: Any, header: str | None) -> Any:
-    """Return the core's Actor for the request's token, or raise Unauthorized."""
+async def authenticate(core: Any, header: str | None) -> Any:
+    """Return the Actor for the request's token, or raise Unauthorized.
+
+    gpupool's own tokens first (a lookup in the store); a token it does not
+    know goes to the JupyterHub check when the service has one (``core.hub``,
+    see scheduler.service.hub), which may wait on the Hub: hence async.
+    """
     token = parse_authorization(header)
     actor = core.authenticate(token)
+    hub = getattr(core, "hub", None)
+    if actor is None and hub is not None:
+        actor = await hub.actor(token)
     if actor is None:
         raise Unauthorized("invalid token")
     return actor

@@ -57,12 +57,12 @@ class ApiHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         # Counted so that a stopping service can let woken long-polls answer before it closes connections.
         self.settings["inflight"] = self.settings.get("inflight", 0) + 1
         self._counted = True
         if not self.public:
-            self.actor = auth.authenticate(self.core, self.request.headers.get("Authorization"))
+            self.actor = await auth.authenticate(self.core, self.request.headers.get("Authorization"))
 
     def on_finish(self) -> None:
         self._uncount()
@@ -165,6 +165,6 @@ class NotFoundHandler(ApiHandler):
     not tell strangers which endpoints exist (and no handler is exempt from auth).
     """
 
-    def prepare(self) -> None:
-        super().prepare()
+    async def prepare(self) -> None:
+        await super().prepare()
         raise tornado.web.HTTPError(404, "no such endpoint: %s", self.request.path)

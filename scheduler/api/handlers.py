@@ -51,7 +51,10 @@ class MetricsHandler(ApiHandler):
 
 class WhoAmIHandler(ApiHandler):
     def get(self) -> None:
-        self.write_json({"user": self.actor.user, "admin": bool(self.actor.admin)})
+        who = {"user": self.actor.user, "admin": bool(self.actor.admin)}
+        if getattr(self.actor, "project", None):
+            who["project"] = self.actor.project  # a JupyterHub user's default project (their first group's)
+        self.write_json(who)
 
 
 class StatusHandler(ApiHandler):

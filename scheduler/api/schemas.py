@@ -229,7 +229,8 @@ LOGS: dict[str, Any] = {
 
 WHOAMI: dict[str, Any] = {
     "type": "object", "required": ["user", "admin"],
-    "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"}},
+    "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
+                   "project": {"type": "string", "description": "default project, where known (Hub users)"}},
 }
 
 TOKEN: dict[str, Any] = {

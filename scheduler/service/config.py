@@ -101,6 +101,19 @@ class ServiceConfig:
     image: str = "python:3.12-slim"  # a job pod's image when its spec names none
     kube_scheduler_name: str = "gpupool"  # spec.schedulerName of our pods (and of kubectl pods we bind)
     kube_workdir_pvc: str | None = None  # a PVC mounted at each job's working directory (checkpoints survive)
+    # JupyterHub (docs/jupyterhub.md): with hub on, a request whose token is a Hub API token is that Hub
+    # user (Hub admins are admins), checked with the Hub at hub_api_url (default $JUPYTERHUB_API_URL) and
+    # cached hub_cache_s. hub_group_prefix: which Hub groups are projects ("" every group, "gpu-" those
+    # starting with it, the project named without it; None: none). hub_group_project: the quotas (wire
+    # fields, GPUs) a group's project is created with; hub_personal_project: those of the personal
+    # project of a user in no such group (None: no personal project).
+    hub: bool = False
+    hub_api_url: str = ""
+    hub_cache_s: float = 60.0
+    hub_group_prefix: str | None = ""
+    hub_group_project: dict[str, Any] = field(default_factory=dict)
+    hub_personal_project: dict[str, Any] | None = None
+    hub_access_scopes: list[str] | None = None  # None: $JUPYTERHUB_OAUTH_ACCESS_SCOPES (a managed service's)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -121,6 +134,10 @@ class ServiceConfig:
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:
             raise InvalidRequest(f"usage_half_life_s must be a number >= 0, not {self.usage_half_life_s!r}")
+        if self.hub:
+            from scheduler.service.hub_config import check_hub_settings
+
+            check_hub_settings(self)
         if self.backend not in ("local", "kubernetes"):
             raise InvalidRequest(f"backend must be local or kubernetes, not {self.backend!r}")
         if not _DNS_LABEL.fullmatch(str(self.namespace)):

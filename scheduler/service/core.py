@@ -152,6 +152,13 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         self.executor = self.backend.executor
         self.admin_token = load_or_create_admin_token(self.state_dir, self.config.admin_token)
         self.tokens = TokenStore(self._store, self.admin_token, self.config.admin_user)
+        self.hub: Any = None
+        """With ``config.hub``: the JupyterHub identity check (scheduler.service.hub) the API asks for
+        tokens that are not gpupool's."""
+        if self.config.hub:
+            from scheduler.service.hub import HubIdentity
+
+            self.hub = HubIdentity(self)
         self._metrics = Metrics()
         self.registry = self._metrics.registry
         self._metrics.simulated.set(1 if self.simulated else 0)

@@ -1,0 +1,70 @@
+"""The tests' jupyterhub_config.py: the plain-Hub config of docs/jupyterhub.md, plus test-only parts.
+
+What docs/jupyterhub.md tells an admin to write is between the ``# --- as in
+docs/jupyterhub.md`` markers, with only paths, ports and the test's settings
+file filled in; the rest (ports, the dummy authenticator, the driver service,
+users and groups) is what a test needs to run a Hub on loopback.
+"""
+
+from __future__ import annotations
+
+TEMPLATE = '''
+import json, os
+c = get_config()  # noqa
+
+# --- test-only: where and who
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.ConfigurableHTTPProxy.should_start = True
+c.JupyterHub.db_url = "sqlite:///jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "jupyterhub_cookie_secret"
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = "hub-test-password"
+c.JupyterHub.spawner_class = "simple"
+c.Spawner.default_url = "/lab"
+c.Spawner.cmd = [{singleuser!r}]
+c.Authenticator.allowed_users = {{"alice", "bob", "carol", "dave", "hubadmin"}}
+c.Authenticator.admin_users = {{"hubadmin"}}
+c.JupyterHub.load_groups = {{"vision": {{"users": ["alice", "carol"]}}, "nlp": {{"users": ["bob"]}}}}
+driver = {{"name": "driver", "api_token": {driver_token!r}}}
+
+# --- as in docs/jupyterhub.md
+gpupool_url = "http://127.0.0.1:{gpupool_port}"
+c.JupyterHub.services = [
+    {{
+        "name": "gpupool",
+        "url": gpupool_url,
+        "command": [{python!r}, "-m", "scheduler", "serve", "--hub", "--port", "{gpupool_port}",
+                    "--state-dir", {state_dir!r}, "--simulate", "A100-80GB", "--config", {settings_file!r}],
+        "environment": {{"GPUPOOL_ADMIN_TOKEN": {gpupool_admin_token!r}, "PYTHONPATH": os.environ["PYTHONPATH"],
+                         **({{"GPUPOOL_RUN_JOBS_AS": {run_jobs_as!r}}} if {run_jobs_as!r} else {{}})}},
+    }},
+    driver,
+]
+c.JupyterHub.load_roles = [
+    # every user may use the pool, and so may the token their server gets (JUPYTERHUB_API_TOKEN)
+    {{"name": "user", "scopes": ["self", "access:services!service=gpupool"]}},
+    {{"name": "gpupool-driver", "services": ["driver"],
+      "scopes": ["admin:users", "admin:groups", "tokens", "admin:servers", "access:servers",
+                 "access:services"]}},
+]
+c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
+                                "access:services!service=gpupool"]
+c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
+# --- end
+'''
+
+
+def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_port: int, chp: str, python: str,
+                    state_dir: str, settings_file: str, driver_token: str, gpupool_admin_token: str,
+                    run_jobs_as: str) -> str:
+    """The config file's text with the test's ports, paths and tokens filled in."""
+    singleuser = str(__import__("pathlib").Path(python).with_name("jupyterhub-singleuser"))
+    return TEMPLATE.format(port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
+                           chp=chp, python=python, state_dir=state_dir, settings_file=settings_file,
+                           driver_token=driver_token, gpupool_admin_token=gpupool_admin_token,
+                           run_jobs_as=run_jobs_as, singleuser=singleuser)

@@ -1,0 +1,49 @@
+"""The Hub group → project rules and the Hub settings' checks (no Hub needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.errors import InvalidRequest
+from scheduler.service.config import ServiceConfig
+from scheduler.service.hub_projects import HubProjectMap, Wanted
+
+
+def test_every_group_is_a_project_in_the_hubs_order() -> None:
+    rules = HubProjectMap("", {"build_quota": 1})
+    assert rules.projects_for("alice", ["vision", "nlp"]) == [
+        Wanted("vision", ["@vision"], {"build_quota": 1}), Wanted("nlp", ["@nlp"], {"build_quota": 1})]
+    assert rules.default_project("alice", ["vision", "nlp"]) == "vision"
+    assert rules.projects_for("dave", []) == [] and rules.default_project("dave", []) is None
+
+
+def test_a_prefix_picks_groups_and_is_left_out_of_the_project_name() -> None:
+    rules = HubProjectMap("gpu-", personal_fields={"build_quota": 0.25})
+    assert rules.projects_for("alice", ["staff", "gpu-vision"]) == [Wanted("vision", ["@gpu-vision"], {})]
+    # in no gpu- group: a personal project, alice its only member
+    assert rules.projects_for("bob", ["staff"]) == [Wanted("bob", ["bob"], {"build_quota": 0.25})]
+    # a group whose project name would be empty or invalid is no project
+    assert rules.projects_for("carol", ["gpu-"]) == [Wanted("carol", ["carol"], {"build_quota": 0.25})]
+
+
+def test_groups_can_be_no_projects_at_all() -> None:
+    rules = HubProjectMap(None)
+    assert rules.projects_for("alice", ["vision"]) == [] and rules.default_project("alice", ["vision"]) is None
+
+
+def test_hub_settings_are_checked_at_start(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("JUPYTERHUB_API_URL", raising=False)
+    with pytest.raises(InvalidRequest, match="no Hub API URL"):
+        ServiceConfig(state_dir=tmp_path, hub=True)
+    monkeypatch.setenv("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api")
+    assert ServiceConfig(state_dir=tmp_path, hub=True).hub_api_url == "http://127.0.0.1:8081/hub/api"
+    with pytest.raises(InvalidRequest, match="its members are the Hub's"):
+        ServiceConfig(state_dir=tmp_path, hub=True, hub_group_project={"members": ["x"]})
+    with pytest.raises(InvalidRequest, match="hub_group_prefix"):
+        ServiceConfig(state_dir=tmp_path, hub=True, hub_group_prefix="no spaces")
+    with pytest.raises(InvalidRequest, match="hub_cache_s"):
+        ServiceConfig(state_dir=tmp_path, hub=True, hub_cache_s=-1)
+    with pytest.raises(InvalidRequest, match="hub_access_scopes"):
+        ServiceConfig(state_dir=tmp_path, hub=True, hub_access_scopes="access:services")
+    # off: nothing is asked of the Hub settings
+    assert ServiceConfig(state_dir=tmp_path).hub is False
