@@ -24,6 +24,7 @@ from jupyter_gpupool import leases
 from jupyter_gpupool.cli_path import put_cli_on_path
 from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
+from jupyter_gpupool.hub import shared_scheduler_token, shared_scheduler_url
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
 from jupyter_gpupool.sessions import session_handlers
@@ -36,16 +37,17 @@ class GPUPool(ExtensionApp):
     load_other_extensions = True
 
     scheduler_url = Unicode(
-        "",
         config=True,
-        help="URL of a shared gpupool scheduler. Empty: run an embedded scheduler in this server.",
+        help="URL of a shared gpupool scheduler (default: $GPUPOOL_URL, which a JupyterHub sets for the servers "
+        "it spawns). Empty: run an embedded scheduler in this server.",
     )
     scheduler_token = Unicode(
-        "",
         config=True,
-        help="This user's token for the shared scheduler (unused with the embedded one).",
+        help="This user's token for the shared scheduler (unused with the embedded one). Default: "
+        "$GPUPOOL_TOKEN, else, in a server JupyterHub spawned, its $JUPYTERHUB_API_TOKEN: the user's own.",
     )
-    project = Unicode("", config=True, help="Project charged for kernels and promoted jobs ('' = the user name).")
+    project = Unicode("", config=True, help="Project charged for kernels and promoted jobs ('' = the one the "
+                      "scheduler names for this user, e.g. their first JupyterHub group's, else the user name).")
     kernel_fractions = List(
         Float(),
         default_value=[0.25, 0.5, 1.0],
@@ -106,6 +108,14 @@ class GPUPool(ExtensionApp):
     @default("state_dir")
     def _default_state_dir(self) -> str:
         return os.path.join(jupyter_data_dir(), "gpupool")
+
+    @default("scheduler_url")
+    def _default_scheduler_url(self) -> str:
+        return shared_scheduler_url(os.environ)
+
+    @default("scheduler_token")
+    def _default_scheduler_token(self) -> str:
+        return shared_scheduler_token(os.environ)
 
     @validate("kernel_fractions")
     def _check_fractions(self, proposal: dict[str, Any]) -> list[float]:

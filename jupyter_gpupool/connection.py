@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpupool.hub import shared_scheduler_token
 from scheduler.errors import GpupoolError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -152,8 +153,8 @@ class PoolConnection:
             who = await self._client.whoami()
             self.user = who.get("user") or self.user
             self.admin = bool(who.get("admin"))
-            if not self.settings.project:
-                self.project = self.user
+            if not self.settings.project:  # the scheduler may know better (a Hub user's first group)
+                self.project = who.get("project") or self.user
 
     @property
     def user_token_path(self) -> str:
@@ -282,7 +283,7 @@ def connection_from_env() -> PoolConnection | None:
     return PoolConnection(
         PoolSettings(
             scheduler_url=url,
-            scheduler_token=os.environ.get("GPUPOOL_TOKEN", ""),
+            scheduler_token=shared_scheduler_token(os.environ),
             project=os.environ.get("GPUPOOL_PROJECT_DEFAULT", ""),
         )
     )

@@ -8,6 +8,8 @@ users and groups) is what a test needs to run a Hub on loopback.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 TEMPLATE = '''
 import json, os
 c = get_config()  # noqa
@@ -27,6 +29,10 @@ c.DummyAuthenticator.password = "hub-test-password"
 c.JupyterHub.spawner_class = "simple"
 c.Spawner.default_url = "/lab"
 c.Spawner.cmd = [{singleuser!r}]
+c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.SimpleLocalProcessSpawner.home_dir_template = {homes!r} + "/{{username}}"
 c.Authenticator.allowed_users = {{"alice", "bob", "carol", "dave", "hubadmin"}}
 c.Authenticator.admin_users = {{"hubadmin"}}
 c.JupyterHub.load_groups = {{"vision": {{"users": ["alice", "carol"]}}, "nlp": {{"users": ["bob"]}}}}
@@ -63,8 +69,9 @@ def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_po
                     state_dir: str, settings_file: str, driver_token: str, gpupool_admin_token: str,
                     run_jobs_as: str) -> str:
     """The config file's text with the test's ports, paths and tokens filled in."""
-    singleuser = str(__import__("pathlib").Path(python).with_name("jupyterhub-singleuser"))
-    return TEMPLATE.format(port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
+    singleuser = str(Path(python).with_name("jupyterhub-singleuser"))
+    homes = str(Path(state_dir).parent / "homes")
+    return TEMPLATE.format(homes=homes, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
                            chp=chp, python=python, state_dir=state_dir, settings_file=settings_file,
                            driver_token=driver_token, gpupool_admin_token=gpupool_admin_token,
                            run_jobs_as=run_jobs_as, singleuser=singleuser)

@@ -47,3 +47,16 @@ def test_hub_settings_are_checked_at_start(tmp_path, monkeypatch) -> None:
         ServiceConfig(state_dir=tmp_path, hub=True, hub_access_scopes="access:services")
     # off: nothing is asked of the Hub settings
     assert ServiceConfig(state_dir=tmp_path).hub is False
+
+
+def test_a_hub_spawned_server_uses_its_users_hub_token_with_the_shared_scheduler() -> None:
+    from jupyter_gpupool.hub import shared_scheduler_token, shared_scheduler_url
+
+    hub_env = {"GPUPOOL_URL": "http://127.0.0.1:8765", "JUPYTERHUB_API_TOKEN": "hub-token-of-alice"}
+    assert shared_scheduler_url(hub_env) == "http://127.0.0.1:8765"
+    assert shared_scheduler_token(hub_env) == "hub-token-of-alice"
+    # a gpupool token given on purpose wins
+    assert shared_scheduler_token({**hub_env, "GPUPOOL_TOKEN": "gpu_x"}) == "gpu_x"
+    # no shared scheduler: the embedded one, and the Hub's token goes nowhere
+    assert shared_scheduler_url({"JUPYTERHUB_API_TOKEN": "t"}) == ""
+    assert shared_scheduler_token({"JUPYTERHUB_API_TOKEN": "t"}) == ""
