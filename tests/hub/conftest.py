@@ -98,7 +98,12 @@ class Hub:
         return path.read_text(errors="replace")[-6000:] if path.exists() else ""
 
 
-def _start(tmp: Path, settings: dict[str, Any]) -> Hub:
+def start_hub(tmp: Path, settings: dict[str, Any], *, run_jobs_as: str | None = None, users: list[str] | None = None,
+              groups: dict[str, list[str]] | None = None) -> Hub:
+    """Start a Hub in ``tmp`` with gpupool as its managed service (``settings``: its --config file).
+
+    ``run_jobs_as`` None: the suite's $GPUPOOL_RUN_JOBS_AS; "": the service's default (owner, as root).
+    """
     chp = proxy_command()
     port, hub_port, gp_port, proxy_api = free_port(), free_port(), free_port(), free_port()
     driver = secrets.token_hex(24)
@@ -108,7 +113,8 @@ def _start(tmp: Path, settings: dict[str, Any]) -> Hub:
     (tmp / "jupyterhub_config.py").write_text(hub_config_text(
         port=port, hub_port=hub_port, proxy_api_port=proxy_api, gpupool_port=gp_port, chp=chp,
         python=sys.executable, state_dir=str(tmp / "gpupool-state"), settings_file=str(settings_file),
-        driver_token=driver, gpupool_admin_token=gp_admin, run_jobs_as=os.environ.get("GPUPOOL_RUN_JOBS_AS", "")))
+        driver_token=driver, gpupool_admin_token=gp_admin, users=users, groups=groups,
+        run_jobs_as=os.environ.get("GPUPOOL_RUN_JOBS_AS", "") if run_jobs_as is None else run_jobs_as))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "JUPYTERHUB_", "JPY_"))}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -125,19 +131,19 @@ def _start(tmp: Path, settings: dict[str, Any]) -> Hub:
             raise AssertionError(f"jupyterhub exited ({proc.returncode}):\n{hub.log()}")
         try:
             return http("GET", hub.gpupool + "/healthz", timeout=2)[0] == 200 and \
-                hub.call("GET", "/users/alice")[0] == 200
+                hub.call("GET", "/users/hubadmin")[0] == 200
         except OSError:
             return False
 
     try:
         wait_until(up, timeout=90, interval=0.3, what="the Hub and its gpupool service")
     except BaseException:
-        _stop(hub)
+        stop_hub(hub)
         raise
     return hub
 
 
-def _stop(hub: Hub) -> None:
+def stop_hub(hub: Hub) -> None:
     """SIGTERM to the Hub's whole session (proxy, service, servers), then SIGKILL what is left."""
     if hub.proc.poll() is None:
         os.killpg(hub.proc.pid, signal.SIGTERM)
@@ -164,8 +170,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     """One Hub (and one gpupool service) for a module's tests."""
     tmp = tmp_path_factory.mktemp("hub")
     os.chmod(tmp, 0o755)
-    running = _start(tmp, HUB_SETTINGS)
+    running = start_hub(tmp, HUB_SETTINGS)
     try:
         yield running
     finally:
-        _stop(running)
+        stop_hub(running)

@@ -33,9 +33,9 @@ c.Spawner.args = ["--allow-root"] if os.geteuid() == 0 else []
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 c.SimpleLocalProcessSpawner.home_dir_template = {homes!r} + "/{{username}}"
-c.Authenticator.allowed_users = {{"alice", "bob", "carol", "dave", "hubadmin"}}
+c.Authenticator.allowed_users = set({users!r})
 c.Authenticator.admin_users = {{"hubadmin"}}
-c.JupyterHub.load_groups = {{"vision": {{"users": ["alice", "carol"]}}, "nlp": {{"users": ["bob"]}}}}
+c.JupyterHub.load_groups = {{name: {{"users": members}} for name, members in {groups!r}.items()}}
 driver = {{"name": "driver", "api_token": {driver_token!r}}}
 
 # --- as in docs/jupyterhub.md
@@ -65,13 +65,20 @@ c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
 '''
 
 
+USERS = ["alice", "bob", "carol", "dave", "hubadmin"]
+GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
+
+
 def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_port: int, chp: str, python: str,
                     state_dir: str, settings_file: str, driver_token: str, gpupool_admin_token: str,
-                    run_jobs_as: str) -> str:
-    """The config file's text with the test's ports, paths and tokens filled in."""
+                    run_jobs_as: str, users: list[str] | None = None,
+                    groups: dict[str, list[str]] | None = None) -> str:
+    """The config file's text with the test's ports, paths, tokens, users and groups filled in
+    (hubadmin is always the Hub's admin)."""
     singleuser = str(Path(python).with_name("jupyterhub-singleuser"))
     homes = str(Path(state_dir).parent / "homes")
-    return TEMPLATE.format(homes=homes, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
+    users = sorted(set(users if users is not None else USERS) | {"hubadmin"})
+    return TEMPLATE.format(homes=homes, users=users, groups=GROUPS if groups is None else groups, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
                            chp=chp, python=python, state_dir=state_dir, settings_file=settings_file,
                            driver_token=driver_token, gpupool_admin_token=gpupool_admin_token,
                            run_jobs_as=run_jobs_as, singleuser=singleuser)
