@@ -21,6 +21,7 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from bench.sim import baselines
@@ -42,12 +43,13 @@ from bench.sim.trace import (
 from scheduler.policy.model import PolicyConfig
 
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
-POLICIES = ("static", "fifo", "fifo-strict", "engine")
+POLICIES = ("static", "fifo", "fifo-strict", "engine", "engine-decay")
 POLICY_TITLES = {
     "static": "static partitions (FIFO+backfill per team)",
     "fifo": "pooled FIFO with backfill, no quotas",
     "fifo-strict": "pooled strict FIFO, no quotas",
     "engine": "our policy (scheduler.policy.schedule)",
+    "engine-decay": "our policy with recent usage decayed by --half-life-h (fair share over time)",
 }
 
 
@@ -62,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cycle", type=float, default=60.0, help="scheduling cycle in seconds (default 60)")
     p.add_argument("--checkpoint-interval", type=float, default=1800.0,
                    help="seconds of run time between checkpoints; a paused job loses the work since its last one (default 1800; 0 = checkpoint on pause)")
+    p.add_argument("--half-life-h", type=float, default=24.0,
+                   help="usage half-life of engine-decay, in hours (default 24; the service's default is 168)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
@@ -70,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not chosen:
         p.error(f"unknown policy {unknown}; choose from {', '.join(POLICIES)}")
     args.policies = chosen
+    if args.half_life_h <= 0:
+        p.error("--half-life-h must be positive (engine is the policy without history)")
     if args.days <= 0 or args.cycle <= 0 or args.checkpoint_interval < 0 or args.gpus_per_node < 1:
         p.error("--days, --cycle and --gpus-per-node must be positive, --checkpoint-interval >= 0")
     if args.gpus is not None and args.gpus < args.gpus_per_node:
@@ -141,6 +147,8 @@ def run(argv: list[str] | None = None) -> int:
                 cfg = _time_invariant(sim_cfg)
             else:
                 fn = engine_schedule()
+                if name == "engine-decay":
+                    cfg = replace(sim_cfg, usage_half_life_s=args.half_life_h * 3600.0)
             if not args.json:
                 print(f"... {POLICY_TITLES[name]}", file=sys.stderr, flush=True)
             result = Simulator(window.jobs, nodes, projects, fn, cfg).run()
@@ -164,8 +172,6 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _time_invariant(cfg: SimConfig) -> SimConfig:
-    from dataclasses import replace
-
     return replace(cfg, time_invariant_policy=True)
 
 
@@ -187,6 +193,7 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
         "gpus_per_node": args.gpus_per_node,
         "offered_load_fraction": load / gpus,
         "cycle_s": args.cycle,
+        "half_life_h": args.half_life_h,
         "checkpoint_interval_s": args.checkpoint_interval,
         "guarantee_gpus": guarantees,
         "team_offered_load_gpus": team_load,
@@ -219,18 +226,25 @@ def _print_report(ctx: dict[str, object], rows: list[Summary], failures: dict[st
     for team, g in guarantees.items():
         print(f"  {team:<10}{g:>8}  {team_load[team]:>10.1f}")
     header = (f"{'policy':<12}{'avg JCT h':>10}{'p99 JCT h':>10}{'avg queue h':>12}{'util':>7}"
-              f"{'pauses':>8}{'lost GPUh':>10}{'viol s':>10}{'viol(gang) s':>13}{'call ms mean/p99/max':>24}{'wall s':>8}")
+              f"{'pauses':>8}{'lost GPUh':>10}{'viol s':>10}{'viol(gang) s':>13}{'Jain/day mean,min':>18}"
+              f"{'call ms mean/p99/max':>24}{'wall s':>8}")
     print(header)
     for r in rows:
         calls = f"{r.call_ms_mean:.2f}/{r.call_ms_p99:.1f}/{r.call_ms_max:.1f}"
         print(f"{r.policy:<12}{r.avg_jct_h:>10.2f}{r.p99_jct_h:>10.1f}{r.avg_queue_h:>12.2f}"
               f"{100 * r.utilization:>6.1f}%{r.pauses:>8}{r.lost_gpu_h:>10.1f}{r.violation_s:>10.0f}"
-              f"{r.violation_gang_s:>13.0f}{calls:>24}{r.wall_s:>8.1f}")
+              f"{r.violation_gang_s:>13.0f}{f'{r.fairness_daily_mean:.3f},{r.fairness_daily_min:.3f}':>18}"
+              f"{calls:>24}{r.wall_s:>8.1f}")
     by_name = {r.policy: r for r in rows}
     if "static" in by_name and "engine" in by_name:
         s, e = by_name["static"], by_name["engine"]
         print(f"engine vs static: average JCT {s.avg_jct_h / e.avg_jct_h:.2f}x lower; "
               f"guarantee violations {e.violation_s:.0f} s (gang-aware {e.violation_gang_s:.0f} s)")
+    if "engine" in by_name and "engine-decay" in by_name:
+        e, d = by_name["engine"], by_name["engine-decay"]
+        print(f"engine-decay (half-life {ctx['half_life_h']:g} h) vs engine: daily fairness (Jain) "
+              f"{d.fairness_daily_mean:.3f} vs {e.fairness_daily_mean:.3f}; average JCT "
+              f"{100 * (d.avg_jct_h / e.avg_jct_h - 1):+.1f}%; guarantee violations {d.violation_s:.0f} s")
     print(f"policy sources sha256 {ctx['policy_source_sha256']}")
     for name, err in failures.items():
         print(f"FAILED {name}: {err}")

@@ -39,6 +39,8 @@ class Summary:
     max_workloads: int
     drained_h: float  # last completion, hours after the window's start
     wall_s: float
+    fairness_daily_mean: float = 1.0  # Jain's index of received / entitled GPU-seconds per day (bench.sim.daily)
+    fairness_daily_min: float = 1.0
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -79,6 +81,8 @@ def summarize(policy: str, result: SimResult, window_start: float) -> Summary:
         max_workloads=result.calls.max_workloads,
         drained_h=(result.end_time - window_start) / HOUR,
         wall_s=result.wall_s,
+        fairness_daily_mean=float(np.mean(result.fairness_daily)) if result.fairness_daily else 1.0,
+        fairness_daily_min=float(min(result.fairness_daily)) if result.fairness_daily else 1.0,
     )
 
 

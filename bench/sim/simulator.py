@@ -28,8 +28,9 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from bench.sim.daily import DailyLedger, daily_fairness
 from bench.sim.trace import TraceJob
 from scheduler.policy.model import (
     MILLI,
@@ -43,6 +44,7 @@ from scheduler.policy.model import (
     Snapshot,
     Workload,
 )
+from scheduler.service.usage import DecayedUsage
 
 ScheduleFn = Callable[[Snapshot], Decisions]
 INF = math.inf
@@ -67,6 +69,7 @@ class SimConfig:
     policy_config: PolicyConfig = field(default_factory=PolicyConfig)
     time_invariant_policy: bool = False  # decisions depend on state only: skip cycles where nothing changed
     stall_cycles: int = 10_000  # idle cycles with pending jobs and nothing else to happen before Stalled
+    usage_half_life_s: float = 0.0  # > 0: projects carry their decayed recent use (fair share over time)
 
 
 @dataclass
@@ -117,6 +120,7 @@ class SimResult:
     calls: CallStats
     end_time: float
     wall_s: float
+    fairness_daily: list[float] = field(default_factory=list)  # Jain's index per day of the window (bench.sim.daily)
 
 
 @dataclass
@@ -180,6 +184,10 @@ class Simulator:
         self._busy_window = 0.0
         self._lost_window = 0.0
         self.calls = CallStats()
+        lo, _ = self._window()
+        self._ledger = DailyLedger(lo if lo > -INF else (self.jobs[0].submit if self.jobs else 0.0))
+        self._usage = DecayedUsage(self.config.usage_half_life_s)
+        self._clock: float | None = None  # time up to which the ledger and the usage are counted
 
     # ------------------------------------------------------------ the loop
 
@@ -243,7 +251,23 @@ class Simulator:
 
     # ------------------------------------------------------------ events
 
+    def _advance(self, t: float) -> None:
+        """Count what each team held and wanted since the last event (call before anything changes)."""
+        last = self._clock
+        self._clock = t
+        if last is None or t <= last:
+            if last is None:
+                self._usage.accrue(t, {})
+            return
+        ledger = self._ledger
+        for team, guard in self._guards.items():
+            ledger.add(ledger.wanted, team, last, t, guard.held + guard.pending_gpus)
+            ledger.add(ledger.received, team, last, t, guard.held)
+        if self._usage.half_life_s > 0:
+            self._usage.accrue(t, {(team, "train"): guard.held * MILLI for team, guard in self._guards.items()})
+
     def _arrive(self, job: TraceJob) -> None:
+        self._advance(job.submit)
         rec = JobRecord(job)
         self._records[job.id] = rec
         self._pending.add(job.id)
@@ -253,6 +277,7 @@ class Simulator:
         self._live[job.id] = self._workload(rec)
 
     def _complete(self, rec: JobRecord, t: float) -> None:
+        self._advance(t)
         self._end_run(rec, t)
         rec.finish = t
         rec.assignment = None
@@ -262,9 +287,14 @@ class Simulator:
         del self._live[rec.trace.id]
 
     def _cycle(self, t: float) -> bool:
+        self._advance(t)
+        projects = self.projects
+        if self._usage.half_life_s > 0:
+            recent = self._usage.average_milli(t, "train")
+            projects = tuple(replace(p, recent_milli=recent.get(p.name, 0.0)) for p in projects)
         snapshot = Snapshot(
             nodes=self.nodes,
-            projects=self.projects,
+            projects=projects,
             workloads=tuple(self._live.values()),
             now=t,
             config=self.config.policy_config,
@@ -423,4 +453,6 @@ class Simulator:
             calls=self.calls,
             end_time=end,
             wall_s=wall_s,
+            fairness_daily=daily_fairness(self._ledger, gpus, {p: g.guarantee for p, g in self._guards.items()},
+                                          max(1, math.ceil((hi - lo) / self._ledger.day_s - 1e-9))),
         )
