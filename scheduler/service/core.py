@@ -381,6 +381,9 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         self._store.save_usage(self._usage.t, self._usage.rows())
         for (project, kind), value in self._usage.values.items():
             self._metrics.recent_usage.labels(project, kind).set(gpu_hours(value))
+        for project, fair in self.fair_share_standing().items():
+            if fair["percent"] is not None:
+                self._metrics.fair_share_used.labels(project).set(fair["recent_gpus"] / fair["gpus"])
 
     def recent_gpu_hours(self) -> dict[str, dict[str, float]]:
         """Each project's decayed GPU-hours by kind, as of now (what it has held, a half-life ago counting half)."""

@@ -32,6 +32,11 @@ class Metrics:
             "gpupool_project_recent_gpu_hours",
             "GPU-hours a project has held, decayed by the usage half-life (fair share over time)",
             ["project", "kind"], registry=r)
+        self.fair_share_used = Gauge(
+            "gpupool_project_fair_share_used_ratio",
+            "Training GPUs a project held on average lately over its long-run fair share of the train pool "
+            "(idle GPUs go first to the lowest; absent when no history is kept)",
+            ["project"], registry=r)
 
     def update(self, live: Iterable[JobRecord], gpu_ids: Iterable[str]) -> None:
         """Set the gauges from the live jobs (after every cycle)."""

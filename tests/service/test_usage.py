@@ -86,6 +86,7 @@ async def test_the_policy_is_given_each_projects_recent_training_use(make_core):
     fair = {p["name"]: p["fair_share"] for p in core.list_projects()}
     assert fair["a"]["gpus"] == fair["b"]["gpus"] == 1.0  # two projects of weight 1 on 2 GPUs
     assert fair["a"]["percent"] == 0 and fair["b"]["percent"] == 0  # a fraction of a percent so far
+    await wait_for(lambda: 'gpupool_project_fair_share_used_ratio{project="a"}' in _metrics(core), what="the gauge")
     await core.cancel(ALICE, job["id"])
 
 
