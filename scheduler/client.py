@@ -61,7 +61,8 @@ def config_path() -> Path:
 def resolve_connection(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
     """Find the scheduler URL and token.
 
-    In order: the arguments, ``GPUPOOL_URL``/``GPUPOOL_TOKEN``, the config file
+    In order: the arguments, ``GPUPOOL_URL``/``GPUPOOL_TOKEN`` (with ``GPUPOOL_URL``'s scheduler and no
+    token, a Hub-spawned server's ``JUPYTERHUB_API_TOKEN``), the config file
     ``gpupool login`` saves, then the runtime file of a scheduler running here
     (:mod:`scheduler.runtime_file`: the one inside JupyterLab, or ``gpupool
     serve``), and last ``http://127.0.0.1:8765``. A runtime file's token is only
@@ -69,6 +70,10 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
     """
     url = url or os.environ.get("GPUPOOL_URL") or None
     token = token or os.environ.get("GPUPOOL_TOKEN") or None
+    if token is None and url is not None and url == os.environ.get("GPUPOOL_URL"):
+        # In a server JupyterHub spawned, the Hub names the team's scheduler (GPUPOOL_URL) and the server
+        # holds its user's Hub token, which that scheduler (gpupool serve --hub) takes as them.
+        token = os.environ.get("JUPYTERHUB_API_TOKEN") or None
     if url is None or token is None:
         path = _config_file()
         if os.path.isfile(path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.api.servers import wait_until
+from tests.api.servers import cli_env, gpupool, wait_until
 from tests.hub.conftest import Hub
 
 TRAIN = {"kind": "train", "command": ["sleep", "60"], "gpu_fraction": 0.25}
@@ -121,3 +121,14 @@ def test_tokens_that_may_not_use_the_pool_are_refused(hub: Hub) -> None:
     # a service's token is not a user's
     status, reply = hub.gp("GET", "/whoami", token=hub.driver_token)
     assert status == 401 and "not of a user" in reply["error"]
+
+
+def test_the_cli_in_a_hub_server_acts_as_its_user(hub: Hub, tmp_path: Any) -> None:
+    # what a terminal in alice's Hub-spawned server has: the Hub's GPUPOOL_URL and her server's Hub token
+    env = cli_env(hub.gpupool, None, tmp_path)
+    env["JUPYTERHUB_API_TOKEN"] = hub.user_token("alice")
+    done = gpupool(["whoami"], env)
+    assert done.returncode == 0 and "alice" in done.stdout, done.stderr
+    # the token goes only to the scheduler the Hub named, not to a URL given by hand
+    done = gpupool(["whoami", "--url", hub.gpupool + "/"], env)
+    assert done.returncode != 0 and "alice" not in done.stdout
