@@ -65,7 +65,7 @@ c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
 '''
 
 
-USERS = ["alice", "bob", "carol", "dave", "hubadmin"]
+USERS = ["alice", "bob", "carol", "dave", "hubadmin", "admin"]  # admin: the gpupool admin token's name
 GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
 
 

@@ -60,3 +60,20 @@ def test_a_hub_spawned_server_uses_its_users_hub_token_with_the_shared_scheduler
     # no shared scheduler: the embedded one, and the Hub's token goes nowhere
     assert shared_scheduler_url({"JUPYTERHUB_API_TOKEN": "t"}) == ""
     assert shared_scheduler_token({"JUPYTERHUB_API_TOKEN": "t"}) == ""
+
+
+async def test_an_unreachable_hub_is_a_503_not_a_401(tmp_path, unused_tcp_port) -> None:
+    from scheduler.api import auth
+    from scheduler.errors import Unauthorized, Unavailable
+    from scheduler.service.core import SchedulerCore
+
+    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True, admin_token="adm",
+                                       hub_api_url=f"http://127.0.0.1:{unused_tcp_port}/hub/api"))
+    try:
+        with pytest.raises(Unavailable, match="cannot check the token with JupyterHub"):
+            await auth.authenticate(core, "token some-hub-token")
+        assert (await auth.authenticate(core, "token adm")).admin  # gpupool's own tokens need no Hub
+        with pytest.raises(Unauthorized):
+            await auth.authenticate(core, None)
+    finally:
+        await core.stop()

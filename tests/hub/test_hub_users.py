@@ -121,6 +121,9 @@ def test_tokens_that_may_not_use_the_pool_are_refused(hub: Hub) -> None:
     # a service's token is not a user's
     status, reply = hub.gp("GET", "/whoami", token=hub.driver_token)
     assert status == 401 and "not of a user" in reply["error"]
+    # a Hub user named like the admin token's user would own its jobs
+    status, reply = hub.gp("GET", "/whoami", "admin")
+    assert status == 403 and "name of this scheduler's admin token" in reply["error"]
 
 
 def test_the_cli_in_a_hub_server_acts_as_its_user(hub: Hub, tmp_path: Any) -> None:
