@@ -6,10 +6,12 @@ entries set by an admin: a user name (``alice``) or a group (``@ml-team``).
 A user name starts with a letter or digit, so the ``@`` cannot be confused
 with one. Admins may use every project.
 
-A user's groups come from where the user comes from: the Unix groups of the
-account of the same name on this machine (when there is one), later the
-JupyterHub groups. They are looked up when a token is checked and kept for a
-minute, so a change in ``/etc/group`` is seen without a restart.
+A user's groups come from where the user comes from: for a gpupool token, the
+Unix groups of the account of the same name on this machine (when there is
+one), looked up when the token is checked and kept for a minute, so a change in
+``/etc/group`` is seen without a restart; for a JupyterHub token, the user's
+Hub groups, as the Hub reports them (:mod:`scheduler.service.hub`, cached
+``hub_cache_s``).
 """
 
 from __future__ import annotations
