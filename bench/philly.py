@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cycle", type=float, default=60.0, help="scheduling cycle in seconds (default 60)")
     p.add_argument("--checkpoint-interval", type=float, default=1800.0,
                    help="seconds of run time between checkpoints; a paused job loses the work since its last one (default 1800; 0 = checkpoint on pause)")
+    p.add_argument("--guaranteed", type=float, default=1.0,
+                   help="fraction of the cluster the pooled policies guarantee (default 1: every GPU; static "
+                        "partitions always split the whole cluster)")
     p.add_argument("--half-life-h", type=float, default=24.0,
                    help="usage half-life of engine-decay, in hours (default 24; the service's default is 168)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
@@ -74,6 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not chosen:
         p.error(f"unknown policy {unknown}; choose from {', '.join(POLICIES)}")
     args.policies = chosen
+    if not 0 <= args.guaranteed <= 1:
+        p.error("--guaranteed must be between 0 and 1")
     if args.half_life_h <= 0:
         p.error("--half-life-h must be positive (engine is the policy without history)")
     if args.days <= 0 or args.cycle <= 0 or args.checkpoint_interval < 0 or args.gpus_per_node < 1:
@@ -113,8 +118,9 @@ def run(argv: list[str] | None = None) -> int:
     if gpus % gpn:
         print(f"bench.philly: --gpus {gpus} is not a multiple of --gpus-per-node {gpn}", file=sys.stderr)
         return 2
-    guarantees = proportional_guarantees(vcs, gpus)
-    too_small = {t: g for t, g in guarantees.items() if g < gpn}
+    partitions = proportional_guarantees(vcs, gpus)  # static: each team's own nodes
+    guarantees = proportional_guarantees(vcs, round(gpus * args.guaranteed))  # the pooled policies' quotas
+    too_small = {t: g for t, g in partitions.items() if g < gpn}
     if too_small:
         print(f"bench.philly: a {gpus}-GPU cluster leaves teams {too_small} a partition narrower than one "
               f"{gpn}-GPU job; use at least {gpn * math.ceil(gpn * sum(vcs.values()) / min(vcs.values()) / gpn)} GPUs",
@@ -130,6 +136,7 @@ def run(argv: list[str] | None = None) -> int:
         policy_config=PolicyConfig(),
     )
     projects = projects_for(guarantees)
+    partition_projects = projects_for(partitions)
     summaries: list[Summary] = []
     team_jct: dict[str, dict[str, float]] = {}
     team_violation: dict[str, dict[str, dict[str, float]]] = {}
@@ -139,7 +146,7 @@ def run(argv: list[str] | None = None) -> int:
         cfg = sim_cfg
         try:
             if name == "static":
-                nodes, owner = partitioned_cluster(guarantees, gpn)
+                nodes, owner = partitioned_cluster(partitions, gpn)
                 fn = baselines.static_partitions(owner, backfill=True)
                 cfg = _time_invariant(sim_cfg)
             elif name in ("fifo", "fifo-strict"):
@@ -151,7 +158,7 @@ def run(argv: list[str] | None = None) -> int:
                     cfg = replace(sim_cfg, usage_half_life_s=args.half_life_h * 3600.0)
             if not args.json:
                 print(f"... {POLICY_TITLES[name]}", file=sys.stderr, flush=True)
-            result = Simulator(window.jobs, nodes, projects, fn, cfg).run()
+            result = Simulator(window.jobs, nodes, partition_projects if name == "static" else projects, fn, cfg).run()
         except Exception as exc:  # one failing policy must not hide the others' rows
             failures[name] = f"{type(exc).__name__}: {exc}"
             if not args.json:
@@ -194,6 +201,7 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
         "offered_load_fraction": load / gpus,
         "cycle_s": args.cycle,
         "half_life_h": args.half_life_h,
+        "guaranteed_fraction": args.guaranteed,
         "checkpoint_interval_s": args.checkpoint_interval,
         "guarantee_gpus": guarantees,
         "team_offered_load_gpus": team_load,
