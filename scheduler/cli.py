@@ -606,6 +606,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await scheduler.start()
+        tasks: list[asyncio.Future[None]] = []  # the Hub group sync, when on
         try:
             simulated = " with SIMULATED GPUs" if getattr(scheduler.core, "simulated", False) else ""
             where = ("as given (--admin-token-file / $GPUPOOL_ADMIN_TOKEN)" if admin_token
@@ -620,6 +621,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if hub is not None:
                 print(f"JupyterHub users' tokens accepted (checked with {hub.auth.api_url}, cached "
                       f"{scheduler.core.config.hub_cache_s:g} s)", flush=True)
+                from scheduler.service.hub_sync import sync_groups_forever
+
+                tasks.append(asyncio.ensure_future(sync_groups_forever(hub, scheduler.core.config.hub_sync_s)))
             print(f"admin token: {where}", flush=True)
             print(f"  export GPUPOOL_URL={scheduler.url}", flush=True)
             if not admin_token:
@@ -630,6 +634,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             await stop.wait()
             print("gpupool scheduler stopping", flush=True)
         finally:
+            for task in tasks:
+                task.cancel()
             await scheduler.stop()
 
     asyncio.run(run())

@@ -114,6 +114,7 @@ class ServiceConfig:
     hub_group_project: dict[str, Any] = field(default_factory=dict)
     hub_personal_project: dict[str, Any] | None = None
     hub_access_scopes: list[str] | None = None  # None: $JUPYTERHUB_OAUTH_ACCESS_SCOPES (a managed service's)
+    hub_sync_s: float = 300.0  # gpupool serve lists the Hub's groups (projects up front) this often; 0: at start
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()

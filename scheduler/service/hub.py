@@ -76,7 +76,7 @@ class HubIdentity:
         name = self._user_name(model.get("name"))
         groups = [g for g in model.get("groups") or [] if isinstance(g, str)]
         wanted = self.map.projects_for(name, groups)
-        self._ensure(wanted)
+        self.ensure(wanted)
         return Actor(name, bool(model.get("admin")), frozenset(groups), wanted[0].name if wanted else None)
 
     async def _model(self, token: str) -> dict[str, Any] | None:
@@ -104,7 +104,7 @@ class HubIdentity:
                             "one of them (admin_user in the service config)")
         return name
 
-    def _ensure(self, wanted: list[Wanted]) -> None:
+    def ensure(self, wanted: list[Wanted]) -> None:
         """Create the projects a Hub user should find and that do not exist yet (existing ones are the admin's)."""
         if not wanted:
             return

@@ -47,6 +47,9 @@ def check_hub_settings(config: Any) -> None:
     if not isinstance(config.hub_cache_s, int | float) or isinstance(config.hub_cache_s, bool) \
             or not 0 <= config.hub_cache_s <= 86400:
         raise InvalidRequest(f"hub_cache_s must be between 0 and 86400 seconds, not {config.hub_cache_s!r}")
+    if not isinstance(config.hub_sync_s, int | float) or isinstance(config.hub_sync_s, bool) \
+            or not 0 <= config.hub_sync_s <= 86400:
+        raise InvalidRequest(f"hub_sync_s must be between 0 and 86400 seconds, not {config.hub_sync_s!r}")
     prefix = config.hub_group_prefix
     if prefix is not None and (not isinstance(prefix, str) or (prefix and not GROUP_RE.fullmatch(prefix))):
         raise InvalidRequest(f"hub_group_prefix must be '' (every group), a group name prefix, or null (no "

@@ -54,6 +54,8 @@ c.JupyterHub.services = [
 c.JupyterHub.load_roles = [
     # every user may use the pool, and so may the token their server gets (JUPYTERHUB_API_TOKEN)
     {{"name": "user", "scopes": ["self", "access:services!service=gpupool"]}},
+    # gpupool lists the Hub's groups, so their projects exist before any member logs in
+    {{"name": "gpupool", "services": ["gpupool"], "scopes": ["list:groups", "read:groups:name"]}},
     {{"name": "gpupool-driver", "services": ["driver"],
       "scopes": ["admin:users", "admin:groups", "tokens", "admin:servers", "access:servers",
                  "access:services"]}},
@@ -66,7 +68,7 @@ c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
 
 
 USERS = ["alice", "bob", "carol", "dave", "hubadmin", "admin"]  # admin: the gpupool admin token's name
-GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"]}
+GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"], "robotics": []}
 
 
 def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_port: int, chp: str, python: str,

@@ -135,3 +135,13 @@ def test_the_cli_in_a_hub_server_acts_as_its_user(hub: Hub, tmp_path: Any) -> No
     # the token goes only to the scheduler the Hub named, not to a URL given by hand
     done = gpupool(["whoami", "--url", hub.gpupool + "/"], env)
     assert done.returncode != 0 and "alice" not in done.stdout
+
+
+def test_the_hubs_groups_are_projects_before_any_member_comes(hub: Hub) -> None:
+    # robotics has no members yet: only the service's own listing of the Hub's groups can have made it
+    def made() -> dict[str, Any]:
+        status, projects = hub.gp("GET", "/projects", token=hub.gpupool_admin_token)
+        return next((p for p in projects if p["name"] == "robotics"), {})
+
+    robotics = wait_until(made, timeout=20, interval=0.3, what="the robotics group's project")
+    assert robotics["members"] == ["@robotics"]
