@@ -152,6 +152,12 @@ def _add_serve(sub: Any) -> None:
                    "docs/jupyterhub.md); Hub groups become projects")
     p.add_argument("--hub-api-url", metavar="URL", help="the Hub's API, e.g. http://127.0.0.1:8081/hub/api "
                    "(default: $JUPYTERHUB_API_URL, which the Hub sets for its services)")
+    p.add_argument("--backend", choices=["local", "kubernetes"], help="where jobs run: this machine (default) or "
+                   "a Kubernetes cluster (its GPU nodes are the pool, each job a pod; docs/kubernetes.md)")
+    p.add_argument("--kubeconfig", metavar="PATH", help="with --backend kubernetes: the cluster's kubeconfig "
+                   "(default: the in-cluster service account, else $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--namespace", metavar="NS", help="with --backend kubernetes: where job pods go (default gpupool)")
+    p.add_argument("--image", metavar="IMAGE", help="with --backend kubernetes: a job pod's default image")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -567,6 +573,26 @@ def _admin_token_from_file(path: str | None) -> str | None:
     return token
 
 
+def _backend_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The serve flags that choose the backend, as ServiceConfig fields (only those given: the config file's stay)."""
+    out: dict[str, Any] = {}
+    if args.backend:
+        out["backend"] = args.backend
+    for flag in ("kubeconfig", "namespace", "image"):
+        if getattr(args, flag):
+            out[flag] = getattr(args, flag)
+    return out
+
+
+def _check_backend(args: argparse.Namespace, settings: dict[str, Any]) -> None:
+    """Flags of one backend with the other chosen (by flag or config file) are a usage error, not ignored."""
+    kube = settings.get("backend") == "kubernetes"
+    if not kube and any(getattr(args, flag) for flag in ("kubeconfig", "namespace", "image")):
+        raise UsageError("--kubeconfig, --namespace and --image go with --backend kubernetes")
+    if kube and args.simulate:
+        raise UsageError("--simulate is for the local backend; a cluster's GPUs are its nodes'")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the scheduler in this process until SIGINT/SIGTERM."""
     import asyncio
@@ -592,6 +618,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.admin_token is not None:
         raise UsageError("--admin-token puts the token on the command line, where every user of this machine "
                          "can read it (/proc/PID/cmdline); use --admin-token-file FILE or $GPUPOOL_ADMIN_TOKEN")
+    settings.update(_backend_settings(args))
+    _check_backend(args, settings)
     state_dir = args.state_dir or str(default_state_dir())
     from scheduler.service.hardening import make_undumpable
 

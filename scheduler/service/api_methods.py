@@ -122,7 +122,8 @@ class ApiMethodsMixin:
         for rec in self._live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
         return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(actor),
-                "queue": counts, "usage_half_life_s": self.config.usage_half_life_s}
+                "queue": counts, "usage_half_life_s": self.config.usage_half_life_s,
+                "backend": self.backend.health()}
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):

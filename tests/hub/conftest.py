@@ -99,13 +99,18 @@ class Hub:
 
 
 def start_hub(tmp: Path, settings: dict[str, Any], *, run_jobs_as: str | None = None, users: list[str] | None = None,
-              groups: dict[str, list[str]] | None = None) -> Hub:
+              groups: dict[str, list[str]] | None = None, gpupool_port: int = 0, external_token: str = "",
+              hub_port: int = 0) -> Hub:
     """Start a Hub in ``tmp`` with gpupool as its managed service (``settings``: its --config file).
 
     ``run_jobs_as`` None: the suite's $GPUPOOL_RUN_JOBS_AS; "": the service's default (owner, as root).
+    ``external_token``: gpupool is an external service with that token instead, already listening on
+    ``gpupool_port`` and told the Hub's API is on ``hub_port``.
     """
     chp = proxy_command()
-    port, hub_port, gp_port, proxy_api = free_port(), free_port(), free_port(), free_port()
+    port, proxy_api = free_port(), free_port()
+    hub_port = hub_port or free_port()
+    gp_port = gpupool_port or free_port()
     driver = secrets.token_hex(24)
     gp_admin = "gpa_" + secrets.token_hex(16)
     settings_file = tmp / "gpupool-settings.json"
@@ -113,7 +118,7 @@ def start_hub(tmp: Path, settings: dict[str, Any], *, run_jobs_as: str | None = 
     (tmp / "jupyterhub_config.py").write_text(hub_config_text(
         port=port, hub_port=hub_port, proxy_api_port=proxy_api, gpupool_port=gp_port, chp=chp,
         python=sys.executable, state_dir=str(tmp / "gpupool-state"), settings_file=str(settings_file),
-        driver_token=driver, gpupool_admin_token=gp_admin, users=users, groups=groups,
+        driver_token=driver, gpupool_admin_token=gp_admin, users=users, groups=groups, external_token=external_token,
         run_jobs_as=os.environ.get("GPUPOOL_RUN_JOBS_AS", "") if run_jobs_as is None else run_jobs_as))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "JUPYTERHUB_", "JPY_"))}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")

@@ -64,6 +64,8 @@ c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
                                 "access:services!service=gpupool"]
 c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
 # --- end
+if {external_token!r}:  # test-only: gpupool as an external service, started by the test itself
+    c.JupyterHub.services[0] = {{"name": "gpupool", "url": gpupool_url, "api_token": {external_token!r}}}
 '''
 
 
@@ -74,13 +76,13 @@ GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"], "robotics": []}
 def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_port: int, chp: str, python: str,
                     state_dir: str, settings_file: str, driver_token: str, gpupool_admin_token: str,
                     run_jobs_as: str, users: list[str] | None = None,
-                    groups: dict[str, list[str]] | None = None) -> str:
+                    groups: dict[str, list[str]] | None = None, external_token: str = "") -> str:
     """The config file's text with the test's ports, paths, tokens, users and groups filled in
     (hubadmin is always the Hub's admin)."""
     singleuser = str(Path(python).with_name("jupyterhub-singleuser"))
     homes = str(Path(state_dir).parent / "homes")
     users = sorted(set(users if users is not None else USERS) | {"hubadmin"})
-    return TEMPLATE.format(homes=homes, users=users, groups=GROUPS if groups is None else groups, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
+    return TEMPLATE.format(external_token=external_token, homes=homes, users=users, groups=GROUPS if groups is None else groups, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
                            chp=chp, python=python, state_dir=state_dir, settings_file=settings_file,
                            driver_token=driver_token, gpupool_admin_token=gpupool_admin_token,
                            run_jobs_as=run_jobs_as, singleuser=singleuser)
