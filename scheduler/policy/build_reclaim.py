@@ -143,7 +143,9 @@ class BuildReclaimMixin:
         if state is None:
             build_nodes = set(self.cap.pool_nodes.get(BUILD_POOL, ()))
             on_build_nodes = {
-                name: [v for v in jobs if v.assignment is not None and v.assignment.node in build_nodes]
+                # (a replica of a multi-node gang is never paused for a kernel: it would leave the gang
+                # running partly; see docs/policy.md, "Multi-node gangs")
+                name: [v for v in jobs if v.assignment is not None and v.assignment.node in build_nodes and not v.gang]
                 for name, jobs in self.train_running.items()
             }
             state = self._build_claims = _ClaimState(self._claim_shares(), on_build_nodes)

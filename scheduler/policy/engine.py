@@ -48,6 +48,7 @@ from scheduler.policy import reasons as txt
 from scheduler.policy.build_reclaim import BuildReclaimMixin
 from scheduler.policy.capacity import Capacity
 from scheduler.policy.fairshare import ShareInput, fair_shares
+from scheduler.policy.gangs import GangMixin, flag_units
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import (
     BUILD_POOL,
@@ -147,7 +148,7 @@ class _Started:
     note: str  # what is specific to this start (e.g. "on GPUs freed by pausing j1")
 
 
-class _Cycle(ReclaimMixin, BuildReclaimMixin):
+class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin):
     """The mutable working state of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot) -> None:
@@ -212,12 +213,16 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         self.reasons: dict[tuple, str] = {}
         self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
         self.reserved: dict[str, str] = {}  # node -> id of the starving job holding it
+        self.n_reservers = 0  # starving jobs holding a reservation (a gang's may hold several nodes)
         self.shares: dict[str, float] = {}
         # recent training use per project (milli-GPU on average lately); all 0 when no history is kept
         self.recent: dict[str, float] = {name: max(0.0, p.recent_milli) for name, p in self.projects.items()}
         self.history = any(self.recent.values())
         self.pending_need: dict[str, int] | None = None  # per project, set by admissible_trains
         self.queue: FairQueue | None = None
+        # multi-node gangs (scheduler/policy/gangs.py): one queue entry per gang; those that cannot run
+        # whole are decided here (nothing happens when no workload is in a gang)
+        self.builds, self.trains = self.setup_gangs(workloads, self.builds, self.trains)
         # per project: running training jobs beyond the guarantee now (the only ones another
         # project's reclaim may pause)
         self.flags_at_start = {
@@ -334,6 +339,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             self.schedule_build(w, self.req_of[w.id])
         self.cap.drop(BUILD_POOL)  # build work is placed; train commits need not update its state
         trains = self.admissible_trains(self.trains)
+        if self.gang_need and self.pending_need is not None:
+            self.gang_pending_need(self.pending_need)  # a gang needs all its replicas' GPUs
         self.compute_shares(trains)
         self.train_pass(trains, first=True)
         return self.decisions()
@@ -437,6 +444,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         """Pass 1 (``first``): jobs within their project's guarantee, and starving jobs. Pass 2: the rest."""
         projects, usage, req_of = self.projects, self.usage, self.req_of
         needs = self.needs
+        gang_need = self.gang_need  # first replica's id -> the gang's need (empty without gangs)
         starving_from = self.now - self.cfg.starvation_s
         deferred: list[Workload] = []
         if first:
@@ -449,7 +457,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             now_jobs = []
             for w in jobs:
                 left = room[w.project]
-                if left > 0 or needs[id(req_of[w.id])] <= left or (
+                need = gang_need.get(w.id, 0) or needs[id(req_of[w.id])] if gang_need else needs[id(req_of[w.id])]
+                if left > 0 or need <= left or (
                     (w.paused_at if w.paused_at is not None else w.submitted_at) <= starving_from
                 ):
                     now_jobs.append(w)
@@ -461,12 +470,16 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         queue = FairQueue(jobs, self.standing if self.history and not first else self.ratio)
         self.queue = queue
         pop, touch = queue.pop, queue.touch
-        verdicts, waits, cap, reserved, now = self.verdicts, self.waits, self.cap, self.reserved, self.now
+        verdicts, waits, cap, now = self.verdicts, self.waits, self.cap, self.now
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
         guarantee = {name: p.train_guarantee_milli for name, p in projects.items()}
         # (the loop runs once per pending job, most of them answered from the verdict memo: locals only)
         while (w := pop()) is not None:
             name = w.project
+            if gang_need and w.id in gang_need:
+                self.gang_turn(w, first, deferred, starving_from)  # all replicas at once (gangs.py)
+                touch(name)
+                continue
             req = req_of[w.id]
             need = needs[id(req)]
             used = usage[name]
@@ -487,7 +500,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             # waits for the same reason; only a starving job must still try for a reservation.
             key = (id(req), name, within, w.priority)
             seen = verdicts.get(key)
-            n_reserved = len(reserved)
+            n_reserved = self.n_reservers
             settled = within or paused is None or now - paused >= backoff
             if (
                 seen is not None and seen[0] == cap.generation and seen[1] == used and seen[2] == n_reserved
@@ -497,7 +510,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
             else:
                 before = len(waits)
                 self.schedule_train(w, req, projects[name], need, within)
-                if len(waits) > before and len(reserved) == n_reserved and settled:
+                if len(waits) > before and self.n_reservers == n_reserved and settled:
                     verdicts[key] = (cap.generation, usage[name], n_reserved, waits[-1].reason)
             touch(name)
         if first:
@@ -535,6 +548,11 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         why = self.reclaim(w, req, p, within)
         if why is None:
             return
+        if self.running_gangs:
+            # the plain reclaim leaves gangs out (a gang is paused whole or not at all): try with them as units
+            why_units = self.reclaim_units((w,), req, 1, p, within, None)
+            if why_units is None:
+                return
         reserved = self.reserve(w, req)
         self.waits.append(Wait(w.id, reserved if reserved is not None else why))
 
@@ -595,7 +613,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
     def reserve(self, w: Workload, req: Request) -> str | None:
         """Head-of-line reservation for a job starving longer than ``starvation_s``."""
         cfg = self.cfg
-        if len(self.reserved) >= cfg.max_reservations or not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
+        if self.n_reservers >= cfg.max_reservations or not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
             return None
         since = w.paused_at if w.paused_at is not None else w.submitted_at
         waited = self.now - since
@@ -607,6 +625,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         have = self.cap.ledger.free_gpus_text(node)
         self.cap.block(node)
         self.reserved[node] = w.id
+        self.n_reservers += 1
         return (
             f"waiting {txt.seconds(waited)}, longer than {txt.seconds(cfg.starvation_s)}: node {node} "
             f"({have}) is reserved for it and takes no new work until it fits"
@@ -699,8 +718,10 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin):
         # this cycle's starts come after every running job of their priority, in start order
         order = [(w, 0) for w in running] + [(s.workload, 1) for _, s in new_starts]
         order.sort(key=_new_then_priority, reverse=True)
-        total = 0
         guarantee = self.projects[name].train_guarantee_milli
+        if name in self.gang_projects:
+            return flag_units(order, milli, guarantee)  # a gang is flagged whole or not at all
+        total = 0
         over = set()
         for w, _ in order:
             m = milli[w.id]

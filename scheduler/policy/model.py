@@ -50,6 +50,9 @@ class Node:
     memory_mib: int
     gpus: tuple[Gpu, ...] = ()
     pools: frozenset[str] = frozenset({BUILD_POOL, TRAIN_POOL})
+    # Node group (a rack, a switch): a gang's replicas go within one group when they can, since
+    # traffic between replicas is cheaper there. "" = no group known (all such nodes count as one).
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,14 @@ class Workload:
 
     A paused job is simply pending again (``assignment is None``) with
     ``attempts > 0``; the engine treats it like any pending job.
+
+    A multi-node gang (distributed training: N replicas x G GPUs) is N
+    workloads sharing ``gang`` (the gang's id) and ``gang_size`` (N), one per
+    replica, each with its own single-node assignment. The engine starts all
+    of them in one cycle or none, and pauses them together
+    (:mod:`scheduler.policy.gangs`, docs/policy.md "Multi-node gangs").
+    Keeping one assignment per replica leaves capacity accounting, the held
+    count and the service's per-job bookkeeping as they are.
     """
 
     id: str
@@ -118,6 +129,8 @@ class Workload:
     started_at: float | None = None  # when the current run began
     attempts: int = 0
     paused_at: float | None = None  # when it was last paused (anti-flapping)
+    gang: str = ""  # id of the multi-node gang this replica belongs to; "" = not a gang
+    gang_size: int = 0  # how many replicas the gang has (all start together or none)
 
     @property
     def running(self) -> bool:

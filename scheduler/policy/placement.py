@@ -338,6 +338,31 @@ class FreeState:
         best = np.lexsort((-idx, self.mem_free[idx], self.cpu_free[idx], score[idx]))[-1]
         return self.names[int(idx[best])]
 
+    def replicas_fit(self, request: Request, empty: bool = False) -> np.ndarray:
+        """Per node, how many copies of a whole-GPU ``request`` fit now (``empty``: on the node were it empty).
+
+        A multi-node gang's replicas may share a node; this is what the gang
+        planner (:mod:`scheduler.policy.gangs`) spreads them over, in one
+        vectorised pass instead of one :meth:`find` per replica and node.
+        """
+        if empty:
+            free, cpu, mem = self.cap, self.cpu_total, self.mem_total
+        else:
+            free, cpu, mem = self.free, self.cpu_free, self.mem_free
+        if request.gpu_models or empty:
+            ok = (free >= self.cap) & self.whole_slot
+            if request.gpu_models:
+                ok &= self._model_mask(request.gpu_models)
+            whole = ok.sum(axis=1)
+        else:
+            whole = self.whole_free
+        room = whole // max(request.gpus, 1)
+        if request.cpu_milli:
+            room = np.minimum(room, np.maximum(cpu, 0) // request.cpu_milli)
+        if request.memory_mib:
+            room = np.minimum(room, np.maximum(mem, 0) // request.memory_mib)
+        return np.maximum(room, 0)
+
     def fits_empty(self, request: Request) -> bool:
         """Whether ``request`` could ever fit in this pool if everything were free.
 

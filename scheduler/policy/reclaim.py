@@ -78,6 +78,7 @@ class ReclaimMixin:
         preempted: dict[str, str]
         touched: set[str]
         queue: FairQueue | None
+        running_gangs: bool
 
         def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
         def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str: ...
@@ -108,6 +109,9 @@ class ReclaimMixin:
             for name, jobs in self.train_running.items():
                 cand = list(jobs) if every_node else [
                     v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
+                if self.running_gangs:
+                    # a gang is paused whole or not at all: scheduler/policy/gangs.py treats gangs as units
+                    cand = [v for v in cand if not v.gang]
                 # pause order as stable C-level sorts, last key first (this runs on every running job):
                 # id, then least run time (latest start first; no start time counts as the longest run),
                 # then lowest priority

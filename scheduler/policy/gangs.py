@@ -1,0 +1,776 @@
+"""Multi-node gangs: N replicas x G whole GPUs that start together or not at all.
+
+A distributed training job (torchrun, Horovod) is useless in part: a replica
+that runs while its peers wait holds GPUs and blocks at the first collective.
+So the snapshot carries one :class:`~scheduler.policy.model.Workload` per
+replica, linked by ``gang`` and ``gang_size``, each with its own single-node
+assignment (capacity, the held count and the service's bookkeeping stay per
+replica), and this module makes the engine treat the replicas as one job:
+
+* **All or nothing, in one cycle.** The gang takes its turn in the fair
+  order as its first replica would (priority, fair order, submission, id);
+  every replica is placed in that turn or none is. Nothing is held for a
+  gang that does not fit (no partial holds that starve others), except a
+  starvation reservation (below).
+* **Never partly running.** A snapshot where some replicas run and others
+  are pending (a replica was lost) pauses the running ones so the gang
+  restarts whole; pending replicas whose peers are missing from the snapshot
+  wait. Running replicas whose peers are gone (the job is ending, replicas
+  exit one by one) are left alone.
+* **Quotas count every replica**: the gang's need is replicas x G, for the
+  guarantee passes, limits and fair share.
+* **Topology**: replicas go on as few nodes as possible, packed onto a node
+  before spreading, within one node group (``Node.group``: a rack, a switch)
+  when one group can hold them all (:func:`choose_nodes`).
+* **Reclaim**: a gang is one victim; pausing it pauses every replica and
+  counts all their GPUs against the victim project's guarantee. A gang
+  claimant finds room for every replica (on several nodes if need be)
+  before anything is paused (:meth:`GangMixin.reclaim_units`).
+* **Starvation**: a gang waiting longer than ``starvation_s`` reserves the
+  nodes closest to holding all its replicas (one reservation, several
+  nodes), so small jobs cannot keep taking the room it needs.
+
+This is a mixin of the engine's cycle object, like
+:class:`~scheduler.policy.reclaim.ReclaimMixin`. Everything here is skipped
+when no workload of the snapshot is in a gang, so work without gangs is
+decided exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from scheduler.policy import reasons as txt
+from scheduler.policy.memo import FailureMemo
+from scheduler.policy.model import MILLI, TRAIN_POOL, Kind, Node, Project, Reject, Request, Wait, Workload
+from scheduler.policy.nodecache import for_nodes
+from scheduler.policy.queue import job_order
+
+if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
+    from scheduler.policy.capacity import Capacity, Ledger
+    from scheduler.policy.model import Assignment, PolicyConfig
+    from scheduler.policy.queue import FairQueue
+
+_gang_of = attrgetter("gang")
+
+
+@dataclass
+class Gang:
+    """The replicas of one gang present in the snapshot, in replica order (job order)."""
+
+    id: str
+    project: str
+    size: int
+    request: Request  # one replica's request (interned when pending)
+    members: list[Workload]
+    running: list[Workload]
+    pending: list[Workload]
+
+    @property
+    def leader(self) -> Workload:
+        """The first replica: the gang takes its turn in the queue where this one would."""
+        return self.members[0]
+
+    @property
+    def need(self) -> int:
+        return self.size * self.request.gpus * MILLI
+
+    def describe(self) -> str:
+        """E.g. "gang g7 of 2 × 8 GPUs" (models, CPU and memory per replica added when asked)."""
+        r = self.request
+        per = txt.describe(Request(gpus=1, gpu_models=r.gpu_models, cpu_milli=r.cpu_milli, memory_mib=r.memory_mib))
+        return f"gang {self.id} of {self.size} × {txt.gpus(r.gpus * MILLI)}" + per[len("1 whole GPU"):]
+
+
+def _problem(members: Sequence[Workload]) -> str | None:
+    """Why the replicas do not form a gang the engine can run, or None."""
+    first = members[0]
+    if any(w.kind is not Kind.TRAIN for w in members):
+        return "only training jobs can be multi-node gangs"
+    if first.gang_size < 1:
+        return f"gang {first.gang} has no size (gang_size must be at least 1)"
+    if any(w.project != first.project or w.gang_size != first.gang_size or w.request != first.request
+           or w.priority != first.priority for w in members):
+        return f"the replicas of gang {first.gang} disagree on project, size, request or priority"
+    if len(members) > first.gang_size:
+        return f"gang {first.gang} has {len(members)} replicas, more than its size {first.gang_size}"
+    r = first.request
+    if r.gpus < 1:
+        return (f"a gang's replicas ask for whole GPUs (gang {first.gang} asks {txt.describe(r)}); "
+                "fractions and GPU memory are for single-node jobs")
+    return None
+
+
+def group_ids(nodes: tuple[Node, ...]) -> np.ndarray:
+    """Per node, a small id of its node group (nodes without a group share one)."""
+    ids: dict[str, int] = {}
+    return np.array([ids.setdefault(n.group, len(ids)) for n in nodes], dtype=np.int64).reshape(len(nodes))
+
+
+def _pick(cands: np.ndarray, room: np.ndarray, need: int, whole: np.ndarray) -> list[tuple[int, int]]:
+    """Nodes for ``need`` replicas among ``cands`` (their room adds up to at least ``need``).
+
+    Largest room first (packing replicas onto a node before spreading, so
+    the fewest nodes); the last node is the one with the least room that
+    still holds what is left (best fit keeps roomier nodes whole). Ties: fewer
+    whole free GPUs, then node order.
+    """
+    order = sorted(cands.tolist(), key=lambda i: (-int(room[i]), int(whole[i]), i))
+    picks: list[tuple[int, int]] = []
+    left = need
+    taken: set[int] = set()
+    for i in order:
+        if left <= 0:
+            break
+        if i in taken:
+            continue
+        fitting = [j for j in order if j not in taken and room[j] >= left]
+        if fitting:
+            j = min(fitting, key=lambda j: (int(room[j]), int(whole[j]), j))
+            picks.append((j, left))
+            return picks
+        taken.add(i)
+        picks.append((i, int(room[i])))
+        left -= int(room[i])
+    return picks
+
+
+def choose_nodes(room: np.ndarray, size: int, groups: np.ndarray, whole: np.ndarray) -> list[tuple[int, int]] | None:
+    """Where ``size`` replicas go: [(node index, replicas there)], or None when they do not all fit.
+
+    ``room``: replicas that fit per node now. One node group that holds
+    them all is preferred (the one needing the fewest nodes, then the least
+    room left over, then the lowest group id); otherwise groups are filled
+    roomiest first. Deterministic: ties go by index.
+    """
+    cands = np.flatnonzero(room > 0)
+    if int(room[cands].sum()) < size:
+        return None
+    by_group: dict[int, np.ndarray] = {}
+    for g in np.unique(groups[cands]).tolist():
+        by_group[g] = cands[groups[cands] == g]
+    best: tuple[int, int, int, list[tuple[int, int]]] | None = None
+    for g, members in by_group.items():
+        total = int(room[members].sum())
+        if total < size:
+            continue
+        picks = _pick(members, room, size, whole)
+        spare = sum(int(room[i]) for i, _ in picks) - size
+        key = (len(picks), spare, g, picks)
+        if best is None or key[:3] < best[:3]:
+            best = key
+    if best is not None:
+        return best[3]
+    picks: list[tuple[int, int]] = []
+    left = size
+    for g in sorted(by_group, key=lambda g: (-int(room[by_group[g]].sum()), g)):
+        members = by_group[g]
+        total = int(room[members].sum())
+        take = _pick(members, room, min(left, total), whole)
+        picks += take
+        left -= sum(n for _, n in take)
+        if left <= 0:
+            break
+    return picks
+
+
+def flag_units(order: Sequence[tuple[Workload, int]], milli: dict[str, int], guarantee: int) -> set[str]:
+    """The preemptible flag counted per unit: a gang is one unit (all replicas flagged or none).
+
+    As :meth:`~scheduler.policy.engine._Cycle.over_guarantee`, with a gang's
+    replicas summed at the place of its first replica in ``order``: a gang is
+    preemptible when the units before it already fill the guarantee, so it
+    can be paused whole without taking its project below the guarantee.
+    """
+    units: dict[str, list[str]] = {}
+    for w, _ in order:
+        if w.gang:
+            units.setdefault(w.gang, []).append(w.id)
+    total = 0
+    over: set[str] = set()
+    seen: set[str] = set()
+    for w, _ in order:
+        if w.gang:
+            if w.gang in seen:
+                continue
+            seen.add(w.gang)
+            ids = units[w.gang]
+            m = sum(milli[i] for i in ids)
+        else:
+            ids = [w.id]
+            m = milli[w.id]
+        if total >= guarantee and total + m > guarantee:
+            over.update(ids)
+        total += m
+    return over
+
+
+def ledger_room(ledger: Ledger, node: str, req: Request) -> int:
+    """How many copies of ``req`` fit on ``node`` by the ledger (1 or 0 for a request that is not whole GPUs)."""
+    if not req.gpus:
+        return 1 if ledger.fits(node, req) else 0
+    if req.gpu_models:
+        free = ledger.gpu[node]
+        whole = sum(1 for g in ledger.nodes[node].gpus
+                    if g.model in req.gpu_models and free[g.id] >= g.capacity_milli > 0)
+    else:
+        whole = ledger.whole[node]
+    room = whole // req.gpus
+    if req.cpu_milli:
+        room = min(room, max(ledger.cpu[node], 0) // req.cpu_milli)
+    if req.memory_mib:
+        room = min(room, max(ledger.mem[node], 0) // req.memory_mib)
+    return max(room, 0)
+
+
+class GangMixin:
+    """The engine's handling of multi-node gangs (see the module docstring)."""
+
+    if TYPE_CHECKING:
+        cap: Capacity
+        cfg: PolicyConfig
+        now: float
+        projects: dict[str, Project]
+        usage: dict[str, int]
+        recent: dict[str, float]
+        shares: dict[str, float]
+        milli: dict[str, int]
+        train_running: dict[str, list[Workload]]
+        preempted: dict[str, str]
+        touched: set[str]
+        waits: list[Wait]
+        rejects: list[Reject]
+        reserved: dict[str, str]
+        n_reservers: int
+        req_of: dict[str, Request]
+        queue: FairQueue | None
+        over_at_start: set[str]
+
+        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
+        def fits_empty(self, pool: str, req: Request) -> bool: ...
+        def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]: ...
+        def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str: ...
+
+    gangs: dict[str, Gang]  # gang id -> its replicas (every gang with a replica in the snapshot)
+    gang_need: dict[str, int]  # first replica's id -> the gang's need (replicas x G), schedulable gangs
+    gang_projects: set[str]  # projects with a replica in the snapshot
+    running_gangs: bool  # whether a replica runs (reclaim then treats gangs as single victims)
+
+    # ------------------------------------------------------------ set-up
+
+    def setup_gangs(self, workloads: Sequence[Workload], builds: list[Workload],
+                    trains: list[Workload]) -> tuple[list[Workload], list[Workload]]:
+        """Find the gangs; deal with those that cannot run whole; return (``builds``, ``trains``) with
+        every replica decided here left out, and one entry (its first replica) per schedulable gang.
+
+        Called once the capacity and use are counted. Pending replicas of a
+        gang that cannot be scheduled this cycle get their decision here;
+        running replicas of a gang with pending ones are paused.
+        """
+        self.gangs, self.gang_need, self.gang_projects = {}, {}, set()
+        self.gang_failed: FailureMemo[bool] = FailureMemo()
+        self.gang_reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
+        self.running_gangs = False
+        if not any(map(_gang_of, workloads)):
+            return builds, trains
+        by_gang: dict[str, list[Workload]] = {}
+        for w in workloads:
+            if w.gang:
+                by_gang.setdefault(w.gang, []).append(w)
+        decided: set[str] = set()  # pending replicas decided here
+        kept_leaders: set[str] = set()
+        refused = {r.workload_id: r.reason for r in self.rejects}
+        for gid in sorted(by_gang):
+            members = sorted(by_gang[gid], key=job_order)
+            running = [w for w in members if w.assignment is not None]
+            pending = [w for w in members if w.assignment is None]
+            first = members[0]
+            req = self.req_of.get(pending[0].id, first.request) if pending else first.request
+            gang = self.gangs[gid] = Gang(gid, first.project, first.gang_size, req, members, running, pending)
+            self.gang_projects.add(first.project)
+            self.running_gangs = self.running_gangs or bool(running)
+            pending_ids = [w.id for w in pending]
+            why = next((refused[i] for i in pending_ids if i in refused), None)
+            if why is not None:
+                # a replica already refused (unknown project, malformed request): the gang cannot run
+                self._reject_rest(gang, decided, f"{why} (a replica of gang {gid}; the gang starts whole or not at all)")
+                continue
+            problem = _problem(members)
+            if problem is not None:
+                self._reject_rest(gang, decided, problem)
+                continue
+            if not pending:
+                continue
+            if running:
+                self._restart_whole(gang)
+                decided.update(pending_ids)
+                continue
+            if len(pending) < gang.size:
+                self._wait_all(gang, (
+                    f"{gang.describe()}: only {len(pending)} of its {gang.size} replicas are known to the scheduler; "
+                    "all replicas start together or none"))
+                decided.update(pending_ids)
+                continue
+            why = self._never_fits(gang)
+            if why is not None:
+                self._reject_rest(gang, decided, why)
+                continue
+            self.gang_need[gang.leader.id] = gang.need
+            kept_leaders.add(gang.leader.id)
+            decided.update(pending_ids)
+        return ([w for w in builds if w.id not in decided],
+                [w for w in trains if not w.gang or w.id in kept_leaders or w.id not in decided])
+
+    def _reject_rest(self, gang: Gang, decided: set[str], why: str) -> None:
+        already = {r.workload_id for r in self.rejects}
+        for w in gang.pending:
+            if w.id not in already:
+                self.rejects.append(Reject(w.id, why))
+            decided.add(w.id)
+
+    def _wait_all(self, gang: Gang, why: str) -> None:
+        for w in gang.pending:
+            self.waits.append(Wait(w.id, why))
+
+    def _restart_whole(self, gang: Gang) -> None:
+        """Part of the gang runs, part is pending: pause the running part so the gang restarts whole."""
+        missing = ", ".join(w.id for w in gang.pending)
+        for v in gang.running:
+            a = v.assignment
+            assert a is not None
+            self.cap.release(a, v.request)
+            if v.project in self.usage:
+                self.usage[v.project] -= self.milli[v.id]
+                self.touched.add(v.project)
+            self.preempted[v.id] = (
+                f"paused so that {gang.describe()} restarts whole: replicas {missing} are not running, and a gang "
+                "never runs partly"
+            )
+        self.cap.generation += 1  # room grew back
+        self._wait_all(gang, (
+            f"{gang.describe()}: its running replicas are paused this cycle so that all {gang.size} restart "
+            "together; it starts again in a later cycle"))
+
+    def _never_fits(self, gang: Gang) -> str | None:
+        """Why no set of train nodes could ever hold the gang (even empty), or over its project's limit; or None."""
+        req = gang.request
+        if gang.project not in self.projects:
+            return f"project {gang.project!r} does not exist"
+        if not self.fits_empty(TRAIN_POOL, req):
+            return f"no node of the train pool can ever hold one replica of {gang.describe()}"
+        state = self.cap.states[TRAIN_POOL]
+        most = int(state.replicas_fit(req, empty=True).sum())
+        if most < gang.size:
+            return (f"the train pool could hold at most {most} replicas of {txt.describe(req)} even empty; "
+                    f"{gang.describe()} needs {gang.size}")
+        limit = self.projects[gang.project].train_limit_milli
+        if limit is not None and gang.need > limit:
+            return (f"{gang.describe()} asks for {txt.gpus(gang.need)} in all, more than project {gang.project}'s "
+                    f"training limit of {txt.gpus(limit)}")
+        return None
+
+    def gang_pending_need(self, pending: dict[str, int]) -> None:
+        """Add the replicas beyond the first to each project's pending need (the first is counted already)."""
+        for leader, need in self.gang_need.items():
+            gang = self.gangs[self._gang_id_of(leader)]
+            pending[gang.project] += need - gang.request.gpus * MILLI
+
+    def _gang_id_of(self, leader_id: str) -> str:
+        return self._leader_gang()[leader_id]
+
+    def _leader_gang(self) -> dict[str, str]:
+        table = getattr(self, "_leaders", None)
+        if table is None:
+            table = self._leaders = {g.leader.id: g.id for g in self.gangs.values()}
+        return table
+
+    # ------------------------------------------------------------ a gang's turn
+
+    def gang_turn(self, w: Workload, first: bool, deferred: list[Workload], starving_from: float) -> None:
+        """The gang whose first replica is ``w`` takes its turn in a training pass."""
+        gang = self.gangs[self._gang_id_of(w.id)]
+        p = self.projects[gang.project]
+        need = gang.need
+        used = self.usage[p.name]
+        g = p.train_guarantee_milli
+        within = used < g or used + need <= g
+        since = w.paused_at if w.paused_at is not None else w.submitted_at
+        if first and not within and since > starving_from:
+            deferred.append(w)
+            return
+        self.schedule_gang(gang, p, within)
+
+    def schedule_gang(self, gang: Gang, p: Project, within: bool) -> None:
+        cfg = self.cfg
+        w = gang.leader
+        used, need, limit = self.usage[p.name], gang.need, p.train_limit_milli
+        if limit is not None and used + need > limit:
+            self._wait_all(gang, (
+                f"project {p.name} is at its training limit: it uses {txt.gpus(used)} of {txt.gpus(limit)} and "
+                f"{gang.describe()} needs {txt.gpus(need)} (all replicas start together or none)"))
+            return
+        if not within and w.paused_at is not None and self.now - w.paused_at < cfg.resume_backoff_s:
+            self._wait_all(gang, (
+                f"{gang.describe()} was paused {txt.seconds(self.now - w.paused_at)} ago; it resumes on idle GPUs "
+                f"only after {txt.seconds(cfg.resume_backoff_s)} (anti-flapping), or sooner within project "
+                f"{p.name}'s guarantee"))
+            return
+        plan = self.place_gang(gang)
+        if plan is not None:
+            self.seat_gang(gang, plan, "")
+            return
+        why = self.reclaim_units(gang.pending, gang.request, gang.size, p, within, gang)
+        if why is None:
+            return
+        what = self._gang_no_room(gang)  # (before a reservation blocks nodes)
+        reserved = self.reserve_gang(gang)
+        self._wait_all(gang, what + ("; " + reserved if reserved is not None else why))
+
+    def place_gang(self, gang: Gang) -> list[tuple[str, int]] | None:
+        """Nodes for every replica on free capacity now: [(node, replicas)], or None (nothing is taken)."""
+        generation = self.cap.generation
+        req = gang.request
+        if self.gang_failed.get(gang.size, req, generation):
+            return None
+        state = self.cap.states[TRAIN_POOL]
+        room = state.replicas_fit(req)
+        picks = choose_nodes(room, gang.size, self._groups(), state.whole_free)
+        if picks is None:
+            self.gang_failed.add(gang.size, req, generation, True)
+            # a bigger gang of the same replicas fails too: remember it for every larger size seen
+            return None
+        return [(state.names[i], n) for i, n in picks]
+
+    def _groups(self) -> np.ndarray:
+        return for_nodes("gang groups", self.cap.states[TRAIN_POOL].nodes, group_ids)
+
+    def seat_gang(self, gang: Gang, plan: list[tuple[str, int]], note: str) -> None:
+        """Start every replica where ``plan`` says (the capacity is known to be there)."""
+        ledger = self.cap.ledger
+        req = gang.request
+        where = ", ".join(node + (f" ×{n}" if n > 1 else "") for node, n in plan)
+        text = (f"as one of the {gang.size} replicas of {gang.describe()}, all started together on {where}"
+                + (" " + note if note else ""))
+        replicas = iter(gang.pending)
+        for node, n in plan:
+            for _ in range(n):
+                a = ledger.assign_on(node, req)
+                assert a is not None, "the gang's plan counted room that is not there"
+                self.start(next(replicas), req, a, text)  # (commits: the next replica sees the room taken)
+
+    def _gang_no_room(self, gang: Gang) -> str:
+        state = self.cap.states[TRAIN_POOL]
+        room = state.replicas_fit(gang.request)
+        nodes = int((room > 0).sum())
+        fit = int(room.sum())
+        one = txt.describe(gang.request).replace(" on one node", "")
+        if fit:
+            where = (f"only {nodes} node{'s' if nodes != 1 else ''} ha{'ve' if nodes != 1 else 's'} room for a "
+                     f"replica ({one}), {fit} of the {gang.size} replicas would fit")
+        else:
+            where = f"no node has room for a replica ({one})"
+        text = f"{gang.describe()}: {where}; all replicas start together or none"
+        if self.reserved:
+            text += " (reserved for starving jobs: " + ", ".join(
+                f"{node} for {job}" for node, job in sorted(self.reserved.items())) + ")"
+        return text
+
+    # ------------------------------------------------------------ reclaim with gangs as units
+
+    def gang_units(self) -> dict[str, tuple[list[list[Workload]], list[list[Workload]], int]]:
+        """Per project, its pause candidates as units (a running gang is one unit), in pause order.
+
+        Built from every running training job (the victim lists leave gangs
+        out): (units beyond the guarantee, all units, units protected by the
+        minimum run time). A gang is a candidate only when every replica is past
+        the minimum run time, and beyond the guarantee only when all are flagged.
+        """
+        known = getattr(self, "_units", None)
+        if known is not None:
+            return known
+        min_start = self.now - self.cfg.min_runtime_s
+        train_nodes = self.cap.pool_nodes[TRAIN_POOL]
+        on_train = set(train_nodes)
+        out = {}
+        for name, jobs in self.train_running.items():
+            units: dict[str, list[Workload]] = {}
+            for v in jobs:
+                if v.assignment is None or v.assignment.node not in on_train:
+                    continue
+                units.setdefault(v.gang or "\0" + v.id, []).append(v)
+            young = 0
+            cand = []
+            for members in units.values():
+                if any(v.started_at is not None and v.started_at > min_start for v in members):
+                    young += 1
+                    continue
+                cand.append(members)
+            # pause order (reclaim.py): lowest priority, least run time (latest start first), id
+            cand.sort(key=lambda m: (m[0].priority, -_start(m), min(v.id for v in m)))
+            over = [m for m in cand if all(v.id in self.over_at_start for v in m)]
+            out[name] = (over, cand, young)
+        self._units = out
+        return out
+
+    def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
+                      gang: Gang | None) -> str | None:
+        """Pause whole units (gangs count as one) so that ``size`` copies of ``req`` fit; start them (None) or say why not.
+
+        Used for gang claimants, and for single jobs the plain reclaim could
+        not seat while gangs run (gangs are left out of its victim lists).
+        Room for every replica is found on the ledger first; nothing is
+        paused unless all fit.
+        """
+        lead = claimants[0]
+        units = self.gang_units()
+        mine = units.get(p.name, ([], [], 0))[1]
+        own = any(m[0].priority < lead.priority for m in mine)
+        within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
+        if not within and not own:
+            return self._why_no_room(p, within, 0, False)
+        context = (size, within, p.name if own else None, lead.priority if own else None)
+        generation = self.cap.generation
+        memo = self.gang_reclaim_failed.get(context, req, generation)
+        if memo is not None:
+            return self._why_no_room(p, within, *memo)
+        outcome = self._reclaim_units(claimants, req, size, p, within, gang, units)
+        if outcome is None:
+            return None
+        self.gang_reclaim_failed.add(context, req, generation, outcome)
+        return self._why_no_room(p, within, *outcome)
+
+    def _reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
+                       gang: Gang | None, units: dict) -> tuple[int, bool] | None:
+        ledger = self.cap.ledger
+        lead = claimants[0]
+        names, protected = [], 0
+        for name, (over, mine, young) in units.items():
+            if name == p.name:
+                if any(m[0].priority < lead.priority for m in mine):
+                    names.append(name)
+                protected += young
+            elif within and self.usage[name] > self.projects[name].train_guarantee_milli and over:
+                names.append(name)
+                protected += young
+        recent = self.recent
+        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
+        cand: list[list[Workload]] = []
+        for name in names:
+            over, mine, _ = units[name]
+            for m in (mine if name == p.name else over):
+                if name == p.name and m[0].priority >= lead.priority:
+                    continue
+                if any(v.id in self.preempted for v in m):
+                    continue
+                cand.append(m)
+        if not cand:
+            return (protected, bool(names))
+        reserved = self.reserved
+        room: dict[str, int] = {}  # nodes touched: replicas that fit there now
+        state = self.cap.states[TRAIN_POOL]
+        free_now = state.replicas_fit(req) if req.gpus else np.zeros(len(state.names), dtype=np.int64)
+        base = int(free_now.sum())
+        total = base
+
+        def measure(node: str) -> int:
+            if node in reserved or not ledger.could_ever_fit(node, req):
+                return 0
+            return ledger_room(ledger, node, req)
+
+        # upper bound first: every candidate paused
+        for m in cand:
+            for v in m:
+                ledger.give(v.assignment, v.request)  # type: ignore[arg-type]
+        touched_nodes = {v.assignment.node for m in cand for v in m}  # type: ignore[union-attr]
+        bound = base + sum(measure(n) - int(free_now[state.node_index[n]]) for n in touched_nodes
+                           if n in state.node_index)
+        for m in cand:
+            for v in m:
+                ledger.take(v.assignment, v.request)  # type: ignore[arg-type]
+        if bound < size:
+            return (protected, True)
+        # greedy in victim order, the floor kept per project; then drop what turns out unneeded
+        left: dict[str, int] = {}
+        chosen: list[list[Workload]] = []
+
+        def give(m: list[Workload], sign: int) -> None:
+            nonlocal total
+            nodes = {v.assignment.node for v in m}  # type: ignore[union-attr]
+            before = {n: room.get(n, int(free_now[state.node_index[n]]) if n in state.node_index else 0)
+                      for n in nodes}
+            for v in m:
+                (ledger.give if sign > 0 else ledger.take)(v.assignment, v.request)  # type: ignore[arg-type]
+            for n in nodes:
+                room[n] = measure(n) if n in state.node_index else 0
+                total += room[n] - before[n]
+
+        for m in cand:
+            if total >= size:
+                break
+            q = m[0].project
+            m_milli = sum(self.milli[v.id] for v in m)
+            if q != p.name:
+                after = left.get(q, self.usage[q]) - m_milli
+                if after < self.projects[q].train_guarantee_milli:
+                    continue
+                left[q] = after
+            chosen.append(m)
+            give(m, +1)
+        if total < size:
+            for m in chosen:
+                give(m, -1)
+            return (protected, True)
+        for m in reversed(chosen[:-1]):
+            give(m, -1)
+            if total >= size:
+                chosen.remove(m)
+            else:
+                give(m, +1)
+        for m in chosen:
+            give(m, -1)
+        return self._apply_units(claimants, req, size, p, gang, chosen)
+
+    def _apply_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, gang: Gang | None,
+                     chosen: list[list[Workload]]) -> tuple[int, bool] | None:
+        """Pause ``chosen`` and seat the claimants on the room; undo and report a failure if they do not fit."""
+        before = {m[0].project: self.usage[m[0].project] for m in chosen}
+        for m in chosen:
+            for v in m:
+                self.cap.release(v.assignment, v.request)  # type: ignore[arg-type]
+                self.usage[v.project] -= self.milli[v.id]
+        state = self.cap.states[TRAIN_POOL]
+        plan: list[tuple[str, int]] | None
+        if req.gpus:
+            picks = choose_nodes(state.replicas_fit(req), size, self._groups(), state.whole_free)
+            plan = None if picks is None else [(state.names[i], n) for i, n in picks]
+        else:
+            nodes = sorted({v.assignment.node for m in chosen for v in m},  # type: ignore[union-attr]
+                           key=self.cap.ledger.order.__getitem__)
+            plan = next(([(n, 1)] for n in nodes if n not in self.reserved and self.cap.ledger.fits(n, req)), None)
+        limit = p.train_limit_milli
+        if plan is None or (limit is not None and self.usage[p.name] + size * self._estimate_one(req) > limit):
+            for m in chosen:
+                for v in m:
+                    self.cap.commit(v.assignment, v.request)  # type: ignore[arg-type]
+                    self.usage[v.project] += self.milli[v.id]
+            return (0, True)
+        paused = ", ".join(v.id for m in chosen for v in m)
+        for m in chosen:
+            q = self.projects[m[0].project]
+            unit = f"gang {m[0].gang} (all {len(m)} replicas)" if m[0].gang else "this job"
+            target = gang.describe() if gang is not None else f"job {claimants[0].id}"
+            if q.name == p.name:
+                reason = (f"paused {unit} for higher-priority {target} (priority {claimants[0].priority} > "
+                          f"{m[0].priority}) of the same project {p.name}")
+            else:
+                reason = (
+                    f"paused {unit} to give GPUs back to project {p.name} (below its "
+                    f"{txt.gpus(p.train_guarantee_milli)} guarantee) for {target}: project {q.name} used "
+                    f"{txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} guarantee "
+                    f"(fair share {txt.gpus(self.shares.get(q.name, 0.0))}"
+                    + (f", {txt.gpus(self.recent[q.name])} on average recently" if self.recent[q.name] else "")
+                    + ")"
+                )
+            for v in m:
+                self.preempted[v.id] = reason
+            self.touched.add(q.name)
+            if self.queue is not None:
+                self.queue.touch(q.name)
+        if getattr(self, "_victims", None) is not None:  # the plain reclaim's lists: drop paused jobs at the front
+            for name in {m[0].project for m in chosen}:
+                for lst in self._victims[name][:2]:  # type: ignore[attr-defined]
+                    while lst and lst[0].id in self.preempted:
+                        del lst[0]
+        self.cap.generation += 1  # the pauses may leave more room than the claimants take
+        note = "on GPUs freed by pausing " + paused
+        if gang is not None:
+            self.seat_gang(gang, plan, note)
+        else:
+            node = plan[0][0]
+            a = self.cap.ledger.assign_on(node, req)
+            assert a is not None
+            self.start(claimants[0], req, a, note)
+        return None
+
+    def _estimate_one(self, req: Request) -> int:
+        return req.gpus * MILLI if req.gpus else self.estimate(TRAIN_POOL, req)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ starvation
+
+    def reserve_gang(self, gang: Gang) -> str | None:
+        """Head-of-line reservation for a starving gang: the nodes closest to holding every replica.
+
+        Nodes that could hold a replica when empty are ranked by the replicas
+        that fit now, then whole free GPUs, free CPU, free memory, node order;
+        the first ones whose empty room adds up to the gang are reserved,
+        within one node group when one can hold the gang. The reservation
+        counts as one against ``max_reservations``. Nothing new lands on those
+        nodes this cycle, so their room only grows until the gang fits.
+        """
+        cfg = self.cfg
+        if self.n_reservers >= cfg.max_reservations:
+            return None
+        w = gang.leader
+        since = w.paused_at if w.paused_at is not None else w.submitted_at
+        waited = self.now - since
+        if waited < cfg.starvation_s:
+            return None
+        state = self.cap.states[TRAIN_POOL]
+        req = gang.request
+        empty = state.replicas_fit(req, empty=True)
+        now = state.replicas_fit(req)
+        ok = empty > 0
+        for name in self.reserved:
+            i = state.node_index.get(name)
+            if i is not None:
+                ok[i] = False
+        cands = np.flatnonzero(ok)
+        if int(empty[cands].sum()) < gang.size:
+            return None
+        groups = self._groups()
+
+        def ranked(idx: np.ndarray) -> list[int]:
+            return sorted(idx.tolist(), key=lambda i: (-int(now[i]), -int(state.whole_free[i]),
+                                                        -int(state.cpu_free[i]), -int(state.mem_free[i]), i))
+
+        def take(order: list[int]) -> list[int]:
+            out, got = [], 0
+            for i in order:
+                if got >= gang.size:
+                    break
+                out.append(i)
+                got += int(empty[i])
+            return out
+
+        best: tuple[tuple, list[int]] | None = None
+        for g in np.unique(groups[cands]).tolist():
+            members = cands[groups[cands] == g]
+            if int(empty[members].sum()) < gang.size:
+                continue
+            sel = take(ranked(members))
+            key = (-sum(int(now[i]) for i in sel), len(sel), g)
+            if best is None or key < best[0]:
+                best = (key, sel)
+        sel = best[1] if best is not None else take(ranked(cands))
+        names = [state.names[i] for i in sel]
+        have = ", ".join(f"{n} ({self.cap.ledger.free_gpus_text(n)})" for n in names)
+        for n in names:
+            self.cap.block(n)
+            self.reserved[n] = w.id
+        self.n_reservers += 1
+        plural = len(names) > 1
+        return (
+            f"waiting {txt.seconds(waited)}, longer than {txt.seconds(cfg.starvation_s)}: "
+            f"node{'s' if plural else ''} {have} {'are' if plural else 'is'} reserved for it and "
+            f"take{'' if plural else 's'} no new work until all its replicas fit"
+        )
+
+
+def _start(members: Sequence[Workload]) -> float:
+    starts = [v.started_at for v in members if v.started_at is not None]
+    return max(starts) if starts else float("-inf")
