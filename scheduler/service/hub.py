@@ -20,6 +20,7 @@ user made for something narrower does not reach the GPUs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -46,6 +47,9 @@ def make_hub_auth(config: Any) -> Any:
 
 class HubIdentity:
     """Turns Hub tokens into Actors for one core, and makes sure each user's Hub projects exist."""
+
+    timeout_s = 10.0
+    """How long a request waits on the Hub before it is a 503 (HubAuth's own client would wait minutes)."""
 
     def __init__(self, core: Any, hub_auth: Any = None) -> None:
         config = core.config
@@ -84,7 +88,10 @@ class HubIdentity:
         from tornado.web import HTTPError
 
         try:
-            model = await self.auth.user_for_token(token, sync=False)
+            model = await asyncio.wait_for(self.auth.user_for_token(token, sync=False), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"JupyterHub at {self.auth.api_url} did not answer within {self.timeout_s:g} s "
+                              "to check the token") from None
         except HTTPError as e:
             # HubAuth says 500 for "cannot reach the Hub" and 502 for a failing Hub: neither is our bug.
             raise Unavailable(f"cannot check the token with JupyterHub at {self.auth.api_url}: "

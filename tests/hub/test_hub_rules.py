@@ -77,3 +77,29 @@ async def test_an_unreachable_hub_is_a_503_not_a_401(tmp_path, unused_tcp_port) 
             await auth.authenticate(core, None)
     finally:
         await core.stop()
+
+
+async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) -> None:
+    import asyncio
+    import time
+
+    from scheduler.api import auth
+    from scheduler.errors import Unavailable
+    from scheduler.service.core import SchedulerCore
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)  # accepts the connection, never answers
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
+                                       hub_api_url=f"http://127.0.0.1:{port}/hub/api"))
+    core.hub.timeout_s = 0.5
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Unavailable, match="did not answer within 0.5 s"):
+            await auth.authenticate(core, "token some-hub-token")
+        assert time.monotonic() - t0 < 5
+    finally:
+        server.close()
+        await core.stop()
