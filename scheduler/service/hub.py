@@ -126,5 +126,9 @@ class HubIdentity:
             except InvalidRequest as e:  # e.g. a configured quota bigger than this pool
                 log.error("hub project %s: the configured fields %s are refused (%s); made without them",
                           project.name, project.fields, e.message)
-                self.core.set_project(admin, project.name, {"members": project.members})
+                try:
+                    self.core.set_project(admin, project.name, {"members": project.members})
+                except InvalidRequest as again:  # never the user's fault: their request goes on without it
+                    log.error("hub project %s not made: %s", project.name, again.message)
+                    continue
             log.info("project %s made from JupyterHub (members %s)", project.name, ", ".join(project.members))

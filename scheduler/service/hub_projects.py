@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.service.membership import GROUP_RE
 from scheduler.service.validation import NAME_RE
 
 
@@ -44,7 +45,7 @@ class HubProjectMap:
             if not group.startswith(self.group_prefix):
                 continue
             name = group[len(self.group_prefix):]
-            if NAME_RE.fullmatch(name):
+            if NAME_RE.fullmatch(name) and GROUP_RE.fullmatch(group):  # a valid project and @group entry
                 out.append(Wanted(name, [f"@{group}"], dict(self.group_fields)))
         return out
 

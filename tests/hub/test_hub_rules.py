@@ -22,8 +22,9 @@ def test_a_prefix_picks_groups_and_is_left_out_of_the_project_name() -> None:
     assert rules.projects_for("alice", ["staff", "gpu-vision"]) == [Wanted("vision", ["@gpu-vision"], {})]
     # in no gpu- group: a personal project, alice its only member
     assert rules.projects_for("bob", ["staff"]) == [Wanted("bob", ["bob"], {"build_quota": 0.25})]
-    # a group whose project name would be empty or invalid is no project
-    assert rules.projects_for("carol", ["gpu-"]) == [Wanted("carol", ["carol"], {"build_quota": 0.25})]
+    # a group whose project name would be empty or invalid, or that is no valid @group entry, is no project
+    assert rules.projects_for("carol", ["gpu-", "gpu-" + "x" * 70, "gpu-a b"]) == [
+        Wanted("carol", ["carol"], {"build_quota": 0.25})]
 
 
 def test_groups_can_be_no_projects_at_all() -> None:
@@ -102,4 +103,18 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
         assert time.monotonic() - t0 < 5
     finally:
         server.close()
+        await core.stop()
+
+
+async def test_a_group_project_whose_configured_quota_does_not_fit_is_made_without_it(tmp_path) -> None:
+    from scheduler.service.core import SchedulerCore
+
+    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
+                                       hub_api_url="http://127.0.0.1:9/hub/api",  # never asked here
+                                       hub_group_project={"build_quota": 99}))
+    try:
+        core.hub.ensure(core.hub.map.group_projects(["vision"]))
+        (vision,) = core.list_projects()
+        assert (vision["name"], vision["members"], vision["build_quota"]) == ("vision", ["@vision"], 0)
+    finally:
         await core.stop()
