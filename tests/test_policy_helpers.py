@@ -3,7 +3,8 @@
 ``apply`` does what the service does with a cycle's decisions (pauses first,
 then starts, rejects drop out), so tests can drive successive cycles and tell
 the classic stories: quota reclaim, resume after the claimant finishes, and so
-on. ``violations`` lists every capacity rule a snapshot breaks.
+on. ``violations`` lists every capacity rule a snapshot breaks, and every
+multi-node gang that runs partly (``gang`` builds one).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ BUILD_ONLY = frozenset({BUILD_POOL})
 
 
 def node(name: str, gpus: int = 4, model: str = "A100", pools: frozenset[str] = TRAIN_ONLY,
-         cpu: int = 64_000, mem: int = 262_144, gpu_mem: int = 81_920, groups: int = 1) -> Node:
+         cpu: int = 64_000, mem: int = 262_144, gpu_mem: int = 81_920, groups: int = 1, rack: str = "") -> Node:
     per_group = max(gpus // groups, 1)
     return Node(
         name, cpu, mem,
         tuple(Gpu(f"{name}-g{i}", i, model, gpu_mem, f"grp{i // per_group}") for i in range(gpus)),
-        pools,
+        pools, rack,
     )
 
 
@@ -63,6 +64,23 @@ def train(wid: str, proj: str, gpus: int = 1, milli: int = 0, prio: int = 0, t: 
 def build(wid: str, proj: str, milli: int = 0, gpus: int = 0, t: float = 0.0, mem_mib: int = 0) -> Workload:
     req = Request(gpus=gpus, gpu_milli=milli, gpu_memory_mib=mem_mib)
     return Workload(wid, proj, Kind.BUILD, req, submitted_at=t)
+
+
+def gang(gid: str, proj: str, replicas: int, gpus: int, prio: int = 0, t: float = 0.0, cpu: int = 0,
+         mem: int = 0, size: int | None = None) -> list[Workload]:
+    """The ``replicas`` workloads of multi-node gang ``gid`` (``gpus`` whole GPUs each), ids ``gid-0``..."""
+    return [dataclasses.replace(train(f"{gid}-{k}", proj, gpus=gpus, prio=prio, t=t, cpu=cpu, mem=mem),
+                                gang=gid, gang_size=replicas if size is None else size)
+            for k in range(replicas)]
+
+
+def partial_gangs(s: Snapshot) -> list[str]:
+    """Gangs of ``s`` with some replicas running and others pending (a gang must never run partly)."""
+    state: dict[str, set[bool]] = defaultdict(set)
+    for w in s.workloads:
+        if w.gang:
+            state[w.gang].add(w.running)
+    return sorted(g for g, seen in state.items() if len(seen) > 1)
 
 
 def on(w: Workload, node_name: str, *gpu_slots: int, started: float = 0.0) -> Workload:
@@ -167,4 +185,5 @@ def violations(s: Snapshot) -> list[str]:
     for name, used in build_used.items():
         if used > quotas.get(name, 0):
             problems.append(f"project {name} build use {used} over quota {quotas.get(name, 0)}")
+    problems += [f"gang {g} runs partly" for g in partial_gangs(s)]
     return problems
