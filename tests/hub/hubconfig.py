@@ -40,32 +40,32 @@ driver = {{"name": "driver", "api_token": {driver_token!r}}}
 
 # --- as in docs/jupyterhub.md
 gpupool_url = "http://127.0.0.1:{gpupool_port}"
-c.JupyterHub.services = [
-    {{
-        "name": "gpupool",
-        "url": gpupool_url,
-        "command": [{python!r}, "-m", "scheduler", "serve", "--hub", "--port", "{gpupool_port}",
-                    "--state-dir", {state_dir!r}, "--simulate", "A100-80GB", "--config", {settings_file!r}],
-        "environment": {{"GPUPOOL_ADMIN_TOKEN": {gpupool_admin_token!r}, "PYTHONPATH": os.environ["PYTHONPATH"],
-                         **({{"GPUPOOL_RUN_JOBS_AS": {run_jobs_as!r}}} if {run_jobs_as!r} else {{}})}},
-    }},
-    driver,
-]
-c.JupyterHub.load_roles = [
+c.JupyterHub.services.append({{
+    "name": "gpupool",
+    "url": gpupool_url,
+    "command": [{python!r}, "-m", "scheduler", "serve", "--hub", "--port", "{gpupool_port}",
+                "--state-dir", {state_dir!r}, "--simulate", "A100-80GB", "--config", {settings_file!r}],
+    "environment": {{"GPUPOOL_ADMIN_TOKEN": {gpupool_admin_token!r}, "PYTHONPATH": os.environ["PYTHONPATH"],
+                     **({{"GPUPOOL_RUN_JOBS_AS": {run_jobs_as!r}}} if {run_jobs_as!r} else {{}})}},
+}})
+c.JupyterHub.load_roles.extend([
     # every user may use the pool, and so may the token their server gets (JUPYTERHUB_API_TOKEN)
     {{"name": "user", "scopes": ["self", "access:services!service=gpupool"]}},
     # gpupool lists the Hub's groups, so their projects exist before any member logs in
     {{"name": "gpupool", "services": ["gpupool"], "scopes": ["list:groups", "read:groups:name"]}},
-    {{"name": "gpupool-driver", "services": ["driver"],
-      "scopes": ["admin:users", "admin:groups", "tokens", "admin:servers", "access:servers",
-                 "access:services"]}},
-]
+])
 c.Spawner.server_token_scopes = ["users:activity!user", "access:servers!server",
                                 "access:services!service=gpupool"]
-c.Spawner.environment = {{"GPUPOOL_URL": gpupool_url}}
+c.Spawner.environment.update({{"GPUPOOL_URL": gpupool_url}})
 # --- end
-if {external_token!r}:  # test-only: gpupool as an external service, started by the test itself
-    c.JupyterHub.services[0] = {{"name": "gpupool", "url": gpupool_url, "api_token": {external_token!r}}}
+
+# --- test-only: the driver (the test's admin), and gpupool as an external service when asked
+c.JupyterHub.services.append(driver)
+c.JupyterHub.load_roles.append(
+    {{"name": "gpupool-driver", "services": ["driver"],
+      "scopes": ["admin:users", "admin:groups", "tokens", "admin:servers", "access:servers", "access:services"]}})
+if {external_token!r}:
+    c.JupyterHub.services = [{{"name": "gpupool", "url": gpupool_url, "api_token": {external_token!r}}}, driver]
 '''
 
 
