@@ -91,6 +91,7 @@ class PodExecutor:
         self._pods: dict[str, Any] = {}  # the watch's view of our pods, by name
         self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
+        self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
 
@@ -149,6 +150,20 @@ class PodExecutor:
 
     def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
         ns, name = self.settings.namespace, a.handle.name
+        with self._lock:
+            streak = self._failed_starts
+        if streak:  # a refused bind is requeued and tried again next cycle: back off, 0.2 s doubling to 30 s
+            time.sleep(min(0.1 * 2 ** streak, 30.0))
+        try:
+            self._create_and_bind_now(a, ns, name, manifest, node)
+        except BaseException:
+            with self._lock:
+                self._failed_starts += 1
+            raise
+        with self._lock:
+            self._failed_starts = 0
+
+    def _create_and_bind_now(self, a: _Attempt, ns: str, name: str, manifest: dict[str, Any], node: str) -> None:
         created = self.calls.retrying("start", lambda: self.api.create_namespaced_pod(ns, manifest),
                                       START_GIVE_UP_S)
         with self._lock:
