@@ -31,7 +31,7 @@ from test_policy_helpers import (
 )
 
 from scheduler.policy import TRAIN_POOL, schedule
-from scheduler.policy.gangs import choose_nodes
+from scheduler.policy.gang_nodes import choose_nodes
 
 
 def _by_id(items):

@@ -48,6 +48,7 @@ from scheduler.policy import reasons as txt
 from scheduler.policy.build_reclaim import BuildReclaimMixin
 from scheduler.policy.capacity import Capacity
 from scheduler.policy.fairshare import ShareInput, fair_shares
+from scheduler.policy.gang_reclaim import GangReclaimMixin
 from scheduler.policy.gangs import GangMixin, flag_units
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import (
@@ -148,7 +149,7 @@ class _Started:
     note: str  # what is specific to this start (e.g. "on GPUs freed by pausing j1")
 
 
-class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin):
+class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
     """The mutable working state of one scheduling cycle."""
 
     def __init__(self, snap: Snapshot) -> None:

@@ -46,15 +46,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.gang_nodes import choose_nodes, group_ids
 from scheduler.policy.memo import FailureMemo
-from scheduler.policy.model import MILLI, TRAIN_POOL, Kind, Node, Project, Reject, Request, Wait, Workload
+from scheduler.policy.model import MILLI, TRAIN_POOL, Kind, Project, Reject, Request, Wait, Workload
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.queue import job_order
 
 if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
-    from scheduler.policy.capacity import Capacity, Ledger
+    from scheduler.policy.capacity import Capacity
     from scheduler.policy.model import Assignment, PolicyConfig
-    from scheduler.policy.queue import FairQueue
 
 _gang_of = attrgetter("gang")
 
@@ -106,79 +106,6 @@ def _problem(members: Sequence[Workload]) -> str | None:
     return None
 
 
-def group_ids(nodes: tuple[Node, ...]) -> np.ndarray:
-    """Per node, a small id of its node group (nodes without a group share one)."""
-    ids: dict[str, int] = {}
-    return np.array([ids.setdefault(n.group, len(ids)) for n in nodes], dtype=np.int64).reshape(len(nodes))
-
-
-def _pick(cands: np.ndarray, room: np.ndarray, need: int, whole: np.ndarray) -> list[tuple[int, int]]:
-    """Nodes for ``need`` replicas among ``cands`` (their room adds up to at least ``need``).
-
-    Largest room first (packing replicas onto a node before spreading, so
-    the fewest nodes); the last node is the one with the least room that
-    still holds what is left (best fit keeps roomier nodes whole). Ties: fewer
-    whole free GPUs, then node order.
-    """
-    order = sorted(cands.tolist(), key=lambda i: (-int(room[i]), int(whole[i]), i))
-    picks: list[tuple[int, int]] = []
-    left = need
-    taken: set[int] = set()
-    for i in order:
-        if left <= 0:
-            break
-        if i in taken:
-            continue
-        fitting = [j for j in order if j not in taken and room[j] >= left]
-        if fitting:
-            j = min(fitting, key=lambda j: (int(room[j]), int(whole[j]), j))
-            picks.append((j, left))
-            return picks
-        taken.add(i)
-        picks.append((i, int(room[i])))
-        left -= int(room[i])
-    return picks
-
-
-def choose_nodes(room: np.ndarray, size: int, groups: np.ndarray, whole: np.ndarray) -> list[tuple[int, int]] | None:
-    """Where ``size`` replicas go: [(node index, replicas there)], or None when they do not all fit.
-
-    ``room``: replicas that fit per node now. One node group that holds
-    them all is preferred (the one needing the fewest nodes, then the least
-    room left over, then the lowest group id); otherwise groups are filled
-    roomiest first. Deterministic: ties go by index.
-    """
-    cands = np.flatnonzero(room > 0)
-    if int(room[cands].sum()) < size:
-        return None
-    by_group: dict[int, np.ndarray] = {}
-    for g in np.unique(groups[cands]).tolist():
-        by_group[g] = cands[groups[cands] == g]
-    best: tuple[int, int, int, list[tuple[int, int]]] | None = None
-    for g, members in by_group.items():
-        total = int(room[members].sum())
-        if total < size:
-            continue
-        picks = _pick(members, room, size, whole)
-        spare = sum(int(room[i]) for i, _ in picks) - size
-        key = (len(picks), spare, g, picks)
-        if best is None or key[:3] < best[:3]:
-            best = key
-    if best is not None:
-        return best[3]
-    picks: list[tuple[int, int]] = []
-    left = size
-    for g in sorted(by_group, key=lambda g: (-int(room[by_group[g]].sum()), g)):
-        members = by_group[g]
-        total = int(room[members].sum())
-        take = _pick(members, room, min(left, total), whole)
-        picks += take
-        left -= sum(n for _, n in take)
-        if left <= 0:
-            break
-    return picks
-
-
 def flag_units(order: Sequence[tuple[Workload, int]], milli: dict[str, int], guarantee: int) -> set[str]:
     """The preemptible flag counted per unit: a gang is one unit (all replicas flagged or none).
 
@@ -210,24 +137,6 @@ def flag_units(order: Sequence[tuple[Workload, int]], milli: dict[str, int], gua
     return over
 
 
-def ledger_room(ledger: Ledger, node: str, req: Request) -> int:
-    """How many copies of ``req`` fit on ``node`` by the ledger (1 or 0 for a request that is not whole GPUs)."""
-    if not req.gpus:
-        return 1 if ledger.fits(node, req) else 0
-    if req.gpu_models:
-        free = ledger.gpu[node]
-        whole = sum(1 for g in ledger.nodes[node].gpus
-                    if g.model in req.gpu_models and free[g.id] >= g.capacity_milli > 0)
-    else:
-        whole = ledger.whole[node]
-    room = whole // req.gpus
-    if req.cpu_milli:
-        room = min(room, max(ledger.cpu[node], 0) // req.cpu_milli)
-    if req.memory_mib:
-        room = min(room, max(ledger.mem[node], 0) // req.memory_mib)
-    return max(room, 0)
-
-
 class GangMixin:
     """The engine's handling of multi-node gangs (see the module docstring)."""
 
@@ -248,13 +157,12 @@ class GangMixin:
         reserved: dict[str, str]
         n_reservers: int
         req_of: dict[str, Request]
-        queue: FairQueue | None
-        over_at_start: set[str]
+        started: list
 
         def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
         def fits_empty(self, pool: str, req: Request) -> bool: ...
-        def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]: ...
-        def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str: ...
+        def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project,
+                          within: bool, gang: Gang | None) -> str | None: ...
 
     gangs: dict[str, Gang]  # gang id -> its replicas (every gang with a replica in the snapshot)
     gang_need: dict[str, int]  # first replica's id -> the gang's need (replicas x G), schedulable gangs
@@ -273,8 +181,9 @@ class GangMixin:
         running replicas of a gang with pending ones are paused.
         """
         self.gangs, self.gang_need, self.gang_projects = {}, {}, set()
-        self.gang_failed: FailureMemo[bool] = FailureMemo()
-        self.gang_reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
+        self.gang_failed: FailureMemo[bool] = FailureMemo()  # context: the gang's size
+        self.gang_failed_sizes: list[int] = []
+        self.gang_texts: dict[tuple, str] = {}
         self.running_gangs = False
         if not any(map(_gang_of, workloads)):
             return builds, trains
@@ -432,21 +341,32 @@ class GangMixin:
         self._wait_all(gang, what + ("; " + reserved if reserved is not None else why))
 
     def place_gang(self, gang: Gang) -> list[tuple[str, int]] | None:
-        """Nodes for every replica on free capacity now: [(node, replicas)], or None (nothing is taken)."""
+        """Nodes for every replica on free capacity now: [(node, replicas)], or None (nothing is taken).
+
+        Failures are remembered for the rest of the generation (free room
+        only shrinks meanwhile): a gang fails when one of no more replicas,
+        each asking no more (:mod:`scheduler.policy.memo`), failed.
+        """
         generation = self.cap.generation
         req = gang.request
-        if self.gang_failed.get(gang.size, req, generation):
-            return None
+        memo = self.gang_failed
+        if generation != memo.generation:
+            self.gang_failed_sizes = []
+        for size in self.gang_failed_sizes:
+            if size <= gang.size and memo.get(size, req, generation):
+                return None
         state = self.cap.states[TRAIN_POOL]
         room = state.replicas_fit(req)
-        picks = choose_nodes(room, gang.size, self._groups(), state.whole_free)
+        picks = choose_nodes(room, gang.size, self.gang_groups(), state.whole_free)
         if picks is None:
-            self.gang_failed.add(gang.size, req, generation, True)
-            # a bigger gang of the same replicas fails too: remember it for every larger size seen
+            memo.add(gang.size, req, generation, True)
+            if gang.size not in self.gang_failed_sizes:
+                self.gang_failed_sizes.append(gang.size)
             return None
         return [(state.names[i], n) for i, n in picks]
 
-    def _groups(self) -> np.ndarray:
+    def gang_groups(self) -> np.ndarray:
+        """The train pool's node groups as small ids, in its node order (kept with the node list)."""
         return for_nodes("gang groups", self.cap.states[TRAIN_POOL].nodes, group_ids)
 
     def seat_gang(self, gang: Gang, plan: list[tuple[str, int]], note: str) -> None:
@@ -464,6 +384,14 @@ class GangMixin:
                 self.start(next(replicas), req, a, text)  # (commits: the next replica sees the room taken)
 
     def _gang_no_room(self, gang: Gang) -> str:
+        """What does not fit, for a waiting gang's reason (kept while nothing is started, paused or reserved)."""
+        key = (id(gang.request), gang.size, self.cap.generation, len(self.started), len(self.reserved))
+        text = self.gang_texts.get(key)
+        if text is None:
+            text = self.gang_texts[key] = self._gang_no_room_text(gang)
+        return f"{gang.describe()}: {text}"
+
+    def _gang_no_room_text(self, gang: Gang) -> str:
         state = self.cap.states[TRAIN_POOL]
         room = state.replicas_fit(gang.request)
         nodes = int((room > 0).sum())
@@ -474,231 +402,11 @@ class GangMixin:
                      f"replica ({one}), {fit} of the {gang.size} replicas would fit")
         else:
             where = f"no node has room for a replica ({one})"
-        text = f"{gang.describe()}: {where}; all replicas start together or none"
+        text = f"{where}; all replicas start together or none"
         if self.reserved:
             text += " (reserved for starving jobs: " + ", ".join(
                 f"{node} for {job}" for node, job in sorted(self.reserved.items())) + ")"
         return text
-
-    # ------------------------------------------------------------ reclaim with gangs as units
-
-    def gang_units(self) -> dict[str, tuple[list[list[Workload]], list[list[Workload]], int]]:
-        """Per project, its pause candidates as units (a running gang is one unit), in pause order.
-
-        Built from every running training job (the victim lists leave gangs
-        out): (units beyond the guarantee, all units, units protected by the
-        minimum run time). A gang is a candidate only when every replica is past
-        the minimum run time, and beyond the guarantee only when all are flagged.
-        """
-        known = getattr(self, "_units", None)
-        if known is not None:
-            return known
-        min_start = self.now - self.cfg.min_runtime_s
-        train_nodes = self.cap.pool_nodes[TRAIN_POOL]
-        on_train = set(train_nodes)
-        out = {}
-        for name, jobs in self.train_running.items():
-            units: dict[str, list[Workload]] = {}
-            for v in jobs:
-                if v.assignment is None or v.assignment.node not in on_train:
-                    continue
-                units.setdefault(v.gang or "\0" + v.id, []).append(v)
-            young = 0
-            cand = []
-            for members in units.values():
-                if any(v.started_at is not None and v.started_at > min_start for v in members):
-                    young += 1
-                    continue
-                cand.append(members)
-            # pause order (reclaim.py): lowest priority, least run time (latest start first), id
-            cand.sort(key=lambda m: (m[0].priority, -_start(m), min(v.id for v in m)))
-            over = [m for m in cand if all(v.id in self.over_at_start for v in m)]
-            out[name] = (over, cand, young)
-        self._units = out
-        return out
-
-    def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
-                      gang: Gang | None) -> str | None:
-        """Pause whole units (gangs count as one) so that ``size`` copies of ``req`` fit; start them (None) or say why not.
-
-        Used for gang claimants, and for single jobs the plain reclaim could
-        not seat while gangs run (gangs are left out of its victim lists).
-        Room for every replica is found on the ledger first; nothing is
-        paused unless all fit.
-        """
-        lead = claimants[0]
-        units = self.gang_units()
-        mine = units.get(p.name, ([], [], 0))[1]
-        own = any(m[0].priority < lead.priority for m in mine)
-        within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
-        if not within and not own:
-            return self._why_no_room(p, within, 0, False)
-        context = (size, within, p.name if own else None, lead.priority if own else None)
-        generation = self.cap.generation
-        memo = self.gang_reclaim_failed.get(context, req, generation)
-        if memo is not None:
-            return self._why_no_room(p, within, *memo)
-        outcome = self._reclaim_units(claimants, req, size, p, within, gang, units)
-        if outcome is None:
-            return None
-        self.gang_reclaim_failed.add(context, req, generation, outcome)
-        return self._why_no_room(p, within, *outcome)
-
-    def _reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
-                       gang: Gang | None, units: dict) -> tuple[int, bool] | None:
-        ledger = self.cap.ledger
-        lead = claimants[0]
-        names, protected = [], 0
-        for name, (over, mine, young) in units.items():
-            if name == p.name:
-                if any(m[0].priority < lead.priority for m in mine):
-                    names.append(name)
-                protected += young
-            elif within and self.usage[name] > self.projects[name].train_guarantee_milli and over:
-                names.append(name)
-                protected += young
-        recent = self.recent
-        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
-        cand: list[list[Workload]] = []
-        for name in names:
-            over, mine, _ = units[name]
-            for m in (mine if name == p.name else over):
-                if name == p.name and m[0].priority >= lead.priority:
-                    continue
-                if any(v.id in self.preempted for v in m):
-                    continue
-                cand.append(m)
-        if not cand:
-            return (protected, bool(names))
-        reserved = self.reserved
-        room: dict[str, int] = {}  # nodes touched: replicas that fit there now
-        state = self.cap.states[TRAIN_POOL]
-        free_now = state.replicas_fit(req) if req.gpus else np.zeros(len(state.names), dtype=np.int64)
-        base = int(free_now.sum())
-        total = base
-
-        def measure(node: str) -> int:
-            if node in reserved or not ledger.could_ever_fit(node, req):
-                return 0
-            return ledger_room(ledger, node, req)
-
-        # upper bound first: every candidate paused
-        for m in cand:
-            for v in m:
-                ledger.give(v.assignment, v.request)  # type: ignore[arg-type]
-        touched_nodes = {v.assignment.node for m in cand for v in m}  # type: ignore[union-attr]
-        bound = base + sum(measure(n) - int(free_now[state.node_index[n]]) for n in touched_nodes
-                           if n in state.node_index)
-        for m in cand:
-            for v in m:
-                ledger.take(v.assignment, v.request)  # type: ignore[arg-type]
-        if bound < size:
-            return (protected, True)
-        # greedy in victim order, the floor kept per project; then drop what turns out unneeded
-        left: dict[str, int] = {}
-        chosen: list[list[Workload]] = []
-
-        def give(m: list[Workload], sign: int) -> None:
-            nonlocal total
-            nodes = {v.assignment.node for v in m}  # type: ignore[union-attr]
-            before = {n: room.get(n, int(free_now[state.node_index[n]]) if n in state.node_index else 0)
-                      for n in nodes}
-            for v in m:
-                (ledger.give if sign > 0 else ledger.take)(v.assignment, v.request)  # type: ignore[arg-type]
-            for n in nodes:
-                room[n] = measure(n) if n in state.node_index else 0
-                total += room[n] - before[n]
-
-        for m in cand:
-            if total >= size:
-                break
-            q = m[0].project
-            m_milli = sum(self.milli[v.id] for v in m)
-            if q != p.name:
-                after = left.get(q, self.usage[q]) - m_milli
-                if after < self.projects[q].train_guarantee_milli:
-                    continue
-                left[q] = after
-            chosen.append(m)
-            give(m, +1)
-        if total < size:
-            for m in chosen:
-                give(m, -1)
-            return (protected, True)
-        for m in reversed(chosen[:-1]):
-            give(m, -1)
-            if total >= size:
-                chosen.remove(m)
-            else:
-                give(m, +1)
-        for m in chosen:
-            give(m, -1)
-        return self._apply_units(claimants, req, size, p, gang, chosen)
-
-    def _apply_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, gang: Gang | None,
-                     chosen: list[list[Workload]]) -> tuple[int, bool] | None:
-        """Pause ``chosen`` and seat the claimants on the room; undo and report a failure if they do not fit."""
-        before = {m[0].project: self.usage[m[0].project] for m in chosen}
-        for m in chosen:
-            for v in m:
-                self.cap.release(v.assignment, v.request)  # type: ignore[arg-type]
-                self.usage[v.project] -= self.milli[v.id]
-        state = self.cap.states[TRAIN_POOL]
-        plan: list[tuple[str, int]] | None
-        if req.gpus:
-            picks = choose_nodes(state.replicas_fit(req), size, self._groups(), state.whole_free)
-            plan = None if picks is None else [(state.names[i], n) for i, n in picks]
-        else:
-            nodes = sorted({v.assignment.node for m in chosen for v in m},  # type: ignore[union-attr]
-                           key=self.cap.ledger.order.__getitem__)
-            plan = next(([(n, 1)] for n in nodes if n not in self.reserved and self.cap.ledger.fits(n, req)), None)
-        limit = p.train_limit_milli
-        if plan is None or (limit is not None and self.usage[p.name] + size * self._estimate_one(req) > limit):
-            for m in chosen:
-                for v in m:
-                    self.cap.commit(v.assignment, v.request)  # type: ignore[arg-type]
-                    self.usage[v.project] += self.milli[v.id]
-            return (0, True)
-        paused = ", ".join(v.id for m in chosen for v in m)
-        for m in chosen:
-            q = self.projects[m[0].project]
-            unit = f"gang {m[0].gang} (all {len(m)} replicas)" if m[0].gang else "this job"
-            target = gang.describe() if gang is not None else f"job {claimants[0].id}"
-            if q.name == p.name:
-                reason = (f"paused {unit} for higher-priority {target} (priority {claimants[0].priority} > "
-                          f"{m[0].priority}) of the same project {p.name}")
-            else:
-                reason = (
-                    f"paused {unit} to give GPUs back to project {p.name} (below its "
-                    f"{txt.gpus(p.train_guarantee_milli)} guarantee) for {target}: project {q.name} used "
-                    f"{txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} guarantee "
-                    f"(fair share {txt.gpus(self.shares.get(q.name, 0.0))}"
-                    + (f", {txt.gpus(self.recent[q.name])} on average recently" if self.recent[q.name] else "")
-                    + ")"
-                )
-            for v in m:
-                self.preempted[v.id] = reason
-            self.touched.add(q.name)
-            if self.queue is not None:
-                self.queue.touch(q.name)
-        if getattr(self, "_victims", None) is not None:  # the plain reclaim's lists: drop paused jobs at the front
-            for name in {m[0].project for m in chosen}:
-                for lst in self._victims[name][:2]:  # type: ignore[attr-defined]
-                    while lst and lst[0].id in self.preempted:
-                        del lst[0]
-        self.cap.generation += 1  # the pauses may leave more room than the claimants take
-        note = "on GPUs freed by pausing " + paused
-        if gang is not None:
-            self.seat_gang(gang, plan, note)
-        else:
-            node = plan[0][0]
-            a = self.cap.ledger.assign_on(node, req)
-            assert a is not None
-            self.start(claimants[0], req, a, note)
-        return None
-
-    def _estimate_one(self, req: Request) -> int:
-        return req.gpus * MILLI if req.gpus else self.estimate(TRAIN_POOL, req)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------ starvation
 
@@ -732,7 +440,7 @@ class GangMixin:
         cands = np.flatnonzero(ok)
         if int(empty[cands].sum()) < gang.size:
             return None
-        groups = self._groups()
+        groups = self.gang_groups()
 
         def ranked(idx: np.ndarray) -> list[int]:
             return sorted(idx.tolist(), key=lambda i: (-int(now[i]), -int(state.whole_free[i]),
@@ -769,8 +477,3 @@ class GangMixin:
             f"node{'s' if plural else ''} {have} {'are' if plural else 'is'} reserved for it and "
             f"take{'' if plural else 's'} no new work until all its replicas fit"
         )
-
-
-def _start(members: Sequence[Workload]) -> float:
-    starts = [v.started_at for v in members if v.started_at is not None]
-    return max(starts) if starts else float("-inf")

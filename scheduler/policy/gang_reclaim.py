@@ -1,0 +1,352 @@
+"""Reclaim with multi-node gangs: a running gang is paused whole, and a gang claimant is seated whole.
+
+The plain reclaim (:mod:`scheduler.policy.reclaim`) seats one claimant on
+one node and pauses single jobs; it leaves gang replicas out of its victim
+lists, since pausing one replica would leave its gang running partly. This
+module handles what involves gangs:
+
+* a **gang claimant** (a pass-1 job of a project below its guarantee, or
+  one with lower-priority work of its own to pause) needs room for every
+  replica, possibly on several nodes;
+* a **single claimant** that the plain reclaim could not seat while gangs
+  run may pause a gang, whole.
+
+Victims are *units*: a single job, or every running replica of a gang (its
+GPUs on all its nodes count against its project's guarantee floor). Units
+keep the plain reclaim's order (the project most above its fair share
+first, then lowest priority, least run time, id), and the same limits: never
+below another project's guarantee, never a unit with a replica younger than
+``min_runtime_s``, only units flagged beyond the guarantee for other
+projects' claims.
+
+The search, cheapest first: an upper bound (per node, whole free GPUs plus
+every GPU a candidate holds there, as replicas) skips claims no pause could
+serve; then nodes are taken in order of the replicas they could hold, and on
+each, units are paused on the ledger (tentatively) in victim order until the
+node holds what it can; then units that turn out unneeded are dropped again.
+Nothing is paused unless every replica is seated; the claimants start in the
+same cycle on the room left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from scheduler.policy import reasons as txt
+from scheduler.policy.gang_nodes import choose_nodes, ledger_room
+from scheduler.policy.memo import FailureMemo
+from scheduler.policy.model import MILLI, TRAIN_POOL, Project, Request, Workload
+
+if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
+    from scheduler.policy.capacity import Capacity
+    from scheduler.policy.gangs import Gang
+    from scheduler.policy.model import Assignment, PolicyConfig
+    from scheduler.policy.queue import FairQueue
+
+Unit = list[Workload]  # one single job, or every running replica of one gang
+
+
+def _latest_start(members: Sequence[Workload]) -> float:
+    starts = [v.started_at for v in members if v.started_at is not None]
+    return max(starts) if starts else float("-inf")
+
+
+class GangReclaimMixin:
+    """Victim choice with gangs as units (see the module docstring)."""
+
+    if TYPE_CHECKING:
+        cap: Capacity
+        cfg: PolicyConfig
+        now: float
+        projects: dict[str, Project]
+        usage: dict[str, int]
+        recent: dict[str, float]
+        shares: dict[str, float]
+        milli: dict[str, int]
+        train_running: dict[str, list[Workload]]
+        preempted: dict[str, str]
+        touched: set[str]
+        reserved: dict[str, str]
+        queue: FairQueue | None
+        over_at_start: set[str]
+        _victims: dict[str, tuple[list[Workload], list[Workload], int]] | None
+
+        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
+        def estimate(self, pool: str, req: Request) -> int: ...
+        def reason(self, key: tuple, build) -> str: ...
+        def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str: ...
+        def seat_gang(self, gang: Gang, plan: list[tuple[str, int]], note: str) -> None: ...
+        def gang_groups(self) -> np.ndarray: ...
+
+    _units: dict[str, tuple[list[Unit], list[Unit], int]] | None = None
+    _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
+
+    def gang_units(self) -> dict[str, tuple[list[Unit], list[Unit], int]]:
+        """Per project, its pause candidates as units, in pause order: (beyond the guarantee, all, protected).
+
+        Built once per cycle, on the first claim that needs it, from every
+        running training job on the train pool. A unit with a replica younger
+        than the minimum run time is protected; a gang is beyond the
+        guarantee only when every replica is flagged (flags are per unit:
+        :func:`~scheduler.policy.gangs.flag_units`). Units only lose members
+        to pauses during the cycle, which the search skips.
+        """
+        if self._units is not None:
+            return self._units
+        min_start = self.now - self.cfg.min_runtime_s
+        on_train = set(self.cap.pool_nodes[TRAIN_POOL])
+        out = {}
+        for name, jobs in self.train_running.items():
+            units: dict[str, Unit] = {}
+            for v in jobs:
+                if v.assignment is None or v.assignment.node not in on_train:
+                    continue
+                units.setdefault(v.gang or "\0" + v.id, []).append(v)
+            young = 0
+            cand = []
+            for members in units.values():
+                if any(v.started_at is not None and v.started_at > min_start for v in members):
+                    young += 1
+                else:
+                    cand.append(members)
+            # the plain reclaim's pause order: lowest priority, least run time (latest start first), id
+            cand.sort(key=lambda m: (m[0].priority, -_latest_start(m), min(v.id for v in m)))
+            over = [m for m in cand if all(v.id in self.over_at_start for v in m)]
+            out[name] = (over, cand, young)
+        self._units = out
+        return out
+
+    def _gpus_per_node(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """GPUs project ``name``'s candidate units hold per train node: (beyond the guarantee, all).
+
+        Counted once per cycle; units only leave the candidates (and the GPUs
+        of paused ones count as free), so these stay upper bounds.
+        """
+        if self._unit_gpus is None:
+            self._unit_gpus = {}
+        known = self._unit_gpus.get(name)
+        if known is None:
+            state = self.cap.states[TRAIN_POOL]
+            over, cand, _ = self.gang_units()[name]
+            arrays = []
+            for units in (over, cand):
+                count = np.zeros(len(state.names), dtype=np.int64)
+                for m in units:
+                    for v in m:
+                        i = state.node_index.get(v.assignment.node)  # type: ignore[union-attr]
+                        if i is not None:
+                            count[i] += len(v.assignment.gpus)  # type: ignore[union-attr]
+                arrays.append(count)
+            known = self._unit_gpus[name] = (arrays[0], arrays[1])
+        return known
+
+    def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
+                      gang: Gang | None) -> str | None:
+        """Pause whole units so that ``size`` copies of ``req`` fit, and start the claimants (None); or say why not.
+
+        A failure is remembered per (size, claimant kind) and request shape
+        with dominance (:mod:`scheduler.policy.memo`) until room grows back.
+        """
+        lead = claimants[0]
+        units = self.gang_units()
+        mine = units.get(p.name, ([], [], 0))[1]
+        own = any(m[0].priority < lead.priority for m in mine)
+        within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
+        if not within and not own:
+            return self._gang_why(p, within, 0, False)
+        if self._gang_reclaim_failed is None:
+            self._gang_reclaim_failed = FailureMemo()
+        context = (size, within, p.name if own else None, lead.priority if own else None)
+        generation = self.cap.generation
+        memo = self._gang_reclaim_failed.get(context, req, generation)
+        if memo is not None:
+            return self._gang_why(p, within, *memo)
+        outcome = self._reclaim_units(claimants, req, size, p, within, gang, units)
+        if outcome is None:
+            return None
+        self._gang_reclaim_failed.add(context, req, generation, outcome)
+        return self._gang_why(p, within, *outcome)
+
+    def _gang_why(self, p: Project, within: bool, protected: int, tried: bool) -> str:
+        key = ("why", p.name, self.usage[p.name], within, protected, tried)
+        return self.reason(key, lambda: self._why_no_room(p, within, protected, tried))
+
+    def _reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
+                       gang: Gang | None, units: dict[str, tuple[list[Unit], list[Unit], int]]
+                       ) -> tuple[int, bool] | None:
+        """Pause and start, returning None; or (units protected by min runtime, whether any victim was tried)."""
+        lead = claimants[0]
+        names, protected = [], 0
+        for name, (over, mine, young) in units.items():
+            if name == p.name:
+                if any(m[0].priority < lead.priority for m in mine):
+                    names.append(name)
+                protected += young
+            elif within and self.usage[name] > self.projects[name].train_guarantee_milli and over:
+                names.append(name)
+                protected += young
+        if not names:
+            return (protected, False)
+        recent = self.recent
+        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
+        ledger = self.cap.ledger
+        state = self.cap.states[TRAIN_POOL]
+        # upper bound: every candidate's GPUs as if free, as replicas per node (CPU, memory, models ignored)
+        held = sum(self._gpus_per_node(n)[1 if n == p.name else 0] for n in names)
+        if req.gpus:
+            free_now = state.replicas_fit(req)
+            potential = (state.whole_free + held) // req.gpus
+        else:
+            free_now = np.zeros(len(state.names), dtype=np.int64)
+            potential = (held > 0).astype(np.int64)
+        for name in self.reserved:
+            i = state.node_index.get(name)
+            if i is not None:
+                potential[i] = free_now[i] = 0
+        if int(np.maximum(potential, free_now).sum()) < size:
+            return (protected, True)
+        # the candidates, in victim order, and the train nodes they touch
+        cand: list[Unit] = []
+        for name in names:
+            over, mine, _ = units[name]
+            for m in (mine if name == p.name else over):
+                if name == p.name and m[0].priority >= lead.priority:
+                    continue
+                if not any(v.id in self.preempted for v in m):
+                    cand.append(m)
+        on_node: dict[int, list[int]] = {}
+        for k, m in enumerate(cand):
+            for i in sorted({state.node_index.get(v.assignment.node, -1) for v in m}):  # type: ignore[union-attr]
+                if i >= 0 and potential[i] > free_now[i]:
+                    on_node.setdefault(i, []).append(k)
+        room = {i: int(free_now[i]) for i in on_node}
+        total = int(free_now.sum())
+        left: dict[str, int] = {}  # per victim project, its use after the tentative pauses
+        given: list[int] = []
+
+        def measure(i: int) -> int:
+            node = state.names[i]
+            return ledger_room(ledger, node, req) if ledger.could_ever_fit(node, req) else 0
+
+        def shift(k: int, sign: int) -> None:
+            """Pause (+1) or un-pause (-1) unit ``k`` on the ledger and update the room it touches."""
+            nonlocal total
+            m = cand[k]
+            for v in m:
+                (ledger.give if sign > 0 else ledger.take)(v.assignment, v.request)  # type: ignore[arg-type]
+            for i in {state.node_index.get(v.assignment.node, -1) for v in m}:  # type: ignore[union-attr]
+                if i >= 0 and state.names[i] not in self.reserved:
+                    now = measure(i)
+                    total += now - room.get(i, int(free_now[i]))
+                    room[i] = now
+            q = m[0].project
+            left[q] = left.get(q, self.usage[q]) - sign * sum(self.milli[v.id] for v in m)
+
+        def floor_ok(k: int) -> bool:
+            m = cand[k]
+            q = m[0].project
+            if q == p.name:
+                return True  # the project's own higher-priority work may take it below its guarantee
+            after = left.get(q, self.usage[q]) - sum(self.milli[v.id] for v in m)
+            return after >= self.projects[q].train_guarantee_milli
+
+        chosen: set[int] = set()
+        # nodes that could hold the most replicas first, then fewer candidates to pause there, then node order
+        targets = sorted(on_node, key=lambda i: (-int(potential[i]), len(on_node[i]), i))
+        for i in targets:
+            if total >= size:
+                break
+            start_room = room.get(i, int(free_now[i]))
+            mine_here = []
+            for k in on_node[i]:
+                if total >= size or room.get(i, 0) >= potential[i]:
+                    break
+                if k in chosen or not floor_ok(k):
+                    continue
+                shift(k, +1)
+                chosen.add(k)
+                given.append(k)
+                mine_here.append(k)
+            if room.get(i, 0) <= start_room:  # no replica more here: these pauses help nobody
+                for k in reversed(mine_here):
+                    shift(k, -1)
+                    chosen.discard(k)
+                    given.remove(k)
+        if total < size:
+            for k in reversed(given):
+                shift(k, -1)
+            return (protected, True)
+        for k in reversed(given[:-1]):  # drop pauses that turn out unneeded, least preferred first
+            shift(k, -1)
+            if total >= size:
+                given.remove(k)
+            else:
+                shift(k, +1)
+        for k in reversed(given):
+            shift(k, -1)
+        return self._apply_units(claimants, req, size, p, gang, [cand[k] for k in sorted(given)])
+
+    def _apply_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, gang: Gang | None,
+                     chosen: list[Unit]) -> tuple[int, bool] | None:
+        """Pause ``chosen`` and seat the claimants on the room; undo and report a failure if they do not fit."""
+        before = {m[0].project: self.usage[m[0].project] for m in chosen}
+        for m in chosen:
+            for v in m:
+                self.cap.release(v.assignment, v.request)  # type: ignore[arg-type]
+                self.usage[v.project] -= self.milli[v.id]
+        state = self.cap.states[TRAIN_POOL]
+        plan: list[tuple[str, int]] | None
+        if req.gpus:
+            picks = choose_nodes(state.replicas_fit(req), size, self.gang_groups(), state.whole_free)
+            plan = None if picks is None else [(state.names[i], n) for i, n in picks]
+        else:
+            nodes = sorted({v.assignment.node for m in chosen for v in m},  # type: ignore[union-attr]
+                           key=self.cap.ledger.order.__getitem__)
+            plan = next(([(n, 1)] for n in nodes if n not in self.reserved and self.cap.ledger.fits(n, req)), None)
+        limit = p.train_limit_milli
+        one = req.gpus * MILLI if req.gpus else self.estimate(TRAIN_POOL, req)
+        if plan is None or (limit is not None and self.usage[p.name] + size * one > limit):
+            for m in chosen:  # cannot use the room after all: undo, nobody is paused
+                for v in m:
+                    self.cap.commit(v.assignment, v.request)  # type: ignore[arg-type]
+                    self.usage[v.project] += self.milli[v.id]
+            return (0, True)
+        target = gang.describe() if gang is not None else f"job {claimants[0].id}"
+        for m in chosen:
+            q = self.projects[m[0].project]
+            unit = f"gang {m[0].gang} (all {len(m)} replicas)" if m[0].gang else "this job"
+            if q.name == p.name:
+                reason = (f"paused {unit} for higher-priority {target} (priority {claimants[0].priority} > "
+                          f"{m[0].priority}) of the same project {p.name}")
+            else:
+                reason = (
+                    f"paused {unit} to give GPUs back to project {p.name} (below its "
+                    f"{txt.gpus(p.train_guarantee_milli)} guarantee) for {target}: project {q.name} used "
+                    f"{txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} guarantee "
+                    f"(fair share {txt.gpus(self.shares.get(q.name, 0.0))}"
+                    + (f", {txt.gpus(self.recent[q.name])} on average recently" if self.recent[q.name] else "")
+                    + ")"
+                )
+            for v in m:
+                self.preempted[v.id] = reason
+            self.touched.add(q.name)
+            if self.queue is not None:
+                self.queue.touch(q.name)
+        if self._victims is not None:  # the plain reclaim's lists: drop paused jobs at their front
+            for name in {m[0].project for m in chosen}:
+                for lst in self._victims.get(name, ([], [], 0))[:2]:
+                    while lst and lst[0].id in self.preempted:
+                        del lst[0]
+        self.cap.generation += 1  # the pauses may leave more room than the claimants take
+        note = "on GPUs freed by pausing " + ", ".join(v.id for m in chosen for v in m)
+        if gang is not None:
+            self.seat_gang(gang, plan, note)
+        else:
+            a = self.cap.ledger.assign_on(plan[0][0], req)
+            assert a is not None
+            self.start(claimants[0], req, a, note)
+        return None
