@@ -12,7 +12,11 @@ add the table to docs/benchmarks.md). Prints one table:
   reclaim;
 * **placements/s**: an empty synthetic cluster and 10,000 pending jobs that
   nearly all fit: starts per second of cycle time;
-* **growth**: the synthetic full cluster at 1k, 10k and 100k pending.
+* **growth**: the synthetic full cluster at 1k, 10k and 100k pending;
+* **gangs**: the synthetic full cluster with 10,000 pending *jobs* of which
+  10% are multi-node gangs of 2-16 replicas (each replica 1, 2, 4 or 8 whole
+  GPUs; so about 18,000 pending workloads, one per replica), issue 12's case.
+  ``--gangs-only`` runs just these rows.
 
 Each row is the p50 and p99 of the cycle time over repeated cycles on the same
 snapshot (the engine is deterministic, so every repeat decides the same).
@@ -128,6 +132,40 @@ def pending_jobs(shapes: list[Request], n: int, rng: random.Random, start: int =
         )
         for i in range(n)
     ]
+
+
+GANG_GPUS = (1, 2, 4, 8, 8)  # GPUs per replica (8: a whole synthetic node per replica, the common case)
+
+
+def gang_jobs(shapes: list[Request], n: int, rng: random.Random, share: float = 0.10,
+              start: int = 300_000) -> list[Workload]:
+    """``n`` pending jobs, ``share`` of them multi-node gangs of 2-16 replicas (one workload per replica)."""
+    out: list[Workload] = []
+    for i in range(n):
+        project = f"p{rng.randrange(N_PROJECTS):02d}"
+        priority = rng.choice((0, 0, 0, 1))
+        t = float(rng.randrange(0, 3600))
+        if rng.random() < share:
+            g = rng.choice(GANG_GPUS)
+            replicas = rng.randint(2, 16)
+            req = Request(gpus=g, cpu_milli=8_000 * g, memory_mib=65_536 * g)
+            gid = f"g{start + i:06d}"
+            out += [Workload(f"{gid}-{k:02d}", project, Kind.TRAIN, req, priority=priority, submitted_at=t,
+                             gang=gid, gang_size=replicas) for k in range(replicas)]
+        else:
+            out.append(Workload(f"q{start + i:06d}", project, Kind.TRAIN, rng.choice(shapes), priority=priority,
+                                submitted_at=t))
+    return out
+
+
+def gang_rows(repeats: int) -> list[Row]:
+    """The synthetic full cluster with 10k pending jobs, 10% of them gangs: first and steady cycle."""
+    rng = random.Random(12)
+    snodes = synthetic_nodes()
+    srunning = synthetic_running(snodes, rng)
+    pending = gang_jobs(openb_requests(keep_models=False), 10_000, rng)
+    snap = snapshot(snodes, projects(len(snodes) * 8 * MILLI), srunning + pending)
+    return first_and_steady("synthetic full, 10k pending, 10% gangs of 2-16 replicas", snap, repeats)
 
 
 def fill(nodes: list[Node], shapes: list[Request], target: float, rng: random.Random) -> list[Workload]:
@@ -261,6 +299,7 @@ def run(repeats: int) -> list[Row]:
         fresh = snapshot(snodes, sprojects, srunning + spending[:n])
         steady = applied(fresh, schedule(fresh))
         rows.append(measure(f"growth: synthetic full, {n // 1000}k pending, next cycle", steady, reps)[0])
+    rows += gang_rows(repeats)
     return rows
 
 
@@ -319,12 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks.md")
+    parser.add_argument("--gangs-only", action="store_true", help="only the rows with multi-node gangs")
     args = parser.parse_args(argv)
     if not NODE_LIST.exists() or not POD_LIST.exists():
         print(f"cannot find the openb trace at {OPENB} (see ../shared/README.md)", file=sys.stderr)
         return 1
     repeats = args.repeats or (3 if args.quick else 15)
-    rows = run(repeats)
+    rows = gang_rows(repeats) if args.gangs_only else run(repeats)
     out = table(rows)
     print(out)
     if args.append:

@@ -30,6 +30,7 @@ same cycle on the room left.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -49,9 +50,14 @@ if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cy
 Unit = list[Workload]  # one single job, or every running replica of one gang
 
 
-def _latest_start(members: Sequence[Workload]) -> float:
+def _unit_key(members: Sequence[Workload]) -> tuple[int, float, str]:
+    """The plain reclaim's pause order for a unit: lowest priority, least run time (latest start first), id.
+
+    (A unit without a start time counts as the longest run, as in :func:`~scheduler.policy.reclaim.sort_by_start`.)
+    """
     starts = [v.started_at for v in members if v.started_at is not None]
-    return max(starts) if starts else float("-inf")
+    latest = max(starts) if len(starts) == len(members) else float("-inf")
+    return (members[0].priority, -latest, min(v.id for v in members))
 
 
 class GangReclaimMixin:
@@ -73,6 +79,9 @@ class GangReclaimMixin:
         queue: FairQueue | None
         over_at_start: set[str]
         _victims: dict[str, tuple[list[Workload], list[Workload], int]] | None
+        gangs: dict[str, Gang]
+
+        def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]: ...
 
         def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
         def estimate(self, pool: str, req: Request) -> int: ...
@@ -82,6 +91,7 @@ class GangReclaimMixin:
         def gang_groups(self) -> np.ndarray: ...
 
     _units: dict[str, tuple[list[Unit], list[Unit], int]] | None = None
+    _gang_owners: set[str] = set()  # projects with a running gang that may be paused (no replica too young)
     _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
 
@@ -99,24 +109,29 @@ class GangReclaimMixin:
             return self._units
         min_start = self.now - self.cfg.min_runtime_s
         on_train = set(self.cap.pool_nodes[TRAIN_POOL])
+        # single jobs: the plain reclaim's lists, already in pause order (they leave gangs out)
+        lists = self.victim_lists()
+        gangs: dict[str, list[Unit]] = {}
+        protected: dict[str, int] = {}
+        for gang in self.gangs.values():
+            members = [v for v in gang.running if v.assignment is not None and v.assignment.node in on_train]
+            if not members or any(v.id in self.preempted for v in members):
+                continue
+            if any(v.started_at is not None and v.started_at > min_start for v in members):
+                protected[gang.project] = protected.get(gang.project, 0) + 1
+            else:
+                gangs.setdefault(gang.project, []).append(members)
         out = {}
-        for name, jobs in self.train_running.items():
-            units: dict[str, Unit] = {}
-            for v in jobs:
-                if v.assignment is None or v.assignment.node not in on_train:
-                    continue
-                units.setdefault(v.gang or "\0" + v.id, []).append(v)
-            young = 0
-            cand = []
-            for members in units.values():
-                if any(v.started_at is not None and v.started_at > min_start for v in members):
-                    young += 1
-                else:
-                    cand.append(members)
-            # the plain reclaim's pause order: lowest priority, least run time (latest start first), id
-            cand.sort(key=lambda m: (m[0].priority, -_latest_start(m), min(v.id for v in m)))
-            over = [m for m in cand if all(v.id in self.over_at_start for v in m)]
-            out[name] = (over, cand, young)
+        for name in self.train_running:
+            over1, cand1, young = lists.get(name, ([], [], 0))
+            over = [[v] for v in over1]
+            cand = [[v] for v in cand1]
+            for m in sorted(gangs.get(name, ()), key=_unit_key):
+                insort(cand, m, key=_unit_key)
+                if all(v.id in self.over_at_start for v in m):
+                    insort(over, m, key=_unit_key)
+            out[name] = (over, cand, young + protected.get(name, 0))
+        self._gang_owners = set(gangs)
         self._units = out
         return out
 
@@ -154,7 +169,7 @@ class GangReclaimMixin:
         lead = claimants[0]
         units = self.gang_units()
         mine = units.get(p.name, ([], [], 0))[1]
-        own = any(m[0].priority < lead.priority for m in mine)
+        own = bool(mine) and mine[0][0].priority < lead.priority  # (units go lowest priority first)
         within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
         if not within and not own:
             return self._gang_why(p, within, 0, False)
@@ -183,7 +198,7 @@ class GangReclaimMixin:
         names, protected = [], 0
         for name, (over, mine, young) in units.items():
             if name == p.name:
-                if any(m[0].priority < lead.priority for m in mine):
+                if mine and mine[0][0].priority < lead.priority:
                     names.append(name)
                 protected += young
             elif within and self.usage[name] > self.projects[name].train_guarantee_milli and over:
@@ -191,6 +206,8 @@ class GangReclaimMixin:
                 protected += young
         if not names:
             return (protected, False)
+        if gang is None and self._gang_owners.isdisjoint(names):
+            return (protected, True)  # no gang to pause: the plain reclaim has searched these victims already
         recent = self.recent
         names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
         ledger = self.cap.ledger

@@ -94,8 +94,9 @@ def _problem(members: Sequence[Workload]) -> str | None:
         return "only training jobs can be multi-node gangs"
     if first.gang_size < 1:
         return f"gang {first.gang} has no size (gang_size must be at least 1)"
-    if any(w.project != first.project or w.gang_size != first.gang_size or w.request != first.request
-           or w.priority != first.priority for w in members):
+    req = first.request
+    if any(w.project != first.project or w.gang_size != first.gang_size or w.priority != first.priority
+           or (w.request is not req and w.request != req) for w in members):
         return f"the replicas of gang {first.gang} disagree on project, size, request or priority"
     if len(members) > first.gang_size:
         return f"gang {first.gang} has {len(members)} replicas, more than its size {first.gang_size}"
@@ -184,6 +185,7 @@ class GangMixin:
         self.gang_failed: FailureMemo[bool] = FailureMemo()  # context: the gang's size
         self.gang_failed_sizes: list[int] = []
         self.gang_texts: dict[tuple, str] = {}
+        self.gang_most: dict[int, int] = {}  # id(interned replica request) -> replicas the empty pool holds
         self.running_gangs = False
         if not any(map(_gang_of, workloads)):
             return builds, trains
@@ -272,8 +274,9 @@ class GangMixin:
             return f"project {gang.project!r} does not exist"
         if not self.fits_empty(TRAIN_POOL, req):
             return f"no node of the train pool can ever hold one replica of {gang.describe()}"
-        state = self.cap.states[TRAIN_POOL]
-        most = int(state.replicas_fit(req, empty=True).sum())
+        most = self.gang_most.get(id(req))
+        if most is None:  # (per request shape: most gangs of a queue share a few)
+            most = self.gang_most[id(req)] = int(self.cap.states[TRAIN_POOL].replicas_fit(req, empty=True).sum())
         if most < gang.size:
             return (f"the train pool could hold at most {most} replicas of {txt.describe(req)} even empty; "
                     f"{gang.describe()} needs {gang.size}")
