@@ -1,0 +1,98 @@
+"""The list+watch thread on the real API server: an expired watch (410) re-lists; a stop that lands after the end loses."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from scheduler.kube.health import Health
+from scheduler.kube.watcher import ListWatch
+from scheduler.service.actor import Actor
+from scheduler.service.core import SchedulerCore
+from tests.kube.cluster import Kubelet, wait
+from tests.kube.conftest import KUBE, kube_config
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+
+
+@pytest.fixture(scope="module")
+def compacting_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """An API server of its own that compacts etcd every second and has no watch cache: old watches expire."""
+    if not (KUBE / "start").exists():
+        pytest.skip(f"no Kubernetes test kit at {KUBE}")
+    d = tmp_path_factory.mktemp("kube-compacting")
+    env = {**os.environ, "GPUPOOL_KUBE_APISERVER_ARGS": "--etcd-compaction-interval=1s --watch-cache=false"}
+    r = subprocess.run([str(KUBE / "start"), str(d)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        pytest.fail(f"could not start the test API server:\n{r.stderr[-3000:]}", pytrace=False)
+    try:
+        yield client.CoreV1Api(config.new_client_from_config(config_file=str(d / "kubeconfig")))
+    finally:
+        subprocess.run([str(KUBE / "stop"), str(d)], capture_output=True)
+
+
+def test_an_expired_watch_re_lists(compacting_api: Any) -> None:
+    api, namespace = compacting_api, "default"
+    api.create_namespaced_config_map(namespace, {"metadata": {"name": "c"}, "data": {"n": "0"}})
+    stale = api.list_namespaced_config_map(namespace).metadata.resource_version
+    for i in range(5):
+        api.patch_namespaced_config_map("c", namespace, {"data": {"n": str(i)}})
+    time.sleep(3.5)  # two compactions later, `stale` is gone from etcd: a watch from it gets 410
+    lists: list[int] = []
+    events: list[str] = []
+    calls = {"n": 0}
+
+    @functools.wraps(api.list_namespaced_config_map)  # the watch reads the item type from its signature
+    def list_fn(**kw: Any) -> Any:
+        out = api.list_namespaced_config_map(**kw)
+        if not kw.get("watch") and calls["n"] == 0:
+            out.metadata.resource_version = stale  # as if this list were from long ago
+        if not kw.get("watch"):
+            calls["n"] += 1
+        return out
+
+    done = threading.Event()
+    lw = ListWatch("configmaps", list_fn, lambda items: lists.append(len(items)),
+                   lambda kind, obj: (events.append(obj.data["n"]), done.set()), Health(),
+                   namespace=namespace, watch_timeout_s=5)
+    lw.start()
+    try:
+        try:
+            wait(lambda: lw.relists >= 1 and len(lists) >= 2, what="a re-list after 410")
+        except AssertionError:
+            raise AssertionError(f"no re-list: relists={lw.relists} lists={lists} calls={calls}") from None
+        api.patch_namespaced_config_map("c", namespace, {"data": {"n": "after"}})
+        wait(lambda: "after" in events, what="the watch going on after the re-list")
+    finally:
+        lw.stop()
+
+
+async def test_a_pause_that_lands_after_the_pod_ended_does_not_win(api: Any, namespace: str, gpu_nodes: Any,
+                                                                   kubeconfig: Path, tmp_path: Path) -> None:
+    gpu_nodes(1, gpus=8)
+    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, poll_s=5.0))  # a slow monitor
+    await core.start()
+    try:
+        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        j, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "train.py"]})
+        name = f"gpupool-{j['id']}-1"
+        with Kubelet(api, namespace) as kubelet:
+            await wait_for(lambda: name in kubelet.started, what="the pod running")
+            kubelet.finish(name, 0)
+            await wait_for(lambda: api.read_namespaced_pod(name, namespace).status.phase == "Succeeded",
+                           what="the pod ended on its own")
+            paused = await core.pause(ADMIN, j["id"])  # before the monitor looked
+            assert paused["state"] == "succeeded" and paused["exit_code"] == 0, paused
+            assert name not in kubelet.stopped
+    finally:
+        await core.stop()
