@@ -159,13 +159,27 @@ def gang_jobs(shapes: list[Request], n: int, rng: random.Random, share: float = 
 
 
 def gang_rows(repeats: int) -> list[Row]:
-    """The synthetic full cluster with 10k pending jobs, 10% of them gangs: first and steady cycle."""
+    """The synthetic full cluster with gangs mixed in: first and steady cycle.
+
+    Two readings of "10k pending, 10% gangs": 10,000 pending jobs of which
+    10% are gangs (about 18,000 workloads), and 10,000 pending workloads of
+    which about 10% are gang replicas (comparable with the rows without gangs).
+    """
     rng = random.Random(12)
     snodes = synthetic_nodes()
     srunning = synthetic_running(snodes, rng)
-    pending = gang_jobs(openb_requests(keep_models=False), 10_000, rng)
-    snap = snapshot(snodes, projects(len(snodes) * 8 * MILLI), srunning + pending)
-    return first_and_steady("synthetic full, 10k pending, 10% gangs of 2-16 replicas", snap, repeats)
+    shapes = openb_requests(keep_models=False)
+    sprojects = projects(len(snodes) * 8 * MILLI)
+    rows = first_and_steady("synthetic full, 10k pending jobs, 10% gangs of 2-16 replicas",
+                            snapshot(snodes, sprojects, srunning + gang_jobs(shapes, 10_000, rng)), repeats)
+    mixed = gang_jobs(shapes, 9_000, rng, share=0.0, start=400_000)
+    replicas = gang_jobs(shapes, 300, rng, share=1.0, start=500_000)
+    while len(replicas) > 1_000:  # whole gangs only: drop the last gang until about a tenth are replicas
+        last = replicas[-1].gang
+        replicas = [w for w in replicas if w.gang != last]
+    rows += first_and_steady("synthetic full, 10k pending workloads, ~10% of them gang replicas",
+                             snapshot(snodes, sprojects, srunning + mixed + replicas), repeats)
+    return rows
 
 
 def fill(nodes: list[Node], shapes: list[Request], target: float, rng: random.Random) -> list[Workload]:
