@@ -141,6 +141,10 @@ class ServiceConfig:
             check_hub_settings(self)
         if self.backend not in ("local", "kubernetes"):
             raise InvalidRequest(f"backend must be local or kubernetes, not {self.backend!r}")
+        if self.backend == "kubernetes":  # jobs run in pods, not as Unix accounts of the service's machine
+            if self.run_jobs_as == "owner":
+                raise InvalidRequest("run_jobs_as 'owner' is for the local backend; on Kubernetes jobs run in pods")
+            self.run_jobs_as = "service"
         if not _DNS_LABEL.fullmatch(str(self.namespace)):
             raise InvalidRequest(f"namespace must be a Kubernetes name (lower case letters, digits and '-', "
                                  f"at most 63), not {self.namespace!r}")

@@ -1,0 +1,84 @@
+"""deploy/kubernetes/ holds valid objects (server-side dry run), and its RBAC is enough to run the scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, utils
+
+from scheduler.service.actor import Actor
+from scheduler.service.core import SchedulerCore
+from tests.kube.cluster import Kubelet
+from tests.kube.conftest import kube_config
+from tests.service.helpers import wait_for
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+ADMIN = Actor("admin", True)
+
+
+def documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def ensure_namespace(api: Any) -> None:
+    if not any(n.metadata.name == "gpupool" for n in api.list_namespace().items):
+        utils.create_from_dict(api.api_client, documents("namespace.yaml")[0])
+
+
+def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
+    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["namespace.yaml", "rbac.yaml", "scheduler.yaml"]
+    ensure_namespace(api)  # namespaced objects are checked inside an existing namespace
+    kinds = []
+    for name in ("rbac.yaml", "scheduler.yaml"):
+        for doc in documents(name):
+            utils.create_from_dict(api.api_client, doc, dry_run="All")  # raises on an invalid object
+            kinds.append(doc["kind"])
+    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                     "PersistentVolumeClaim", "Deployment", "Service"]
+    bad = documents("scheduler.yaml")[1]
+    bad["spec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_Name"  # only the server refuses this
+    try:
+        utils.create_from_dict(api.api_client, bad, dry_run="All")
+    except utils.FailToCreateError:
+        pass
+    else:
+        raise AssertionError("the dry run accepted an invalid container name: it checks nothing")
+
+
+async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, kubeconfig: Path,
+                                                     tmp_path: Path) -> None:
+    """The scheduler runs as the ServiceAccount of rbac.yaml, with only those rights, and binds a job's pod."""
+    ensure_namespace(api)
+    for doc in documents("rbac.yaml"):
+        try:
+            utils.create_from_dict(api.api_client, doc)
+        except utils.FailToCreateError as e:
+            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier run of this test
+                raise
+    gpu_nodes(1, gpus=8)
+    token = api.create_namespaced_service_account_token(
+        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    sa_config = tmp_path / "sa.kubeconfig"
+    text = kubeconfig.read_text()
+    sa = yaml.safe_load(text)
+    sa["users"] = [{"name": "sa", "user": {"token": token}}]
+    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
+    sa["current-context"] = "sa"
+    sa_config.write_text(yaml.safe_dump(sa))
+    core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+        j, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "t.py"]})
+        with Kubelet(api, "gpupool") as kubelet:
+            name = f"gpupool-{j['id']}-1"
+            await wait_for(lambda: name in kubelet.started, what="the pod bound by the service account")
+            kubelet.finish(name, 0)
+            await wait_for(lambda: core.get_job(ADMIN, j["id"])["state"] == "succeeded", what="success")
+        assert core.status(ADMIN)["backend"]["ok"] is True
+    finally:
+        await core.stop()
