@@ -318,7 +318,12 @@ class GangReclaimMixin:
         state = self.cap.states[TRAIN_POOL]
         plan: list[tuple[str, int]] | None
         if req.gpus:
-            picks = choose_nodes(state.replicas_fit(req), size, self.gang_groups(), state.whole_free)
+            room = state.replicas_fit(req)
+            for name in self.reserved:  # (a victim's GPUs on a reserved node stay with the starving job)
+                i = state.node_index.get(name)
+                if i is not None:
+                    room[i] = 0
+            picks = choose_nodes(room, size, self.gang_groups(), state.whole_free)
             plan = None if picks is None else [(state.names[i], n) for i, n in picks]
         else:
             nodes = sorted({v.assignment.node for m in chosen for v in m},  # type: ignore[union-attr]
