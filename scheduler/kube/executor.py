@@ -60,6 +60,7 @@ class _Attempt:
     start: Any = None  # the create+bind future (None for an adopted pod)
     adopted: bool = False  # found by recovery: a list without its pod means it is gone
     created_rv: int | None = None  # resourceVersion of the created pod: a later list without it means gone
+    uid: str | None = None  # the pod's uid: events of an earlier pod of the same name (a refused start) are not its
     seen: bool = False
     gone: bool = False
     end: PodEnd | None = None
@@ -109,7 +110,7 @@ class PodExecutor:
             self._pods = listed
             for name, a in self._attempts.items():
                 pod = listed.get(name)
-                if pod is not None and (pod.spec.node_name or not a.adopted):
+                if pod is not None and self._mine(a, pod) and (pod.spec.node_name or not a.adopted):
                     self._observe(a, pod)
                 elif a.adopted or (a.start is not None and a.start.done() and a.created_rv is not None
                                    and list_rv >= a.created_rv):
@@ -123,10 +124,25 @@ class PodExecutor:
             else:
                 self._pods[name] = pod
             a = self._attempts.get(name)
-            if a is not None:
+            if a is not None and self._mine(a, pod):
                 self._observe(a, pod)
                 if kind == "DELETED":
                     a.gone = True
+
+    @staticmethod
+    def _mine(a: _Attempt, pod: Any) -> bool:
+        """Whether this pod object is the attempt's own, not an earlier pod of the same name.
+
+        A start that was refused requeues the job with the same attempt number,
+        so the next try's pod has the same name; the earlier pod's late events
+        (its deletion) must not end the new one. Until its create call answers,
+        an attempt owns no pod (nothing of it can end before its bind anyway);
+        an adopted attempt owns the first it is shown.
+        """
+        uid = pod.metadata.uid
+        if a.uid is None and a.adopted:
+            a.uid = uid
+        return a.uid is not None and a.uid == uid
 
     @staticmethod
     def _observe(a: _Attempt, pod: Any) -> None:
@@ -143,9 +159,6 @@ class PodExecutor:
         a.start = self.calls.submit(self._create_and_bind, a, pod_manifest(launch, self.settings), node)
         with self._lock:
             self._attempts[handle.name] = a
-            pod = self._pods.get(handle.name)  # the watch may have seen it before we listed the attempt
-            if pod is not None:
-                self._observe(a, pod)
         return handle
 
     def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
@@ -168,6 +181,7 @@ class PodExecutor:
                                       START_GIVE_UP_S)
         with self._lock:
             a.created_rv = _rv(created.metadata.resource_version)
+            a.uid = created.metadata.uid
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
@@ -314,6 +328,7 @@ class PodExecutor:
             pod = self._pods.get(name)
             if pod is None:
                 return Recovered("gone")  # never created, or deleted while we were away: resume it
+            a.uid = pod.metadata.uid
             handle.node = pod.spec.node_name or ""
             if not handle.node:
                 self.calls.submit(self._delete_quietly, name, 0)  # created, never bound: nothing ran

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,12 @@ async def test_a_refused_bind_returns_the_job_to_the_queue(api: Any, namespace: 
                               what="the bind refused")
         assert back["state"] == "queued" and back["attempts"] == 0 and back["assignment"] is None
         assert "403" in back["reason"]
+        # Each try reuses the pod name; the earlier pod's late deletion must not end the next try's.
+        await asyncio.sleep(3.0)
+        seen = [e for e in core.events_since(0) if e.get("job_id") == j["id"]]
+        assert sum("could not bind" in (e.get("reason") or "") for e in seen) >= 2
+        assert {e["state"] for e in seen} <= {"queued", "running"}, seen
+        assert core.get_job(ADMIN, j["id"])["attempts"] <= 1
         await wait_for(lambda: not pod_names(api, namespace), what="the unbound pod deleted")
     finally:
         await core.stop()
