@@ -1,0 +1,78 @@
+"""A digest of the decisions of bench.scale's 14 cycles without gangs, and the steady cycle's CPU time.
+
+Run: ``python -m bench.decision_digest [REPEATS]`` in two checkouts (e.g. one
+from ``git archive`` of an older commit) to show that a change to the policy
+decides exactly as before: equal digests mean equal ``repr`` of every
+``Decisions``. The openb trace must sit beside the project root (as for
+bench.scale).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import statistics
+import sys
+import time
+
+from bench.scale import (
+    MILLI,
+    applied,
+    fill,
+    openb_nodes,
+    openb_requests,
+    pending_jobs,
+    projects,
+    snapshot,
+    synthetic_nodes,
+    synthetic_running,
+)
+from scheduler.policy import Decisions, Snapshot, schedule
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    repeats = int(argv[0]) if argv else 15
+    h = hashlib.sha256()
+
+    def eat(s: Snapshot) -> Decisions:
+        d = schedule(s)
+        h.update(repr(d).encode())
+        return d
+
+    # the same snapshots, from the same random stream, as bench.scale.run
+    rng = random.Random(42)
+    onodes = openb_nodes()
+    oshapes = openb_requests(keep_models=True)
+    orunning = fill(onodes, oshapes, 0.90, rng)
+    ototal = sum(len(n.gpus) for n in onodes) * MILLI
+    first = snapshot(onodes, projects(ototal), orunning + pending_jobs(oshapes, 10_000, rng))
+    eat(applied(first, eat(first)))
+    snodes = synthetic_nodes()
+    sshapes = openb_requests(keep_models=False)
+    srunning = synthetic_running(snodes, rng)
+    sprojects = projects(len(snodes) * 8 * MILLI)
+    spending = pending_jobs(sshapes, 100_000, rng)
+    first = snapshot(snodes, sprojects, srunning + spending[:10_000])
+    steady = applied(first, eat(first))
+    eat(steady)
+    first = snapshot(snodes, sprojects, srunning + spending[:10_000], placement="firstfit")
+    eat(applied(first, eat(first)))
+    pending = pending_jobs(sshapes, 10_000, rng, start=200_000)
+    for placement in ("default", "firstfit"):
+        eat(snapshot(snodes, sprojects, pending, placement=placement))
+    for n in (1_000, 10_000, 100_000):
+        first = snapshot(snodes, sprojects, srunning + spending[:n])
+        eat(applied(first, eat(first)))
+    print("digest of 14 cycles' decisions", h.hexdigest()[:16])
+    cpu = []
+    for _ in range(repeats):
+        c = time.process_time()
+        schedule(steady)
+        cpu.append((time.process_time() - c) * 1000)
+    print(f"steady synthetic 10k cycle: CPU p50 {statistics.median(cpu):.1f} ms, min {min(cpu):.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
