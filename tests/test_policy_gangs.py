@@ -331,3 +331,21 @@ def test_starving_gang_reserves_nodes_for_all_replicas_as_one_reservation() -> N
     # one reservation (max_reservations=1): the later starving job reserves nothing
     assert "is reserved for it" not in _by_id(d.waits)["late"].reason
     assert "reserved for starving jobs" in _by_id(d.waits)["late"].reason
+
+
+def test_a_gang_spans_racks_only_when_no_rack_can_hold_it() -> None:
+    nodes = [node("n1", 8, rack="r1"), node("n2", 8, rack="r1"), node("n3", 8, rack="r2")]
+    s = snap(nodes, [project("A", 24)], gang("g", "A", 3, 8))
+    d = schedule(s)
+    assert sorted(st.assignment.node for st in d.starts) == ["n1", "n2", "n3"]
+
+
+def test_replicas_respect_models_and_cpu_per_node() -> None:
+    """Two A100 replicas of 4 GPUs and 40 CPUs: one per A100 node (CPU), none on the T4 node."""
+    nodes = [node("t1", 8, model="T4"), node("a1", 8), node("a2", 8)]
+    g = [dataclasses.replace(w, request=dataclasses.replace(w.request, gpu_models=frozenset({"A100"})))
+         for w in gang("g", "A", 2, 4, cpu=40_000)]
+    s = snap(nodes, [project("A", 24)], g)
+    d = schedule(s)
+    assert sorted(st.assignment.node for st in d.starts) == ["a1", "a2"]
+    assert violations(apply(s, d)) == []

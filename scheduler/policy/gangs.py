@@ -182,6 +182,7 @@ class GangMixin:
         running replicas of a gang with pending ones are paused.
         """
         self.gangs, self.gang_need, self.gang_projects = {}, {}, set()
+        self.gang_led_by: dict[str, Gang] = {}  # first replica's id -> its gang (schedulable gangs)
         self.gang_failed: FailureMemo[bool] = FailureMemo()  # context: the gang's size
         self.gang_failed_sizes: list[int] = []
         self.gang_texts: dict[tuple, str] = {}
@@ -209,11 +210,12 @@ class GangMixin:
             why = next((refused[i] for i in pending_ids if i in refused), None)
             if why is not None:
                 # a replica already refused (unknown project, malformed request): the gang cannot run
-                self._reject_rest(gang, decided, f"{why} (a replica of gang {gid}; the gang starts whole or not at all)")
+                self._reject_rest(gang, decided, refused,
+                                  f"{why} (a replica of gang {gid}; the gang starts whole or not at all)")
                 continue
             problem = _problem(members)
             if problem is not None:
-                self._reject_rest(gang, decided, problem)
+                self._reject_rest(gang, decided, refused, problem)
                 continue
             if not pending:
                 continue
@@ -229,18 +231,19 @@ class GangMixin:
                 continue
             why = self._never_fits(gang)
             if why is not None:
-                self._reject_rest(gang, decided, why)
+                self._reject_rest(gang, decided, refused, why)
                 continue
             self.gang_need[gang.leader.id] = gang.need
+            self.gang_led_by[gang.leader.id] = gang
             kept_leaders.add(gang.leader.id)
             decided.update(pending_ids)
         return ([w for w in builds if w.id not in decided],
                 [w for w in trains if not w.gang or w.id in kept_leaders or w.id not in decided])
 
-    def _reject_rest(self, gang: Gang, decided: set[str], why: str) -> None:
-        already = {r.workload_id for r in self.rejects}
+    def _reject_rest(self, gang: Gang, decided: set[str], refused: dict[str, str], why: str) -> None:
+        """Refuse every pending replica not refused already (``refused``: those, by id)."""
         for w in gang.pending:
-            if w.id not in already:
+            if w.id not in refused:
                 self.rejects.append(Reject(w.id, why))
             decided.add(w.id)
 
@@ -289,23 +292,14 @@ class GangMixin:
     def gang_pending_need(self, pending: dict[str, int]) -> None:
         """Add the replicas beyond the first to each project's pending need (the first is counted already)."""
         for leader, need in self.gang_need.items():
-            gang = self.gangs[self._gang_id_of(leader)]
+            gang = self.gang_led_by[leader]
             pending[gang.project] += need - gang.request.gpus * MILLI
-
-    def _gang_id_of(self, leader_id: str) -> str:
-        return self._leader_gang()[leader_id]
-
-    def _leader_gang(self) -> dict[str, str]:
-        table = getattr(self, "_leaders", None)
-        if table is None:
-            table = self._leaders = {g.leader.id: g.id for g in self.gangs.values()}
-        return table
 
     # ------------------------------------------------------------ a gang's turn
 
     def gang_turn(self, w: Workload, first: bool, deferred: list[Workload], starving_from: float) -> None:
         """The gang whose first replica is ``w`` takes its turn in a training pass."""
-        gang = self.gangs[self._gang_id_of(w.id)]
+        gang = self.gang_led_by[w.id]
         p = self.projects[gang.project]
         need = gang.need
         used = self.usage[p.name]
