@@ -55,24 +55,38 @@ def resolve_mode(mode: str) -> str:
     return mode
 
 
-def job_account(user: str, mode: str, allow_root: bool) -> RunAs | None:
+def check_account_template(template: str) -> str:
+    """``job_account_template`` as given, or :class:`InvalidRequest`: it must hold ``{user}`` once and nothing else in braces."""
+    if not isinstance(template, str) or template.count("{user}") != 1 or \
+            template.replace("{user}", "").count("{") or template.replace("{user}", "").count("}"):
+        raise InvalidRequest(f"job_account_template must contain {{user}} once and no other braces "
+                             f"(e.g. 'jupyter-{{user}}' for TLJH), not {template!r}")
+    return template
+
+
+def job_account(user: str, mode: str, allow_root: bool, template: str = "{user}") -> RunAs | None:
     """The account a job of ``user`` runs as; None: as the service's own user (mode ``service``).
 
-    Raises :class:`Forbidden` when the job may not run: no account of that
-    name, or an account with uid 0 while ``allow_root`` is off.
+    ``template`` names the account from the user: ``{user}`` (the same name,
+    as Slurm does) or e.g. ``jupyter-{user}``, the accounts The Littlest
+    JupyterHub makes for its users. Raises :class:`Forbidden` when the job may
+    not run: no account of that name, or an account with uid 0 while
+    ``allow_root`` is off.
     """
     if resolve_mode(mode) == "service":
         return None
+    name = template.replace("{user}", user)
     try:
-        account = pwd.getpwnam(user)
+        account = pwd.getpwnam(name)
     except KeyError:
-        raise Forbidden(f"user {user!r} has no Unix account on the scheduler's machine, and this scheduler runs "
-                        "each training job as its owner's account (run_jobs_as); ask an admin to create one") from None
+        raise Forbidden(f"user {user!r} has no Unix account {name!r} on the scheduler's machine, and this "
+                        "scheduler runs each training job as its owner's account (run_jobs_as); ask an admin "
+                        "to create one") from None
     if account.pw_uid == 0 and not allow_root:
         raise Forbidden(f"user {user!r} is root: this scheduler does not run jobs as root "
                         "(an admin can allow it with allow_root_jobs)")
-    groups = tuple(sorted(set(os.getgrouplist(user, account.pw_gid))))
-    return RunAs(user, account.pw_uid, account.pw_gid, groups, account.pw_dir)
+    groups = tuple(sorted(set(os.getgrouplist(name, account.pw_gid))))
+    return RunAs(name, account.pw_uid, account.pw_gid, groups, account.pw_dir)
 
 
 def job_environment(service_env: dict[str, str], run_as: RunAs | None) -> dict[str, str]:

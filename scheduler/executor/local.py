@@ -91,11 +91,13 @@ class LocalExecutor:
     """Starts, watches and stops job processes on this machine (a :class:`scheduler.executor.base.Executor`)."""
 
     def __init__(self, jobs_dir: Path, traversable: bool = False, run_jobs_as: str = "service",
-                 allow_root_jobs: bool = False) -> None:
+                 allow_root_jobs: bool = False, account_template: str = "{user}") -> None:
         """``traversable``: jobs run as other accounts (root service), which must reach their own job's
         directory: ``jobs/`` is then 0711 (entered, never listed), else 0700. ``run_jobs_as`` and
-        ``allow_root_jobs``: which Unix account :meth:`launch` runs a job as (ServiceConfig's)."""
+        ``allow_root_jobs``, ``account_template``: which Unix account :meth:`launch` runs a job as
+        (ServiceConfig's ``run_jobs_as``, ``allow_root_jobs``, ``job_account_template``)."""
         self.run_jobs_as = run_jobs_as
+        self.account_template = account_template
         self.allow_root_jobs = allow_root_jobs
         self.jobs_dir = Path(jobs_dir)
         self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -142,7 +144,7 @@ class LocalExecutor:
         service's or its owner's account) with the job's own variables, then
         the GPU variables, on top.
         """
-        run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs)
+        run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs, self.account_template)
         env = job_environment(dict(os.environ), run_as)
         env.update(launch.job_env)
         env.update(launch.gpu_env)

@@ -198,7 +198,9 @@ class ApiMethodsMixin:
         if js.kind == "build":
             self._check_build_quota(project, request)
         else:
-            job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs)  # refused now, not at start
+            # refused now, not at start
+            job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
+                        self.config.job_account_template)
         now = time.time()
         with self._store.transaction():
             num = self._store.next_job_number()

@@ -58,7 +58,8 @@ class LocalBackend:
         self.gpus: dict[str, GpuInfo] = {g.id: g for g in self.inventory.gpus()}
         self.nodes = _nodes(config, self.gpus)
         self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
-                                      allow_root_jobs=config.allow_root_jobs)
+                                      allow_root_jobs=config.allow_root_jobs,
+                                      account_template=config.job_account_template)
 
     def sample(self) -> dict[str, GpuSample]:
         return self.inventory.sample()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.errors import InvalidRequest
+from scheduler.executor.accounts import check_account_template
 
 _SHUTDOWN_MODES = ("stop", "leave")
 _WATCHDOG_MODES = ("off", "warn", "stop")
@@ -91,6 +92,8 @@ class ServiceConfig:
     # The default comes from $GPUPOOL_RUN_JOBS_AS when set (e.g. the test suite's "service").
     run_jobs_as: str = field(default_factory=lambda: os.environ.get("GPUPOOL_RUN_JOBS_AS", "auto"))
     allow_root_jobs: bool = False  # with "owner": may a job of a user whose account is root run (as root)?
+    # With "owner": the account a user's jobs run as, from the user name ("jupyter-{user}" on TLJH).
+    job_account_template: str = "{user}"
     # Each project's GPU use is kept decayed by this half-life (default 7 days; 0 keeps none).
     usage_half_life_s: float = 7 * 86400.0
     # Where jobs run (docs/kubernetes.md): "local" (this machine's GPUs, jobs as processes) or
@@ -131,6 +134,7 @@ class ServiceConfig:
         if self.run_jobs_as == "owner" and os.geteuid() != 0:
             raise InvalidRequest("run_jobs_as 'owner' needs a scheduler running as root (to start jobs as "
                                  "other accounts); use 'service' or 'auto'")
+        check_account_template(self.job_account_template)
         if self.sqlite_synchronous not in ("FULL", "NORMAL"):
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:

@@ -123,6 +123,24 @@ async def test_jobs_of_users_without_an_account_or_of_root_are_refused(accounts,
         await core.stop()
 
 
+async def test_an_account_template_maps_hub_users_to_their_accounts(accounts, state_dir):
+    """TLJH's way: Hub user 'alice' has the account 'jupyter-alice'; here 'gpt-{user}' maps 'alice' to gpt-alice."""
+    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner", job_account_template="gpt-{user}"))
+    await core.start()
+    try:
+        core.set_project(ADMIN, "p", {"train_guarantee": 1})
+        job, _ = await core.submit(Actor("alice"), {"project": "p", "gpus": 1, "command": ["sh", "-c", "id -u"]})
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="alice's job")
+        assert core.read_log(Actor("alice"), job["id"])["data"].splitlines()[-1] == str(accounts[ALICE].pw_uid)
+        with pytest.raises(Forbidden, match="no Unix account 'gpt-carol'"):
+            await core.submit(Actor("carol"), {"project": "p", "gpus": 1, "command": ["true"]})
+    finally:
+        await core.stop()
+    for bad in ("jupyter-", "{user}-{user}", "{uid}{user}", "x}{user}"):
+        with pytest.raises(InvalidRequest, match="job_account_template"):
+            ServiceConfig(state_dir=state_dir, job_account_template=bad)
+
+
 def test_a_state_dir_other_accounts_cannot_enter_is_refused_at_start(accounts, tmp_path):
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
