@@ -92,6 +92,7 @@ class GangReclaimMixin:
 
     _units: dict[str, tuple[list[Unit], list[Unit], int]] | None = None
     _gang_owners: set[str] = set()  # projects with a running gang that may be paused (no replica too young)
+    _gang_over_owners: set[str] = set()  # those with such a gang beyond their guarantee
     _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
 
@@ -132,6 +133,8 @@ class GangReclaimMixin:
                     insort(over, m, key=_unit_key)
             out[name] = (over, cand, young + protected.get(name, 0))
         self._gang_owners = set(gangs)
+        self._gang_over_owners = {name for name, (over, _, _) in out.items() if any(len(m) > 1 or m[0].gang
+                                                                                  for m in over)}
         self._units = out
         return out
 
@@ -173,10 +176,19 @@ class GangReclaimMixin:
         within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
         if not within and not own:
             return self._gang_why(p, within, 0, False)
+        if gang is None and not (own and p.name in self._gang_owners) and not (
+                within and not self._gang_over_owners <= {p.name}):
+            return ""  # no gang it could pause: the plain reclaim has tried every victim (its reason stands)
         if self._gang_reclaim_failed is None:
             self._gang_reclaim_failed = FailureMemo()
-        context = (size, within, p.name if own else None, lead.priority if own else None)
+            self._gang_fail_sizes: dict[tuple, tuple[Request, int, int, tuple[int, bool]]] = {}
+        kind = (within, p.name if own else None, lead.priority if own else None)
+        context = (size, *kind)
         generation = self.cap.generation
+        # the same replicas failed for no more of them: the search (the same nodes, the same order) fails again
+        smallest = self._gang_fail_sizes.get((kind, id(req)))
+        if smallest is not None and smallest[0] is req and smallest[1] == generation and smallest[2] <= size:
+            return self._gang_why(p, within, *smallest[3])
         memo = self._gang_reclaim_failed.get(context, req, generation)
         if memo is not None:
             return self._gang_why(p, within, *memo)
@@ -184,6 +196,8 @@ class GangReclaimMixin:
         if outcome is None:
             return None
         self._gang_reclaim_failed.add(context, req, generation, outcome)
+        if smallest is None or smallest[0] is not req or smallest[1] != generation or size < smallest[2]:
+            self._gang_fail_sizes[(kind, id(req))] = (req, generation, size, outcome)
         return self._gang_why(p, within, *outcome)
 
     def _gang_why(self, p: Project, within: bool, protected: int, tried: bool) -> str:
@@ -337,7 +351,7 @@ class GangReclaimMixin:
                     self.cap.commit(v.assignment, v.request)  # type: ignore[arg-type]
                     self.usage[v.project] += self.milli[v.id]
             return (0, True)
-        target = gang.describe() if gang is not None else f"job {claimants[0].id}"
+        target = gang.text if gang is not None else f"job {claimants[0].id}"
         for m in chosen:
             q = self.projects[m[0].project]
             unit = f"gang {m[0].gang} (all {len(m)} replicas)" if m[0].gang else "this job"

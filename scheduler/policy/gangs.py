@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,11 @@ class Gang:
     @property
     def need(self) -> int:
         return self.size * self.request.gpus * MILLI
+
+    @cached_property
+    def text(self) -> str:
+        """:meth:`describe`, built once (a waiting gang's reasons name it several times a cycle)."""
+        return self.describe()
 
     def describe(self) -> str:
         """E.g. "gang g7 of 2 × 8 GPUs" (models, CPU and memory per replica added when asked)."""
@@ -185,6 +191,7 @@ class GangMixin:
         self.gang_led_by: dict[str, Gang] = {}  # first replica's id -> its gang (schedulable gangs)
         self.gang_failed: FailureMemo[bool] = FailureMemo()  # context: the gang's size
         self.gang_failed_sizes: list[int] = []
+        self.gang_smallest_failed: dict[int, tuple[Request, int]] = {}  # id(request) -> (it, smallest failed size)
         self.gang_texts: dict[tuple, str] = {}
         self.gang_most: dict[int, int] = {}  # id(interned replica request) -> replicas the empty pool holds
         self.running_gangs = False
@@ -225,7 +232,7 @@ class GangMixin:
                 continue
             if len(pending) < gang.size:
                 self._wait_all(gang, (
-                    f"{gang.describe()}: only {len(pending)} of its {gang.size} replicas are known to the scheduler; "
+                    f"{gang.text}: only {len(pending)} of its {gang.size} replicas are known to the scheduler; "
                     "all replicas start together or none"))
                 decided.update(pending_ids)
                 continue
@@ -262,12 +269,12 @@ class GangMixin:
                 self.usage[v.project] -= self.milli[v.id]
                 self.touched.add(v.project)
             self.preempted[v.id] = (
-                f"paused so that {gang.describe()} restarts whole: replicas {missing} are not running, and a gang "
+                f"paused so that {gang.text} restarts whole: replicas {missing} are not running, and a gang "
                 "never runs partly"
             )
         self.cap.generation += 1  # room grew back
         self._wait_all(gang, (
-            f"{gang.describe()}: its running replicas are paused this cycle so that all {gang.size} restart "
+            f"{gang.text}: its running replicas are paused this cycle so that all {gang.size} restart "
             "together; it starts again in a later cycle"))
 
     def _never_fits(self, gang: Gang) -> str | None:
@@ -276,16 +283,16 @@ class GangMixin:
         if gang.project not in self.projects:
             return f"project {gang.project!r} does not exist"
         if not self.fits_empty(TRAIN_POOL, req):
-            return f"no node of the train pool can ever hold one replica of {gang.describe()}"
+            return f"no node of the train pool can ever hold one replica of {gang.text}"
         most = self.gang_most.get(id(req))
         if most is None:  # (per request shape: most gangs of a queue share a few)
             most = self.gang_most[id(req)] = int(self.cap.states[TRAIN_POOL].replicas_fit(req, empty=True).sum())
         if most < gang.size:
             return (f"the train pool could hold at most {most} replicas of {txt.describe(req)} even empty; "
-                    f"{gang.describe()} needs {gang.size}")
+                    f"{gang.text} needs {gang.size}")
         limit = self.projects[gang.project].train_limit_milli
         if limit is not None and gang.need > limit:
-            return (f"{gang.describe()} asks for {txt.gpus(gang.need)} in all, more than project {gang.project}'s "
+            return (f"{gang.text} asks for {txt.gpus(gang.need)} in all, more than project {gang.project}'s "
                     f"training limit of {txt.gpus(limit)}")
         return None
 
@@ -318,11 +325,11 @@ class GangMixin:
         if limit is not None and used + need > limit:
             self._wait_all(gang, (
                 f"project {p.name} is at its training limit: it uses {txt.gpus(used)} of {txt.gpus(limit)} and "
-                f"{gang.describe()} needs {txt.gpus(need)} (all replicas start together or none)"))
+                f"{gang.text} needs {txt.gpus(need)} (all replicas start together or none)"))
             return
         if not within and w.paused_at is not None and self.now - w.paused_at < cfg.resume_backoff_s:
             self._wait_all(gang, (
-                f"{gang.describe()} was paused {txt.seconds(self.now - w.paused_at)} ago; it resumes on idle GPUs "
+                f"{gang.text} was paused {txt.seconds(self.now - w.paused_at)} ago; it resumes on idle GPUs "
                 f"only after {txt.seconds(cfg.resume_backoff_s)} (anti-flapping), or sooner within project "
                 f"{p.name}'s guarantee"))
             return
@@ -349,6 +356,10 @@ class GangMixin:
         memo = self.gang_failed
         if generation != memo.generation:
             self.gang_failed_sizes = []
+            self.gang_smallest_failed = {}
+        smallest = self.gang_smallest_failed.get(id(req))  # the common case: the same replica shape
+        if smallest is not None and smallest[0] is req and smallest[1] <= gang.size:
+            return None
         for size in self.gang_failed_sizes:
             if size <= gang.size and memo.get(size, req, generation):
                 return None
@@ -357,6 +368,8 @@ class GangMixin:
         picks = choose_nodes(room, gang.size, self.gang_groups(), state.whole_free)
         if picks is None:
             memo.add(gang.size, req, generation, True)
+            if smallest is None or smallest[0] is not req or gang.size < smallest[1]:
+                self.gang_smallest_failed[id(req)] = (req, gang.size)
             if gang.size not in self.gang_failed_sizes:
                 self.gang_failed_sizes.append(gang.size)
             return None
@@ -371,7 +384,7 @@ class GangMixin:
         ledger = self.cap.ledger
         req = gang.request
         where = ", ".join(node + (f" ×{n}" if n > 1 else "") for node, n in plan)
-        text = (f"as one of the {gang.size} replicas of {gang.describe()}, all started together on {where}"
+        text = (f"as one of the {gang.size} replicas of {gang.text}, all started together on {where}"
                 + (" " + note if note else ""))
         replicas = iter(gang.pending)
         for node, n in plan:
@@ -386,7 +399,7 @@ class GangMixin:
         text = self.gang_texts.get(key)
         if text is None:
             text = self.gang_texts[key] = self._gang_no_room_text(gang)
-        return f"{gang.describe()}: {text}"
+        return f"{gang.text}: {text}"
 
     def _gang_no_room_text(self, gang: Gang) -> str:
         state = self.cap.states[TRAIN_POOL]
