@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, utils
+from kubernetes import client, config, utils
 
 from scheduler.service.actor import Actor
 from scheduler.service.core import SchedulerCore
-from tests.kube.cluster import Kubelet
+from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
 
@@ -68,6 +68,17 @@ async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, k
     sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
     sa["current-context"] = "sa"
     sa_config.write_text(yaml.safe_dump(sa))
+    as_sa = client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
+
+    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see new roles
+        try:
+            as_sa.list_namespaced_pod("gpupool")
+            as_sa.list_node()
+        except client.ApiException:
+            return False
+        return True
+
+    wait(rbac_in_effect, what="the roles in effect")
     core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool"))
     await core.start()
     try:

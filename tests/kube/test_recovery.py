@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, config
 
 from scheduler.kube.backend import KubeBackend
 from scheduler.service.actor import Actor
@@ -118,6 +118,17 @@ async def test_a_refused_bind_returns_the_job_to_the_queue(api: Any, namespace: 
         "subjects": [{"kind": "User", "name": "limited", "apiGroup": "rbac.authorization.k8s.io"}]})
     limited = tmp_path / "limited.kubeconfig"
     limited.write_text(kubeconfig.read_text().replace("current-context: admin", "current-context: limited"))
+    as_limited = client.CoreV1Api(config.new_client_from_config(config_file=str(limited)))
+
+    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see new roles
+        try:
+            as_limited.list_namespaced_pod(namespace)
+            as_limited.list_node()
+        except client.ApiException:
+            return False
+        return True
+
+    wait(rbac_in_effect, what="the roles in effect")
     cfg = kube_config(tmp_path / "state", limited, namespace)
     core = SchedulerCore(cfg)
     await core.start()
