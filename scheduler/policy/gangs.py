@@ -193,6 +193,7 @@ class GangMixin:
         self.gang_failed_sizes: list[int] = []
         self.gang_smallest_failed: dict[int, tuple[Request, int]] = {}  # id(request) -> (it, smallest failed size)
         self.gang_texts: dict[tuple, str] = {}
+        self.gang_verdicts: dict[tuple, tuple[tuple, str]] = {}  # see gang_turn
         self.gang_most: dict[int, int] = {}  # id(interned replica request) -> replicas the empty pool holds
         self.running_gangs = False
         if not any(map(_gang_of, workloads)):
@@ -316,7 +317,27 @@ class GangMixin:
         if first and not within and since > starving_from:
             deferred.append(w)
             return
+        # A gang like one that just waited (the same replicas, no fewer of them, same project, priority;
+        # nothing started, paused or reserved since) waits for the same reason, as the engine's verdict memo
+        # does for single jobs: placement and reclaim would fail the same way. A starving gang must still try
+        # for a reservation, one in its resume backoff says so itself, and one past its limit says that.
+        key = (id(gang.request), p.name, within, w.priority)
+        n_reservers = self.n_reservers
+        mark = (self.cap.generation, used, n_reservers, len(self.started))
+        settled = within or w.paused_at is None or self.now - w.paused_at >= self.cfg.resume_backoff_s
+        quiet = n_reservers >= self.cfg.max_reservations or since > starving_from
+        limit = p.train_limit_milli
+        seen = self.gang_verdicts.get(key)
+        if (seen is not None and seen[0] == mark and seen[1] <= gang.size and settled and quiet
+                and (limit is None or used + need <= limit)):
+            self._wait_all(gang, gang.text + seen[2])
+            return
+        before = len(self.waits)
         self.schedule_gang(gang, p, within)
+        if settled and len(self.waits) > before and self.n_reservers == n_reservers:
+            reason = self.waits[-1].reason
+            if reason.startswith(gang.text + ":") and (seen is None or seen[0] != mark or gang.size < seen[1]):
+                self.gang_verdicts[key] = (mark, gang.size, reason[len(gang.text):])
 
     def schedule_gang(self, gang: Gang, p: Project, within: bool) -> None:
         cfg = self.cfg
@@ -395,7 +416,7 @@ class GangMixin:
 
     def _gang_no_room(self, gang: Gang) -> str:
         """What does not fit, for a waiting gang's reason (kept while nothing is started, paused or reserved)."""
-        key = (id(gang.request), gang.size, self.cap.generation, len(self.started), len(self.reserved))
+        key = (id(gang.request), self.cap.generation, len(self.started), len(self.reserved))
         text = self.gang_texts.get(key)
         if text is None:
             text = self.gang_texts[key] = self._gang_no_room_text(gang)
@@ -409,7 +430,7 @@ class GangMixin:
         one = txt.describe(gang.request).replace(" on one node", "")
         if fit:
             where = (f"only {nodes} node{'s' if nodes != 1 else ''} ha{'ve' if nodes != 1 else 's'} room for a "
-                     f"replica ({one}), {fit} of the {gang.size} replicas would fit")
+                     f"replica ({one}), {fit} replica{'s' if fit != 1 else ''} would fit")
         else:
             where = f"no node has room for a replica ({one})"
         text = f"{where}; all replicas start together or none"
