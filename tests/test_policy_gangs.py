@@ -353,9 +353,9 @@ def test_replicas_respect_models_and_cpu_per_node() -> None:
 
 def test_gangs_like_one_that_waited_get_its_reason_under_their_own_name() -> None:
     """The verdict memo: a larger gang of the same replicas waits for the same reason, named as itself."""
-    s = snap([node("n1", 8), node("n2", 8)], [project("A", 40)],
-             [on(train("busy", "A"), "n2", 0)] + gang("g", "A", 2, 8, t=0) + gang("h", "A", 3, 8, t=1),
-             starvation_s=1e9)
+    s = snap([node("n1", 8), node("n2", 8), node("n3", 8)], [project("A", 40)],
+             [on(train("busy", "A"), "n2", 0), on(train("busy2", "A"), "n3", 0)]
+             + gang("g", "A", 2, 8, t=0) + gang("h", "A", 3, 8, t=1), starvation_s=1e9)
     waits = _by_id(schedule(s).waits)
     assert waits["g-0"].reason.startswith("gang g of 2 × 8 GPUs: only 1 node has room for a replica")
     assert waits["h-2"].reason.startswith("gang h of 3 × 8 GPUs: only 1 node has room for a replica")
