@@ -207,6 +207,8 @@ class PodExecutor:
             a = self._attempts.get(handle.name)
             if a is None:
                 return False
+            if a.start is not None and not a.start.done():
+                return True  # still being created and bound: a refused bind deletes the pod before it says so
             if self._start_error(a) is not None:
                 return False
             return a.end is None and not a.gone
