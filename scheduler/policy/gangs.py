@@ -21,11 +21,11 @@ replica), and this module makes the engine treat the replicas as one job:
   guarantee passes, limits and fair share.
 * **Topology**: replicas go on as few nodes as possible, packed onto a node
   before spreading, within one node group (``Node.group``: a rack, a switch)
-  when one group can hold them all (:func:`choose_nodes`).
+  when one group can hold them all (:func:`~scheduler.policy.gang_nodes.choose_nodes`).
 * **Reclaim**: a gang is one victim; pausing it pauses every replica and
   counts all their GPUs against the victim project's guarantee. A gang
   claimant finds room for every replica (on several nodes if need be)
-  before anything is paused (:meth:`GangMixin.reclaim_units`).
+  before anything is paused (:mod:`scheduler.policy.gang_reclaim`).
 * **Starvation**: a gang waiting longer than ``starvation_s`` reserves the
   nodes closest to holding all its replicas (one reservation, several
   nodes), so small jobs cannot keep taking the room it needs.
