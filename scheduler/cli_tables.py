@@ -187,8 +187,10 @@ def status_text(url: str, status: dict[str, Any]) -> str:
     if simulated:
         head += "   ** SIMULATED GPUs: no real GPU is used **"
     queue = status.get("queue") or {}
+    backend = backend_text(status.get("backend"))
     lines = [
         head,
+        *([backend] if backend else []),
         f"GPUs: {gpus_text(allocated)} of {total} allocated    queue: {_count(queue.get('pending'))} pending, "
         f"{_count(queue.get('running'))} running, {_count(queue.get('paused'))} paused",
         "",
@@ -197,6 +199,39 @@ def status_text(url: str, status: dict[str, Any]) -> str:
         projects_table(status.get("projects") or []),
     ]
     return "\n".join(lines)
+
+
+def backend_text(health: Any) -> str:
+    """One line on where jobs run, said only for a cluster backend or when something is wrong.
+
+    ``Kubernetes API https://10.0.0.1:6443, namespace gpupool: OK`` or, while
+    the API server cannot be reached, the failing calls and since when; GPU
+    nodes left out of the pool follow with their reason.
+    """
+    if not isinstance(health, dict) or (health.get("backend") == "local" and health.get("ok", True)):
+        return ""
+    if health.get("backend") == "kubernetes":
+        text = f"Kubernetes API {health.get('api_server', '?')}, namespace {health.get('namespace', '?')}: "
+    else:
+        text = f"backend {health.get('backend', '?')}: "
+    errors = [e for e in health.get("errors") or [] if isinstance(e, dict)]
+    if health.get("ok", True) and not errors:
+        text += "OK"
+    else:
+        text += "PROBLEM: " + "; ".join(
+            f"{e.get('source', '?')}: {e.get('error', '?')}" + (f" (since {_clock(e.get('since'))})" if e.get("since") else "")
+            for e in errors) if errors else "PROBLEM"
+    out = health.get("nodes_out")
+    if isinstance(out, dict) and out:
+        text += "\nnodes out of the pool: " + ", ".join(f"{name} ({why})" for name, why in sorted(out.items()))
+    return text
+
+
+def _clock(t: Any) -> str:
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(float(t)))
+    except (TypeError, ValueError, OverflowError):
+        return str(t)
 
 
 def job_text(job: dict[str, Any]) -> str:

@@ -48,6 +48,9 @@ def test_serve_on_a_cluster_submit_from_the_cli_and_see_the_pod(api: Any, namesp
                       what="3 nodes in gpupool status")
         assert status["simulated"] is False
         assert status["backend"]["backend"] == "kubernetes" and status["backend"]["ok"] is True
+        text = subprocess.run([sys.executable, "-m", "scheduler", "status"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": TOKEN}).stdout
+        assert f"namespace {namespace}: OK" in text.splitlines()[1], text
         assert sum(len(n["gpus"]) for n in status["pool"]["nodes"]) == 24
         gpupool(url, "projects", "set", "vision", "--guarantee", "8")
         job = gpupool(url, "submit", "--project", "vision", "--gpus", "4", "--", "python", "train.py", "--lr", "3e-4")
