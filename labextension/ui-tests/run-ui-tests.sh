@@ -5,6 +5,9 @@
 # Needs the project installed in .venv (scripts/test does that first). Installs the
 # `chromium` package when /usr/bin/chromium is missing and we are root; Playwright
 # never downloads a browser. Extra arguments go to `playwright test`.
+# tests/hub.spec.ts starts a real JupyterHub of its own (hub_server.py, with tests/hub's
+# helpers and the configurable-http-proxy scripts/test installs into .venv/chp);
+# GPUPOOL_SKIP_HUB=1 skips it, as it does tests/hub.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="$(cd ../.. && pwd)/.venv"

@@ -174,9 +174,14 @@ test.describe('jupyter-gpupool behind JupyterHub', () => {
           // The queue with kernels shown: both users' kernels, each charged to its project.
           await panel.locator('#jp-gpupool-kernels').check();
           const jobs = panel.locator('.jp-gpupool-job');
-          await expect(jobs.filter({ hasText: `${user.project} · ${user.name}` })).toHaveCount(1);
+          // Only their own has a Release button: the other's is theirs to release.
+          const own = jobs.filter({ hasText: `${user.project} · ${user.name}` });
+          await expect(own).toHaveCount(1);
+          await expect(own.locator('.jp-gpupool-actions button', { hasText: 'Release' })).toBeVisible();
           const other = users.find(u => u.name !== user.name)!;
-          await expect(jobs.filter({ hasText: `${other.project} · ${other.name}` })).toHaveCount(1);
+          const theirs = jobs.filter({ hasText: `${other.project} · ${other.name}` });
+          await expect(theirs).toHaveCount(1);
+          await expect(theirs.locator('.jp-gpupool-actions button')).toHaveCount(0);
           await page.screenshot({ path: path.join(SHOTS, `hub-${user.name}.png`) });
         });
       }
