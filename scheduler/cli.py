@@ -205,6 +205,8 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--cpu", type=_finite_float, help="CPU cores")
     p.add_argument("--memory", type=parse_size, help="host memory, e.g. 16GiB")
     p.add_argument("--client-key", help="idempotency key: resubmitting returns the live job")
+    p.add_argument("--image", metavar="REF", help="container image of the job's pods (kubernetes backend; "
+                   "default: the service's configured image)")
     p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
 
 
@@ -418,7 +420,7 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
     command = command if command is not None else list(args.command_args)
     spec: dict[str, Any] = {"project": args.project}
     for key in ("kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "workdir",
-                "cpu", "memory", "client_key"):
+                "cpu", "memory", "client_key", "image"):
         value = getattr(args, key)
         if value is not None:
             spec[key] = value

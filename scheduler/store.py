@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     user_paused INTEGER NOT NULL DEFAULT 0,
     stop_intent TEXT,
     pid INTEGER,
-    pid_start INTEGER
+    pid_start INTEGER,
+    image TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs(user, client_key);
@@ -110,6 +111,7 @@ class JobRecord:
     stop_intent: str | None = None  # "pause" | "preempt" | "cancel" | "shutdown" | "watchdog" while stopping
     pid: int | None = None
     pid_start: int | None = None
+    image: str | None = None  # the spec's container image (cluster backends); None: the configured default
 
     @property
     def live(self) -> bool:
@@ -165,7 +167,7 @@ def _project_of(row: sqlite3.Row) -> ProjectRecord:
     return ProjectRecord(**data)
 
 
-_ADDED_COLUMNS = (("projects", "members", "TEXT"),)
+_ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"))
 """Columns added after a table was first released: added to an older store when it is opened."""
 
 

@@ -20,7 +20,10 @@ import jsonschema
 from scheduler.errors import InvalidRequest
 from scheduler.service.validation import (
     ENV_KEY_RE,
+    IMAGE_PATTERN,
+    IMAGE_RULE,
     MAX_CLIENT_KEY,
+    MAX_IMAGE,
     MAX_JOB_NAME,
     MAX_MAP_ENTRIES,
     MAX_MAP_KEY,
@@ -103,6 +106,9 @@ JOB_SPEC: dict[str, Any] = {
         "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
         "labels": _string_map(),
         "client_key": _str(MAX_CLIENT_KEY, nullable=True),
+        "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
+                  "nullable": True, "description": "The container image of the job's pods (kubernetes backend "
+                  "only; a local scheduler refuses it). Default: the service's configured image."},
     },
 }
 
@@ -167,6 +173,7 @@ JOB: dict[str, Any] = {
         "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "labels": {"type": "object"},
         "lease_expires_at": {"type": "number", "nullable": True},
+        "image": {"type": "string", "description": "The spec's container image; absent when it named none."},
         "env": {"type": "object", "nullable": True},
     },
 }
@@ -297,6 +304,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return error.message.replace("is a required property", "is required")
     if validator == "pattern" and error.schema.get("pattern") == NO_NUL:
         return f"{where}: must not contain NUL characters"
+    if where == "image" and validator in ("pattern", "minLength", "maxLength"):
+        return IMAGE_RULE  # the core's sentence, not the pattern
     if validator == "propertyNames":
         return f"{where or 'object'}: bad key: {error.message}"
     text = error.message

@@ -186,6 +186,9 @@ class ApiMethodsMixin:
         projects = self._projects()
         names = set(projects)
         js = validate_spec(spec, names, self._limits())
+        if js.image is not None and self.config.backend != "kubernetes":
+            raise InvalidRequest("image needs the kubernetes backend (gpupool serve --backend kubernetes); "
+                                 "this scheduler runs jobs as local processes")
         if js.client_key is not None:
             existing = self._store.live_job_by_key(actor.user, js.client_key)
             if existing is not None:
@@ -209,7 +212,7 @@ class ApiMethodsMixin:
                 id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",
                 request=request, priority=js.priority, submitted_at=now, reason="queued",
                 workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
-                command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key,
+                command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key, image=js.image,
                 lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
             )
             self._store.insert_job(rec)

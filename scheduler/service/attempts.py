@@ -85,7 +85,7 @@ class AttemptsMixin:
         self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
                          **fields)
         launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
-                        dict(rec.job_env), gpu_env, assignment)
+                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "")
         try:
             handle = self.executor.launch(launch)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop

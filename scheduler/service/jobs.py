@@ -102,6 +102,8 @@ def job_to_wire(rec: JobRecord, show_env: bool) -> dict[str, Any]:
     }
     if rec.client_key is not None:
         out["client_key"] = rec.client_key
+    if rec.image is not None:
+        out["image"] = rec.image
     if rec.kind == "build" and show_env and rec.state == "running":
         out["env"] = dict(rec.env)
     return out

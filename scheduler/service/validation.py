@@ -20,7 +20,7 @@ from scheduler.service.membership import validate_members
 
 SPEC_FIELDS = {
     "project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "command",
-    "workdir", "env", "cpu", "memory", "labels", "client_key",
+    "workdir", "env", "cpu", "memory", "labels", "client_key", "image",
 }
 PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight", "members"}
 # Limits on wire fields, defined once: enforced below and published by the OpenAPI
@@ -30,6 +30,7 @@ MAX_PROJECT_NAME = 64  # project names (also in paths and JobSpec.project)
 MAX_USER_NAME = 64  # user names (token requests)
 MAX_JOB_NAME = 200  # JobSpec.name
 MAX_CLIENT_KEY = 200  # JobSpec.client_key
+MAX_IMAGE = 512  # JobSpec.image (a container image reference)
 MAX_MAP_KEY = 256  # a key of env or labels
 MAX_MAP_VALUE = 65_536  # a value of env or labels
 MAX_MAP_ENTRIES = 256  # entries in env or labels
@@ -38,6 +39,10 @@ NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_PROJECT_NAME - 1}}}$"
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"  # with at most MAX_USER_NAME characters; the schema's pattern too
 USER_RE = re.compile(USER_PATTERN)
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IMAGE_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]+$"  # no whitespace or control characters; the schema's pattern too
+IMAGE_RE = re.compile(IMAGE_PATTERN)
+IMAGE_RULE = (f"image must be a container image reference such as registry.example/train:1: "
+              f"1-{MAX_IMAGE} characters, no spaces or control characters")
 # Arrays and objects inside one another in a request body. Our own bodies need three or
 # four levels; deeper ones are mistakes or attacks, and Python code that walks them
 # (schema checks, papermill, the store's JSON) would hit the recursion limit.
@@ -74,6 +79,7 @@ class JobSpec:
     memory: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     client_key: str | None = None
+    image: str | None = None  # a container image (cluster backends); None: the configured default
 
     def request(self) -> dict[str, Any]:
         """The Job's ``request`` object (wire units)."""
@@ -298,11 +304,19 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
                                    or len(client_key) > MAX_CLIENT_KEY):
         raise InvalidRequest(f"client_key must be a non-empty string of at most {MAX_CLIENT_KEY} characters")
 
+    image = spec.get("image")
+    if image is not None:
+        if kind == "build":
+            raise InvalidRequest("a build job has no image (it is a share lease for a kernel)")
+        if (not isinstance(image, str) or len(image) > MAX_IMAGE or not IMAGE_RE.fullmatch(image)
+                or not image.isprintable()):
+            raise InvalidRequest(IMAGE_RULE)
+
     return JobSpec(
         project=project, kind=kind, name=name.strip(), gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
         gpu_model=model, priority=priority, command=list(command) if command else None, workdir=workdir,
         env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
-        labels=_str_map(spec.get("labels"), "labels"), client_key=client_key,
+        labels=_str_map(spec.get("labels"), "labels"), client_key=client_key, image=image,
     )
 
 

@@ -51,11 +51,12 @@ def test_parse_size_refuses(text):
 def test_submit_spec_from_arguments(tmp_path):
     args = cli.build_parser().parse_args(
         ["submit", "--project", "vision", "--gpu-memory", "20GiB", "--gpu-model", "A100-80GB", "--priority", "3",
-         "--name", "sweep", "--workdir", str(tmp_path), "--env", "A=1", "--label", "nb=x.ipynb"])
+         "--name", "sweep", "--workdir", str(tmp_path), "--env", "A=1", "--label", "nb=x.ipynb",
+         "--image", "registry.example/x:2"])
     spec = cli.submit_spec(args, ["python", "train.py", "--lr", "0.1"])
     assert spec == {"project": "vision", "name": "sweep", "gpu_memory": 20 * 2**30, "gpu_model": "A100-80GB",
                     "priority": 3, "workdir": str(tmp_path), "env": {"A": "1"}, "labels": {"nb": "x.ipynb"},
-                    "command": ["python", "train.py", "--lr", "0.1"]}
+                    "image": "registry.example/x:2", "command": ["python", "train.py", "--lr", "0.1"]}
 
 
 @pytest.mark.parametrize("argv", [

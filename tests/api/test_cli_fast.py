@@ -47,6 +47,7 @@ NOT_PLAIN = [
     ["submit", "--project", "v", "--env", "noequals", "--", "x"],
     ["submit", "--project", "v", "--project", "w", "--", "x"],
     ["submit", "--project", "v", "--gpu-memory", "20GiB", "--", "x"],
+    ["submit", "--project", "v", "--image", "registry.example/x:2", "--", "x"],  # argparse's (cli.py) flag
     ["submit", "--project", "v", "--help", "--", "x"],
     ["submit", "--project", "v", "--"],
     ["submit", "--project", "v", "x"],

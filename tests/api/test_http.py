@@ -87,6 +87,14 @@ def test_submit_reply_shape_and_idempotent_client_key(svc):
     ({"project": "vision", "kind": "build", "gpu_fraction": 0.75}, "build quota"),
     ({"project": "vision", "kind": "build", "command": ["true"]}, "build job has no command"),
     ({"project": "vision", "gpus": 1, "command": ["true"], "workdir": "relative/dir"}, "workdir"),
+    ({"project": "vision", "command": ["true"], "image": "busybox latest"},
+     "image must be a container image reference such as registry.example/train:1: 1-512 characters, "
+     "no spaces or control characters"),
+    ({"project": "vision", "command": ["true"], "image": ""}, "image must be a container image reference"),
+    ({"project": "vision", "command": ["true"], "image": "x" * 513}, "image must be a container image reference"),
+    ({"project": "vision", "command": ["true"], "image": "registry.example/x:2"},
+     "image needs the kubernetes backend (gpupool serve --backend kubernetes); this scheduler runs jobs as "
+     "local processes"),
     ([], "object"),
     ("just a string", "object"),
 ])

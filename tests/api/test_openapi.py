@@ -75,6 +75,9 @@ def test_every_component_converts_to_checkable_json_schema():
     ({"project": "p", "env": {"A=B": "1"}}, "env"),
     ({"project": "p", "priority": 1.5}, "priority"),
     ({"project": "p", "kind": "batch"}, "kind"),
+    ({"project": "p", "image": "a b"}, "invalid job spec: image must be a container image reference"),
+    ({"project": "p", "image": "x" * 513}, "image must be a container image reference"),
+    ({"project": "p", "image": 5}, "image"),
     ([1, 2], "not of type 'object'"),
 ])
 def test_job_spec_validation_messages(body, message):

@@ -79,6 +79,34 @@ def test_serve_on_a_cluster_submit_from_the_cli_and_see_the_pod(api: Any, namesp
     assert proc.returncode == 0
 
 
+def test_a_jobs_image_from_the_cli_is_its_pods_image_and_the_rest_get_the_default(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    gpu_nodes(1, gpus=8)
+    proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
+                      "--namespace", namespace, "--image", "registry.example/train:1")
+    try:
+        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
+        gpupool(url, "projects", "set", "vision", "--guarantee", "8")
+        own = gpupool(url, "submit", "--project", "vision", "--gpus", "1", "--image", "registry.example/x:2",
+                      "--", "python", "train.py")
+        default = gpupool(url, "submit", "--project", "vision", "--gpus", "1", "--", "python", "train.py")
+        assert own["image"] == "registry.example/x:2" and "image" not in default
+        with Kubelet(api, namespace) as kubelet:
+            names = [f"gpupool-{job['id']}-1" for job in (own, default)]
+            wait(lambda: all(n in kubelet.started for n in names), what="both jobs' pods running")
+            images = [api.read_namespaced_pod(n, namespace).spec.containers[0].image for n in names]
+            assert images == ["registry.example/x:2", "registry.example/train:1"]
+            assert gpupool(url, "describe", own["id"])["image"] == "registry.example/x:2"
+            for n in names:
+                kubelet.finish(n, 0)
+            for job in (own, default):
+                wait(lambda j=job: gpupool(url, "describe", j["id"])["state"] == "succeeded", what="done")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert proc.returncode == 0
+
+
 def test_serve_refuses_a_bad_kubeconfig_with_a_clear_message(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--backend", "kubernetes", "--kubeconfig",
                         str(tmp_path / "missing"), "--state-dir", str(tmp_path / "s"), "--port", "0"],

@@ -125,3 +125,27 @@ def test_event_rows_written_before_seq_in_body_still_read(tmp_path):
     assert s.events_since(0) == [{"seq": 1, "t": 5.0, "type": "pool"},
                                  {"seq": 2, "t": 6.0, "type": "job", "job_id": "j-000001"}]
     s.close()
+
+
+def test_a_store_from_before_job_images_is_upgraded_in_place(tmp_path):
+    """A state.db whose jobs table has no image column opens with its jobs intact (no image) and stores images."""
+    import scheduler.store as store_module
+
+    old_schema = store_module._SCHEMA.replace(",\n    image TEXT\n", "\n")
+    assert old_schema != store_module._SCHEMA  # the column really is left out of the old database
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(old_schema)
+    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
+               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
+    db.commit()
+    assert "image" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+    db.close()
+    s = Store(tmp_path / "state.db")
+    old = s.job("j-000001")
+    assert old is not None and old.name == "old" and old.command == ["true"] and old.image is None
+    s.insert_job(_job(2, image="registry.example/x:2"))
+    s.close()
+    again = Store(tmp_path / "state.db")
+    assert again.job("j-000002").image == "registry.example/x:2"  # type: ignore[union-attr]
+    assert again.job("j-000001").image is None  # type: ignore[union-attr]
+    again.close()

@@ -25,7 +25,7 @@ json_values = st.recursive(
     max_leaves=10,
 )
 fields = st.sampled_from(["project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority",
-                          "command", "workdir", "env", "cpu", "memory", "labels", "client_key"])
+                          "command", "workdir", "env", "cpu", "memory", "labels", "client_key", "image"])
 spec_like = st.dictionaries(fields, json_values, max_size=8).map(lambda d: {"project": "p", **d})
 
 
@@ -44,6 +44,8 @@ def test_any_spec_is_accepted_or_refused_clearly(spec):
     assert (js.command is not None) == (js.kind == "train")
     if js.gpu_fraction is not None:
         assert 0 < js.gpu_fraction < 1
+    if js.image is not None:
+        assert 0 < len(js.image) <= 512 and js.image.isprintable() and not any(c.isspace() for c in js.image)
 
 
 @settings(max_examples=200, deadline=None)
@@ -67,6 +69,21 @@ def test_spec_normalisation():
     assert js.gpu_model == "A100-80GB" and js.name == "train.py" and js.priority == 0
     assert js.request() == {"gpus": 2, "gpu_fraction": None, "gpu_memory": None, "gpu_model": "A100-80GB",
                             "cpu": None, "memory": None}
+
+
+@pytest.mark.parametrize("image", ["", " ", "busybox latest", "busybox\tx", "a\nb", "x\x00", "x\x7f", "x\x85",
+                                   "x\u2028", "i" * 513, 5, ["busybox"]])
+def test_a_bad_image_is_refused_with_the_rule(image):
+    with pytest.raises(InvalidRequest, match="image must be a container image reference .*1-512 characters"):
+        validate_spec({"project": "p", "command": ["x"], "image": image}, {"p"}, LIMITS)
+
+
+def test_an_image_is_kept_for_a_train_job_and_refused_for_a_build_job():
+    for image in ("registry.example/x:2", "ghcr.io/org/train@sha256:" + "a" * 64, "i" * 512):
+        assert validate_spec({"project": "p", "command": ["x"], "image": image}, {"p"}, LIMITS).image == image
+    assert validate_spec({"project": "p", "command": ["x"]}, {"p"}, LIMITS).image is None
+    with pytest.raises(InvalidRequest, match="a build job has no image"):
+        validate_spec({"project": "p", "kind": "build", "gpu_fraction": 0.5, "image": "busybox"}, {"p"}, LIMITS)
 
 
 def test_default_names_are_short():
