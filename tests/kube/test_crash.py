@@ -56,8 +56,10 @@ def test_kill_9_during_binding_loses_nothing_and_duplicates_nothing(api: Any, na
             c = GpupoolClient(url, TOKEN)
             jobs = wait(lambda: (js := c.jobs(project="vision")) and all(j["state"] == "running" for j in js)
                         and len(js) == len(ids) and js, timeout=60, what="every job running")
-            pods = wait(lambda: (ps := api.list_namespaced_pod(namespace).items) and len(ps) == len(ids) and ps,
-                        timeout=30, what="one pod per job, strays swept")
+            # a job is running from the moment its pod's create+bind begins: wait for the binds to land too
+            pods = wait(lambda: (ps := api.list_namespaced_pod(namespace).items) and len(ps) == len(ids)
+                        and all(p.spec.node_name for p in ps) and ps,
+                        timeout=30, what="one bound pod per job, strays swept")
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
