@@ -17,7 +17,14 @@ from collections import defaultdict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_policy_helpers import apply, partial_gangs, violations
+from test_policy_helpers import (
+    apply,
+    assert_no_project_pushed_below_its_guarantee,
+    assert_same_decisions_whatever_the_order,
+    partial_gangs,
+    train_usage,
+    violations,
+)
 
 from scheduler.policy import (
     TRAIN_POOL,
@@ -101,14 +108,6 @@ def _gangs(s: Snapshot) -> dict[str, list[Workload]]:
     return out
 
 
-def _train_usage(s: Snapshot) -> dict[str, int]:
-    used: dict[str, int] = defaultdict(int)
-    for w in s.workloads:
-        if w.assignment is not None:
-            used[w.project] += w.assignment.total_milli
-    return used
-
-
 @SETTINGS
 @given(worlds())
 def test_no_partial_gang_and_capacity_holds(s: Snapshot) -> None:
@@ -136,7 +135,7 @@ def test_no_partial_gang_and_capacity_holds(s: Snapshot) -> None:
         if started:
             assert len(started) == members[0].gang_size
     limits = {p.name: p.train_limit_milli for p in s.projects}
-    for name, used in _train_usage(after).items():
+    for name, used in train_usage(after).items():
         if limits.get(name) is not None:
             assert used <= limits[name]
 
@@ -144,25 +143,13 @@ def test_no_partial_gang_and_capacity_holds(s: Snapshot) -> None:
 @SETTINGS
 @given(worlds(), st.randoms(use_true_random=False))
 def test_same_decisions_whatever_the_order(s: Snapshot, rnd) -> None:
-    d = schedule(s)
-    assert schedule(s) == d
-    shuffled = list(s.workloads)
-    rnd.shuffle(shuffled)
-    assert schedule(dataclasses.replace(s, workloads=tuple(shuffled))) == d
+    assert_same_decisions_whatever_the_order(s, rnd)
 
 
 @SETTINGS
 @given(worlds())
 def test_reclaim_never_pushes_another_project_below_its_guarantee(s: Snapshot) -> None:
-    d = schedule(s)
-    after = apply(s, d)
-    before_use, after_use = _train_usage(s), _train_usage(after)
-    by_id = {w.id: w for w in s.workloads}
-    own = {by_id[p.workload_id].project for p in d.preempts
-           if "of the same project" in p.reason or "restarts whole" in p.reason}
-    for p in s.projects:
-        if p.name not in own:
-            assert after_use[p.name] >= min(p.train_guarantee_milli, before_use[p.name])
+    assert_no_project_pushed_below_its_guarantee(s)
 
 
 @SETTINGS
@@ -172,7 +159,7 @@ def test_flags_pause_whole_gangs_without_breaking_the_floor(s: Snapshot) -> None
     d = schedule(s)
     after = apply(s, d)
     flagged = set(d.preemptible) | {x.workload_id for x in d.starts if x.preemptible}
-    used = _train_usage(after)
+    used = train_usage(after)
     guarantee = {p.name: p.train_guarantee_milli for p in s.projects}
     units: dict[str, list[Workload]] = defaultdict(list)
     for w in after.workloads:

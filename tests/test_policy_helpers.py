@@ -10,6 +10,7 @@ multi-node gang that runs partly (``gang`` builds one).
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -136,6 +137,40 @@ def running_ids(s: Snapshot, proj: str | None = None) -> set[str]:
 def usage(s: Snapshot, proj: str, kind: Kind = Kind.TRAIN) -> int:
     return sum(w.assignment.total_milli for w in s.workloads
                if w.running and w.project == proj and w.kind is kind and w.assignment)
+
+
+def train_usage(s: Snapshot) -> dict[str, int]:
+    """Training milli-GPU each project runs in ``s`` (0 for a project with none)."""
+    used: dict[str, int] = defaultdict(int)
+    for w in s.workloads:
+        if w.kind is Kind.TRAIN and w.assignment is not None:
+            used[w.project] += w.assignment.total_milli
+    return used
+
+
+def assert_same_decisions_whatever_the_order(s: Snapshot, rnd: random.Random) -> None:
+    """The engine decides the same twice, and with the workloads shuffled by ``rnd``."""
+    d = schedule(s)
+    assert schedule(s) == d
+    shuffled = list(s.workloads)
+    rnd.shuffle(shuffled)
+    assert schedule(dataclasses.replace(s, workloads=tuple(shuffled))) == d
+
+
+def assert_no_project_pushed_below_its_guarantee(s: Snapshot) -> None:
+    """After one cycle no project is below min(guarantee, what it ran), unless its own claim paused it.
+
+    A project's own claimants (a higher-priority job, its kernels within the build quota, or its gang
+    restarting whole: docs/policy.md) may take it below its guarantee; nobody else's may.
+    """
+    d = schedule(s)
+    before_use, after_use = train_usage(s), train_usage(apply(s, d))
+    by_id = {w.id: w for w in s.workloads}
+    own = {by_id[p.workload_id].project for p in d.preempts
+           if "of the same project" in p.reason or "restarts whole" in p.reason}
+    for p in s.projects:
+        if p.name not in own:
+            assert after_use[p.name] >= min(p.train_guarantee_milli, before_use[p.name])
 
 
 def violations(s: Snapshot) -> list[str]:

@@ -12,8 +12,14 @@ import dataclasses
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_policy_helpers import apply, violations
-from test_policy_properties import _four_gpu_train_nodes, _train_usage, guarantee_worlds, worlds
+from test_policy_helpers import (
+    apply,
+    assert_no_project_pushed_below_its_guarantee,
+    assert_same_decisions_whatever_the_order,
+    train_usage,
+    violations,
+)
+from test_policy_properties import _four_gpu_train_nodes, guarantee_worlds, worlds
 
 from scheduler.policy import Kind, PolicyConfig, Project, Request, Snapshot, Workload, schedule
 
@@ -45,29 +51,20 @@ def test_history_keeps_capacity_quotas_and_one_decision_per_job(s: Snapshot) -> 
 @SETTINGS
 @given(with_history(worlds()), st.randoms(use_true_random=False))
 def test_history_decisions_are_deterministic(s: Snapshot, rnd) -> None:
-    d = schedule(s)
-    shuffled = list(s.workloads)
-    rnd.shuffle(shuffled)
-    assert schedule(dataclasses.replace(s, workloads=tuple(shuffled))) == d
+    assert_same_decisions_whatever_the_order(s, rnd)
 
 
 @SETTINGS
 @given(with_history(worlds()))
 def test_history_never_takes_a_project_below_its_guarantee(s: Snapshot) -> None:
-    d = schedule(s)
-    before_use, after_use = _train_usage(s), _train_usage(apply(s, d))
-    by_id = {w.id: w for w in s.workloads}
-    own_claims = {by_id[p.workload_id].project for p in d.preempts if "of the same project" in p.reason}
-    for p in s.projects:
-        if p.name not in own_claims:
-            assert after_use[p.name] >= min(p.train_guarantee_milli, before_use[p.name])
+    assert_no_project_pushed_below_its_guarantee(s)
 
 
 @settings(max_examples=100, deadline=None)
 @given(with_history(guarantee_worlds()))
 def test_history_does_not_delay_a_claimed_guarantee(s: Snapshot) -> None:
     """A project under its guarantee starts a job this cycle, whatever anyone's history."""
-    used = _train_usage(s)
+    used = train_usage(s)
     guarantees = {p.name: p.train_guarantee_milli for p in s.projects}
     over = {n for n in guarantees if used[n] > guarantees[n]}
     started = {x.workload_id for x in schedule(s).starts}
@@ -98,7 +95,7 @@ def test_idle_gpus_go_first_to_the_project_with_less_recent_use(n_nodes: int, ra
     jobs = tuple(Workload(f"{name}{i:02d}", name, Kind.TRAIN, Request(gpus=1), submitted_at=float(i))
                  for name in "AB" for i in range(4 * n_nodes))
     s = Snapshot(nodes, projects, jobs, now=100.0, config=PolicyConfig())
-    got = _train_usage(apply(s, schedule(s)))
+    got = train_usage(apply(s, schedule(s)))
     assert got["A"] + got["B"] == 4000 * n_nodes
     assert min(got["A"], got["B"]) >= guarantee * 1000  # guarantees first, history or not
     if ra < rb:
@@ -117,7 +114,7 @@ def test_a_project_that_ran_a_day_waits_behind_one_that_had_nothing() -> None:
                  else 0.5)) for name in "AB" for i in range(8))
     s = Snapshot(nodes, projects, jobs, now=100.0)
     d = schedule(s)
-    got = _train_usage(apply(s, d))
+    got = train_usage(apply(s, d))
     assert got == {"A": 2000, "B": 6000}  # (0 + 4) / 4 = 1 once B holds 4: then they alternate
     first = [x.workload_id for x in d.starts][:4]
     assert all(j.startswith("B") for j in first), first
@@ -125,4 +122,4 @@ def test_a_project_that_ran_a_day_waits_behind_one_that_had_nothing() -> None:
     assert "idle GPUs go first to projects that used less of their fair share lately" in why
     assert "project A held 4 GPUs on average recently" in why
     no_history = schedule(_without_history(s))
-    assert _train_usage(apply(s, no_history)) == {"A": 4000, "B": 4000}
+    assert train_usage(apply(s, no_history)) == {"A": 4000, "B": 4000}

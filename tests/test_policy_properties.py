@@ -15,7 +15,13 @@ from collections import defaultdict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_policy_helpers import apply, violations
+from test_policy_helpers import (
+    apply,
+    assert_no_project_pushed_below_its_guarantee,
+    assert_same_decisions_whatever_the_order,
+    train_usage,
+    violations,
+)
 
 from scheduler.policy import (
     BUILD_POOL,
@@ -101,14 +107,6 @@ def worlds(draw: st.DrawFn) -> Snapshot:
     return dataclasses.replace(state, workloads=state.workloads + tuple(more), now=200.0)
 
 
-def _train_usage(s: Snapshot) -> dict[str, int]:
-    used: dict[str, int] = defaultdict(int)
-    for w in s.workloads:
-        if w.kind is Kind.TRAIN and w.assignment is not None:
-            used[w.project] += w.assignment.total_milli
-    return used
-
-
 @SETTINGS
 @given(worlds())
 def test_capacity_quotas_gangs_and_build_safety(s: Snapshot) -> None:
@@ -137,7 +135,7 @@ def test_capacity_quotas_gangs_and_build_safety(s: Snapshot) -> None:
     assert sorted(decided) == pending, "every pending workload gets exactly one decision"
     assert all(x.reason for x in d.waits + d.rejects)
     limits = {p.name: p.train_limit_milli for p in s.projects}
-    for name, used in _train_usage(after).items():
+    for name, used in train_usage(after).items():
         if limits.get(name) is not None:
             assert used <= limits[name]
 
@@ -145,11 +143,7 @@ def test_capacity_quotas_gangs_and_build_safety(s: Snapshot) -> None:
 @SETTINGS
 @given(worlds(), st.randoms(use_true_random=False))
 def test_same_snapshot_same_decisions_whatever_the_order(s: Snapshot, rnd) -> None:
-    d = schedule(s)
-    assert schedule(s) == d
-    shuffled = list(s.workloads)
-    rnd.shuffle(shuffled)
-    assert schedule(dataclasses.replace(s, workloads=tuple(shuffled))) == d
+    assert_same_decisions_whatever_the_order(s, rnd)
 
 
 @SETTINGS
@@ -166,7 +160,7 @@ def test_preemptible_flags_match_the_guarantee(s: Snapshot) -> None:
     d = schedule(s)
     after = apply(s, d)
     flagged = set(d.preemptible) | {x.workload_id for x in d.starts if x.preemptible}
-    used = _train_usage(after)
+    used = train_usage(after)
     safe: dict[str, list[int]] = defaultdict(list)
     guarantees = {p.name: p.train_guarantee_milli for p in s.projects}
     for w in after.workloads:
@@ -185,16 +179,7 @@ def test_preemptible_flags_match_the_guarantee(s: Snapshot) -> None:
 @SETTINGS
 @given(worlds())
 def test_reclaim_never_pushes_another_project_below_its_guarantee(s: Snapshot) -> None:
-    d = schedule(s)
-    after = apply(s, d)
-    before_use, after_use = _train_usage(s), _train_usage(after)
-    by_id = {w.id: w for w in s.workloads}
-    # a project's own claimants (a higher-priority job, or one of its kernels within its build quota,
-    # docs/policy.md) may take it below its guarantee; nobody else's may
-    own_claims = {by_id[p.workload_id].project for p in d.preempts if "of the same project" in p.reason}
-    for p in s.projects:
-        if p.name not in own_claims:
-            assert after_use[p.name] >= min(p.train_guarantee_milli, before_use[p.name])
+    assert_no_project_pushed_below_its_guarantee(s)
 
 
 @SETTINGS
@@ -253,7 +238,7 @@ def guarantee_worlds(draw: st.DrawFn) -> Snapshot:
 def test_project_below_guarantee_gets_its_job_in_the_same_cycle(s: Snapshot) -> None:
     """If another project is over its guarantee (or GPUs are idle), a project under its guarantee
     with a pending job that fits in it starts one in this very cycle."""
-    used = _train_usage(s)
+    used = train_usage(s)
     guarantees = {p.name: p.train_guarantee_milli for p in s.projects}
     over = {n for n in guarantees if used[n] > guarantees[n]}
     d = schedule(s)
