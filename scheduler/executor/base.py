@@ -21,6 +21,22 @@ from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
+class ReplicaLaunch:
+    """One replica of a multi-node gang's attempt (docs/design.md "Multi-node gangs").
+
+    ``rank`` is 0..N-1; ``node`` the node it was placed on; ``gpu_env`` the
+    GPU environment of its own GPUs (without the rendezvous variables: the
+    executor adds those, since only it knows where rank 0 runs and which port
+    is free); ``assignment`` its one-node wire assignment (node and GPUs).
+    """
+
+    rank: int
+    node: str
+    gpu_env: dict[str, str] = field(default_factory=dict)
+    assignment: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Launch:
     """Everything an executor needs to start attempt ``attempt`` of a job (the core has committed it as running).
 
@@ -39,6 +55,9 @@ class Launch:
     gpu_env: dict[str, str] = field(default_factory=dict)
     assignment: dict[str, Any] = field(default_factory=dict)
     image: str = ""  # a container executor's image ("" = its configured default); a local one ignores it
+    # A gang (replicas > 1): one entry per replica in rank order; empty for a
+    # one-replica job, which uses gpu_env/assignment as before.
+    replicas: tuple[ReplicaLaunch, ...] = ()
 
 
 class AttemptHandle(Protocol):
