@@ -38,6 +38,9 @@ MAX_PARAMETERS_KIB = 64
 # papermill writes each value as a Python literal, and Python's parser stops at 200
 # nested brackets: a deeper value would be accepted, then fail the job when it starts.
 MAX_PARAMETER_DEPTH = 32
+# A gang's replicas (docs/design.md "Multi-node gangs"); the scheduler checks the same bound,
+# checked here too so a dialog's bad value is a sentence about the field before anything is written.
+MAX_REPLICAS = 64
 
 
 def _depth(value: Any) -> int:
@@ -77,13 +80,14 @@ class PromoteRequest:
     gpu_fraction: float | None = None
     priority: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
 
     @classmethod
     def from_body(cls, body: Any) -> PromoteRequest:
         """Check types and ranges; every problem is a one-line InvalidRequest."""
         if not isinstance(body, dict):
             raise InvalidRequest("the request body must be a JSON object")
-        unknown = set(body) - {"path", "project", "gpus", "gpu_fraction", "priority", "parameters"}
+        unknown = set(body) - {"path", "project", "gpus", "gpu_fraction", "priority", "parameters", "replicas"}
         if unknown:
             raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
         path = body.get("path")
@@ -122,7 +126,21 @@ class PromoteRequest:
         if not isinstance(parameters, dict):
             raise InvalidRequest("'parameters' must be an object of name: value")
         check_parameters(parameters)
-        return cls(path, project, gpus, fraction, priority, parameters)
+        replicas = check_replicas(1 if body.get("replicas") is None else body["replicas"], gpus)
+        return cls(path, project, gpus, fraction, priority, parameters, replicas)
+
+
+def check_replicas(replicas: Any, gpus: int | None) -> int:
+    """A whole number 1..MAX_REPLICAS; above 1 only with whole GPUs (each replica holds its own GPUs)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, float)) or not float(replicas).is_integer():
+        raise InvalidRequest(f"'replicas' must be a whole number from 1 to {MAX_REPLICAS}")
+    replicas = int(replicas)
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise InvalidRequest(f"'replicas' must be from 1 to {MAX_REPLICAS}, not {replicas}")
+    if replicas > 1 and gpus is None:
+        raise InvalidRequest("'replicas' above 1 needs whole GPUs per replica ('gpus' of 1 or more), "
+                             "not a fraction of one GPU")
+    return replicas
 
 
 def notebook_kernel(full_path: str) -> str:
@@ -223,17 +241,37 @@ def build_spec(
         spec["gpus"] = request.gpus
     else:
         spec["gpu_fraction"] = request.gpu_fraction
+    if request.replicas > 1:
+        # Left out for one replica, so a one-process promote reads as before.
+        spec["replicas"] = request.replicas
     return spec, runs, staging, full
 
 
-def run_paths(job: dict[str, Any]) -> dict[str, str]:
-    """``{"run_dir", "output_notebook"}`` (root-relative) for a promoted job, else {}."""
+def replica_file(name: str, rank: int) -> str:
+    """Replica ``rank``'s copy of a run file: rank 0 keeps ``name`` (the job's output), others
+    ``output.ipynb`` -> ``output.replica-1.ipynb``, so replicas sharing a run folder never write one file."""
+    if rank == 0:
+        return name
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}.replica-{rank}.{ext}" if dot else f"{name}.replica-{rank}"
+
+
+def run_paths(job: dict[str, Any]) -> dict[str, Any]:
+    """``{"run_dir", "output_notebook"}`` (root-relative) for a promoted job, else {}.
+
+    A gang (``request.replicas`` > 1) also gets ``replica_output_notebooks``, one per
+    rank in rank order; rank 0's is the job's ``output_notebook``.
+    """
     labels = job.get("labels") or {}
     runs = labels.get("runs_dir")
     if not runs or labels.get("promoted") != "1":
         return {}
     run_dir = f"{runs}/{job['id']}" if runs != "." else job["id"]
-    return {"run_dir": run_dir, "output_notebook": f"{run_dir}/output.ipynb"}
+    paths: dict[str, Any] = {"run_dir": run_dir, "output_notebook": f"{run_dir}/output.ipynb"}
+    replicas = (job.get("request") or {}).get("replicas") or 1
+    if isinstance(replicas, int) and replicas > 1:
+        paths["replica_output_notebooks"] = [f"{run_dir}/{replica_file('output.ipynb', k)}" for k in range(replicas)]
+    return paths
 
 
 async def promote(client: Any, root_dir: str, request: PromoteRequest, default_project: str) -> dict[str, Any]:

@@ -7,6 +7,13 @@ into ``<job-id>/input.ipynb`` (see :mod:`jupyter_gpupool.promote`), and runs
 environment. papermill's output goes both to stdout (the scheduler's job log)
 and to ``job.log`` beside the notebooks. Stop signals are passed on so a pause
 or cancel stops the notebook's kernel too.
+
+A gang job (``replicas`` N > 1) runs this once per replica, all in the same run
+folder, each with its own GPUs and rendezvous environment (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``...; docs/design.md "Multi-node gangs"). Every
+replica runs the whole notebook; rank 0 writes ``output.ipynb`` and ``job.log``
+(the job's output), rank K ``output.replica-K.ipynb`` and ``job.replica-K.log``,
+so no two processes write one file.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from jupyter_gpupool.promote import claim_snapshot
+from jupyter_gpupool.promote import claim_snapshot, replica_file
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -44,6 +51,19 @@ def wait_for_snapshot(run_dir: str, timeout: float = 10.0) -> bool:
     return True
 
 
+def replica_rank() -> int:
+    """This process's replica (``GPUPOOL_REPLICA``, set by the executor for a gang), 0 otherwise."""
+    raw = os.environ.get("GPUPOOL_REPLICA", "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def for_replica(papermill_args: list[str], rank: int) -> list[str]:
+    """papermill's arguments with the output notebook (the second one) renamed for ``rank``."""
+    if rank == 0 or len(papermill_args) < 2:
+        return papermill_args
+    return [papermill_args[0], replica_file(papermill_args[1], rank), *papermill_args[2:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run papermill for this job; returns its exit status."""
     args, papermill_args = parse(sys.argv[1:] if argv is None else argv)
@@ -59,10 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     if not wait_for_snapshot(run_dir):
         print(f"gpupool runner: no notebook snapshot for job {job_id} in {run_dir}", file=sys.stderr)
         return 2
-    command = [sys.executable, "-m", "papermill", *papermill_args]
-    with open(os.path.join(run_dir, "job.log"), "ab", buffering=0) as log:
+    rank = replica_rank()
+    command = [sys.executable, "-m", "papermill", *for_replica(papermill_args, rank)]
+    with open(os.path.join(run_dir, replica_file("job.log", rank)), "ab", buffering=0) as log:
         attempt = os.environ.get("GPUPOOL_ATTEMPT", "")
-        header = f"gpupool: job {job_id} attempt {attempt or '?'}: {' '.join(command)}\n".encode()
+        who = f" replica {rank} of {os.environ.get('GPUPOOL_REPLICAS', '?')}" if "GPUPOOL_REPLICA" in os.environ else ""
+        header = f"gpupool: job {job_id}{who} attempt {attempt or '?'}: {' '.join(command)}\n".encode()
         log.write(header)
         sys.stdout.buffer.write(header)
         sys.stdout.flush()
