@@ -1,6 +1,6 @@
 """Process wrapper the local executor starts each job through.
 
-``python -m scheduler.executor._wrapper RUN_PREFIX [--as UID:GID:GROUPS --workdir DIR] -- COMMAND...``
+``python -m scheduler.executor._wrapper RUN_PREFIX [--as UID:GID:GROUPS --workdir DIR] [--gang SPEC] -- COMMAND...``
 
 Why a wrapper: the service may be killed at any moment, and must still learn
 later whether a job's command ran and how it ended. So the wrapper
@@ -31,6 +31,10 @@ Unix account), the wrapper stays root, so that the run files above stay out
 of the job's reach, and starts the command as that account: its groups, gid
 and uid are set, then the working directory ``--workdir`` is made and entered
 as the account, so a job can only work where its owner may.
+
+With ``--gang`` (a multi-node gang's attempt) the wrapper runs one copy of
+the command per replica the spec file names, each with its own environment,
+under the same ticket, pid file and exit file: :mod:`scheduler.executor.gang`.
 
 A negative status means the command died of that signal (Python convention).
 """
@@ -67,7 +71,7 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
         return None
     cut = argv.index("--", 1)
     prefix, opts, command = argv[0], argv[1:cut], argv[cut + 1 :]
-    if not command or len(opts) % 2 or any(k not in ("--as", "--workdir") for k in opts[::2]):
+    if not command or len(opts) % 2 or any(k not in ("--as", "--workdir", "--gang") for k in opts[::2]):
         return None
     return prefix, dict(zip(opts[::2], opts[1::2], strict=True)), command
 
@@ -99,7 +103,7 @@ def main(argv: list[str]) -> int:
     parsed = _parse(argv)
     if parsed is None:
         print("usage: python -m scheduler.executor._wrapper RUN_PREFIX [--as UID:GID:GROUPS --workdir DIR] "
-              "-- COMMAND...", file=sys.stderr)
+              "[--gang SPEC] -- COMMAND...", file=sys.stderr)
         return 2
     prefix, opts, command = parsed
     try:
@@ -112,6 +116,8 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, IndexError):
         start = 0
     _write_atomic(prefix + ".pid", f"{os.getpid()} {start}\n")
+    if "--gang" in opts:
+        return _run_gang(prefix, opts, command)
     child: list[int] = []  # the command's pid, once started
     stopped: list[bool] = []  # non-empty once a stop reached the command (or came before it started)
 
@@ -156,6 +162,22 @@ def main(argv: list[str]) -> int:
         except InterruptedError:
             continue
     _write_atomic(prefix + ".exit", f"{code}\n{STOPPED if stopped else ENDED}\n")
+    return code if code >= 0 else 128 - code
+
+
+def _run_gang(prefix: str, opts: dict[str, str], command: list[str]) -> int:
+    """Every replica of a gang's attempt under this one wrapper; the exit file as for a single command."""
+    from scheduler.executor.gang import Gang, read_spec
+
+    try:
+        spec = read_spec(opts["--gang"])
+    except (OSError, ValueError) as e:
+        print(f"gpupool: cannot read the gang's replicas from {opts['--gang']}: {e}", file=sys.stderr, flush=True)
+        _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
+        return 127
+    preexec = _as_account(opts["--as"], opts.get("--workdir", ".")) if "--as" in opts else None
+    code, mark = Gang(command, spec, dict(os.environ), preexec).run()  # type: ignore[arg-type]
+    _write_atomic(prefix + ".exit", f"{code}\n{mark}\n")
     return code if code >= 0 else 128 - code
 
 

@@ -27,6 +27,8 @@ from scheduler.errors import InvalidRequest
 from scheduler.executor._wrapper import ENDED
 from scheduler.executor.accounts import RunAs, job_account, job_environment
 from scheduler.executor.base import Interrupted, Launch, Recovered
+from scheduler.executor.gang import GangSpec, ReplicaSpec, write_spec
+from scheduler.executor.rendezvous import free_port, rendezvous_env
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -91,11 +93,14 @@ class LocalExecutor:
     """Starts, watches and stops job processes on this machine (a :class:`scheduler.executor.base.Executor`)."""
 
     def __init__(self, jobs_dir: Path, traversable: bool = False, run_jobs_as: str = "service",
-                 allow_root_jobs: bool = False, account_template: str = "{user}") -> None:
+                 allow_root_jobs: bool = False, account_template: str = "{user}", gang_grace_s: float = 10.0) -> None:
         """``traversable``: jobs run as other accounts (root service), which must reach their own job's
         directory: ``jobs/`` is then 0711 (entered, never listed), else 0700. ``run_jobs_as`` and
         ``allow_root_jobs``, ``account_template``: which Unix account :meth:`launch` runs a job as
-        (ServiceConfig's ``run_jobs_as``, ``allow_root_jobs``, ``job_account_template``)."""
+        (ServiceConfig's ``run_jobs_as``, ``allow_root_jobs``, ``job_account_template``).
+        ``gang_grace_s``: when one replica of a gang fails, how long the others get to checkpoint
+        before they are killed (the wrapper does it, so it holds while the service is down)."""
+        self.gang_grace_s = gang_grace_s
         self.run_jobs_as = run_jobs_as
         self.account_template = account_template
         self.allow_root_jobs = allow_root_jobs
@@ -107,8 +112,11 @@ class LocalExecutor:
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
-    def log_path(self, job_id: str) -> Path:
-        return self.job_dir(job_id) / "job.log"
+    def log_path(self, job_id: str, replica: int | None = None) -> Path:
+        """The job's log (every replica's lines, prefixed ``[K] `` for a gang), or replica ``replica``'s own."""
+        if replica is None:
+            return self.job_dir(job_id) / "job.log"
+        return self.job_dir(job_id) / f"replica-{int(replica)}.log"
 
     def _prefix(self, job_id: str, attempt: int) -> Path:
         return self.job_dir(job_id) / "run" / f"attempt-{attempt}"
@@ -129,9 +137,9 @@ class LocalExecutor:
         os.chmod(jd, 0o711 if run_as is not None else 0o700)
         (jd / "run").mkdir(exist_ok=True, mode=0o700)
 
-    def _open_log(self, job_id: str, run_as: RunAs | None) -> int:
-        """The job's log, for appending: 0600, owned by the job's account (read by its owner only)."""
-        fd = os.open(self.log_path(job_id), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    def _open_log(self, job_id: str, run_as: RunAs | None, replica: int | None = None) -> int:
+        """The job's log (or a replica's), for appending: 0600, owned by the job's account (read by its owner only)."""
+        fd = os.open(self.log_path(job_id, replica), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         if run_as is not None:
             os.fchown(fd, run_as.uid, run_as.gid)
         os.fchmod(fd, 0o600)
@@ -147,16 +155,40 @@ class LocalExecutor:
         run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs, self.account_template)
         env = job_environment(dict(os.environ), run_as)
         env.update(launch.job_env)
+        if launch.replicas:
+            return self.spawn(launch.job_id, launch.attempt, launch.command, launch.workdir, env, run_as,
+                              gang=self._gang(launch, run_as))
         env.update(launch.gpu_env)
         return self.spawn(launch.job_id, launch.attempt, launch.command, launch.workdir, env, run_as)
 
+    def _gang(self, launch: Launch, run_as: RunAs | None) -> GangSpec:
+        """Each replica's environment (its own GPUs plus the rendezvous variables) and its own log file.
+
+        Every replica runs on this machine, so rank 0 listens on the loopback
+        at a port chosen now, anew for each attempt. Each replica's log gets
+        the attempt's header line, as the job's log does.
+        """
+        self._private_dirs(launch.job_id, run_as)
+        port = free_port()
+        n = len(launch.replicas)
+        header = f"--- gpupool: attempt {launch.attempt} of {launch.job_id} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+        replicas = []
+        for r in sorted(launch.replicas, key=lambda r: r.rank):
+            env = dict(r.gpu_env)
+            env.update(rendezvous_env(r.rank, n, "127.0.0.1", port))
+            with open(self._open_log(launch.job_id, run_as, r.rank), "ab") as f:
+                f.write(header.encode())
+            replicas.append(ReplicaSpec(r.rank, env, str(self.log_path(launch.job_id, r.rank))))
+        return GangSpec(tuple(replicas), self.gang_grace_s)
+
     def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str],
-              run_as: RunAs | None = None) -> ProcessHandle:
+              run_as: RunAs | None = None, gang: GangSpec | None = None) -> ProcessHandle:
         """Start attempt ``attempt`` of a job; the caller has already recorded "starting attempt N".
 
         With ``run_as`` the command runs as that account: the default working
         directory is made here and given to it; any other working directory is
         made and entered by the command's process once it is that account.
+        With ``gang`` the wrapper runs one copy of the command per replica.
         """
         prefix = self._prefix(job_id, attempt)
         self._private_dirs(job_id, run_as)
@@ -171,8 +203,11 @@ class LocalExecutor:
                 os.chown(wd, run_as.uid, run_as.gid)
             wrapper_opts = ["--as", run_as.wrapper_arg(), "--workdir", str(wd)]
             cwd = self.job_dir(job_id)
-        for suffix in (".claimed", ".pid", ".exit", ".revoked"):
+        for suffix in (".claimed", ".pid", ".exit", ".revoked", ".gang"):
             Path(str(prefix) + suffix).unlink(missing_ok=True)
+        if gang is not None:
+            write_spec(str(prefix) + ".gang", gang)
+            wrapper_opts += ["--gang", str(prefix) + ".gang"]
         Path(str(prefix) + ".launch").write_text(f"{time.time()}\n")
         with open(self._open_log(job_id, run_as), "ab") as log:
             log.write(f"--- gpupool: attempt {attempt} of {job_id} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())

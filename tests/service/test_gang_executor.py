@@ -1,0 +1,262 @@
+"""A multi-node gang's replicas run by the local executor, with real processes.
+
+Each test launches the attempt the way the service core does (a ``Launch``
+with ``replicas``) and looks at what a user would: the environment each
+replica saw, whether the replicas really reach each other at
+MASTER_ADDR:MASTER_PORT, the job's exit status, the logs, and which replicas
+were stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scheduler.envbuilder import gpu_environment
+from scheduler.executor.base import Launch, ReplicaLaunch
+from scheduler.executor.local import LocalExecutor, ProcessHandle, group_members, proc_start_time
+
+PY = sys.executable
+
+KEYS = ["WORLD_SIZE", "RANK", "NODE_RANK", "GPUPOOL_REPLICA", "GPUPOOL_REPLICAS", "MASTER_ADDR", "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES", "GPUPOOL_RESUME", "GPUPOOL_ATTEMPT", "JOB_VAR"]
+
+# One replica of a test gang. argv[1] says what it does; every start appends GPUPOOL_RESUME to starts-RANK.
+REPLICA = r"""
+import json, os, signal, socket, sys, time
+rank = int(os.environ["RANK"]); mode = sys.argv[1]
+with open(f"env-{rank}.json", "w") as f:
+    json.dump({k: os.environ.get(k) for k in KEYS}, f)
+with open(f"starts-{rank}.txt", "a") as f:
+    f.write(os.environ["GPUPOOL_RESUME"] + "\n")
+def term(*_):
+    open(f"term-{rank}", "w").close(); print(f"replica {rank} checkpointed", flush=True); sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" and rank == 0 else term)
+with open(f"pid-{rank}", "w") as f:
+    f.write(str(os.getpid()))
+def ready():
+    open(f"ready-{rank}", "w").close()
+if mode == "env":
+    print(f"replica {rank} of {os.environ['WORLD_SIZE']} ok", flush=True)
+    print(f"rank {rank} to stderr", file=sys.stderr, flush=True)
+elif mode == "rendezvous":
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank == 0:
+        with socket.create_server((addr, port)) as srv:
+            conn, _ = srv.accept()
+            with conn:
+                print("rank 0 received:", conn.makefile().readline().strip(), flush=True)
+    else:
+        deadline = time.time() + 30
+        while True:
+            try:
+                conn = socket.create_connection((addr, port), timeout=5); break
+            except OSError:
+                if time.time() > deadline: raise
+                time.sleep(0.05)
+        with conn:
+            conn.sendall(f"hello from rank {rank} of {os.environ['WORLD_SIZE']}\n".encode())
+        print(f"rank {rank} sent its greeting", flush=True)
+elif mode in ("fail", "stubborn"):
+    if rank == 1:
+        while not os.path.exists("ready-0"): time.sleep(0.02)
+        print("rank 1 gives up", flush=True); sys.exit(3)
+    ready(); time.sleep(120)
+elif mode == "wait":
+    ready(); time.sleep(120)
+""".replace("KEYS", repr(KEYS))
+
+
+def _launch(tmp_path: Path, mode: str, attempt: int = 1, n: int = 2, job_id: str = "j-gang") -> Launch:
+    """Attempt ``attempt`` of an n-replica gang, each replica with its own GPU environment (as the core builds it)."""
+    script = tmp_path / "replica.py"
+    script.write_text(REPLICA)
+    replicas = tuple(
+        ReplicaLaunch(k, f"node-{k}",
+                      gpu_environment(job_id, "p", [(f"GPU-node{k}-{i}", 1000, 80 << 30) for i in range(2)],
+                                      attempt, attempt > 1, simulated=True, mps=False),
+                      {"node": f"node-{k}", "gpus": []})
+        for k in range(n))
+    return Launch(job_id, attempt, [PY, str(script), mode], str(tmp_path / "work"), "alice", "p",
+                  job_env={"JOB_VAR": "from-the-spec"}, replicas=replicas)
+
+
+def _wait(pred, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _wait_dead(ex: LocalExecutor, h: ProcessHandle, timeout: float = 30.0) -> None:
+    _wait(lambda: not ex.alive(h), timeout, "the attempt to end")
+
+
+def _env(tmp_path: Path, rank: int) -> dict[str, str]:
+    return json.loads((tmp_path / "work" / f"env-{rank}.json").read_text())
+
+
+def _gone(pid_file: Path) -> bool:
+    return proc_start_time(int(pid_file.read_text())) is None
+
+
+def test_each_replica_gets_its_gpus_and_the_rendezvous_variables(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs")
+    h = ex.launch(_launch(tmp_path, "env"))
+    _wait_dead(ex, h)
+    assert ex.exit_code("j-gang", 1) == 0 and ex.ended_on_its_own("j-gang", 1)
+    e0, e1 = _env(tmp_path, 0), _env(tmp_path, 1)
+    assert (e0["WORLD_SIZE"], e1["WORLD_SIZE"]) == ("2", "2")
+    assert [e["RANK"] for e in (e0, e1)] == ["0", "1"]
+    assert [e["NODE_RANK"] for e in (e0, e1)] == ["0", "1"]
+    assert [e["GPUPOOL_REPLICA"] for e in (e0, e1)] == ["0", "1"]
+    assert e0["GPUPOOL_REPLICAS"] == e1["GPUPOOL_REPLICAS"] == "2"
+    assert e0["MASTER_ADDR"] == e1["MASTER_ADDR"] == "127.0.0.1"
+    assert e0["MASTER_PORT"] == e1["MASTER_PORT"] and 0 < int(e0["MASTER_PORT"]) < 65536
+    assert e0["CUDA_VISIBLE_DEVICES"] == "GPU-node0-0,GPU-node0-1"
+    assert e1["CUDA_VISIBLE_DEVICES"] == "GPU-node1-0,GPU-node1-1"
+    assert e0["JOB_VAR"] == e1["JOB_VAR"] == "from-the-spec"
+    assert e0["GPUPOOL_RESUME"] == e1["GPUPOOL_RESUME"] == "0"
+    # The job's log: every replica's lines (stdout and stderr), each prefixed with its rank.
+    log = ex.log_path("j-gang").read_text().splitlines()
+    assert "[0] replica 0 of 2 ok" in log and "[1] replica 1 of 2 ok" in log
+    assert "[0] rank 0 to stderr" in log and "[1] rank 1 to stderr" in log
+    # Each replica's own log: its output alone, unprefixed.
+    for k in (0, 1):
+        own = ex.log_path("j-gang", k).read_text()
+        assert f"replica {k} of 2 ok" in own and "attempt 1 of j-gang" in own
+        assert f"replica {1 - k} of 2" not in own and "[" not in own.split("---")[-1]
+    assert not group_members(h.pid)
+
+
+def test_a_new_attempt_gets_a_new_port(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs")
+    ports = []
+    for attempt in (1, 2):
+        h = ex.launch(_launch(tmp_path, "env", attempt=attempt))
+        _wait_dead(ex, h)
+        ports.append(_env(tmp_path, 0)["MASTER_PORT"])
+        assert _env(tmp_path, 1)["MASTER_PORT"] == ports[-1]
+    assert ex.exit_code("j-gang", 2) == 0
+
+
+def test_replicas_rendezvous_at_master_addr_and_port(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs")
+    h = ex.launch(_launch(tmp_path, "rendezvous"))
+    _wait_dead(ex, h)
+    assert ex.exit_code("j-gang", 1) == 0
+    assert "rank 0 received: hello from rank 1 of 2" in ex.log_path("j-gang", 0).read_text()
+    assert "[1] rank 1 sent its greeting" in ex.log_path("j-gang").read_text()
+
+
+def test_one_replica_failing_fails_the_attempt_and_stops_the_others(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs", gang_grace_s=10.0)
+    h = ex.launch(_launch(tmp_path, "fail"))
+    _wait_dead(ex, h)
+    assert ex.exit_code("j-gang", 1) == 3
+    assert ex.ended_on_its_own("j-gang", 1)  # a failure, not a stop: the job fails and never runs again
+    work = tmp_path / "work"
+    assert (work / "term-0").exists()  # rank 0 got the checkpoint signal...
+    assert _gone(work / "pid-0")  # ...and is gone
+    log = ex.log_path("j-gang").read_text()
+    assert "[1] rank 1 gives up" in log
+    assert "gpupool: replica 1 exited with code 3; stopping the other replicas" in log
+    assert "[0] replica 0 checkpointed" in log
+
+
+def test_a_replica_ignoring_the_checkpoint_signal_is_killed_after_the_grace(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs", gang_grace_s=0.5)
+    h = ex.launch(_launch(tmp_path, "stubborn"))
+    _wait_dead(ex, h)
+    assert ex.exit_code("j-gang", 1) == 3 and ex.ended_on_its_own("j-gang", 1)
+    assert _gone(tmp_path / "work" / "pid-0")
+    assert not (tmp_path / "work" / "term-0").exists()
+
+
+async def test_pause_stops_every_replica_and_resume_restarts_all(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs")
+    work = tmp_path / "work"
+    h = ex.launch(_launch(tmp_path, "wait"))
+    _wait(lambda: (work / "ready-0").exists() and (work / "ready-1").exists(), what="both replicas ready")
+    assert await ex.stop(h, 10.0)
+    assert (work / "term-0").exists() and (work / "term-1").exists()
+    assert ex.exit_code("j-gang", 1) == 0 and not ex.ended_on_its_own("j-gang", 1)  # a pause, not an end
+    assert not group_members(h.pid)
+    for f in work.glob("ready-*"):
+        f.unlink()
+    h2 = ex.launch(_launch(tmp_path, "wait", attempt=2))
+    _wait(lambda: (work / "ready-0").exists() and (work / "ready-1").exists(), what="both replicas resumed")
+    assert (work / "starts-0.txt").read_text().split() == ["0", "1"]  # started once, then resumed once
+    assert (work / "starts-1.txt").read_text().split() == ["0", "1"]
+    assert _env(tmp_path, 0)["GPUPOOL_ATTEMPT"] == _env(tmp_path, 1)["GPUPOOL_ATTEMPT"] == "2"
+    # The signal the service sends the wrapper alone reaches every replica through the group.
+    ex.request_stop(h2)
+    _wait_dead(ex, h2)
+    assert not ex.ended_on_its_own("j-gang", 2)
+    assert _gone(work / "pid-0") and _gone(work / "pid-1")
+
+
+def test_a_stop_after_every_replica_ended_does_not_change_the_result(tmp_path):
+    ex = LocalExecutor(tmp_path / "jobs")
+    h = ex.launch(_launch(tmp_path, "env"))
+    _wait(lambda: ex.exit_code("j-gang", 1) is not None, what="the exit file")
+    ex.request_stop(h)
+    _wait_dead(ex, h)
+    assert ex.exit_code("j-gang", 1) == 0 and ex.ended_on_its_own("j-gang", 1)
+
+
+SERVICE = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from tests.service.test_gang_executor import _launch
+from scheduler.executor.local import LocalExecutor
+tmp = Path(sys.argv[1]); record = Path(sys.argv[2])
+h = LocalExecutor(tmp / "jobs").launch(_launch(tmp, "wait"))
+record.write_text(f"{h.pid} {h.start_time}")
+import time
+time.sleep(300)
+"""
+
+
+async def test_a_gang_is_adopted_after_the_service_is_killed(tmp_path):
+    """kill -9 of the process that launched the gang: a new executor adopts it; no replica starts twice."""
+    record = tmp_path / "record"
+    repo = str(Path(__file__).resolve().parents[2])
+    svc = subprocess.Popen([PY, "-c", SERVICE, str(tmp_path), str(record), repo])
+    work = tmp_path / "work"
+    try:
+        _wait(lambda: (work / "ready-0").exists() and (work / "ready-1").exists(), what="both replicas ready")
+    finally:
+        svc.send_signal(signal.SIGKILL)
+        svc.wait()
+    pid, start = (int(x) for x in record.read_text().split())
+    ex = LocalExecutor(tmp_path / "jobs")
+    found = ex.recover("j-gang", 1, pid, start)
+    assert found.outcome == "running" and ex.alive(found.handle)
+    unrecorded = ex.recover("j-gang", 1, None, None)  # the store never got the pid: found by the run files
+    assert unrecorded.outcome == "running" and unrecorded.handle.pid == pid
+    assert await ex.stop(found.handle, 10.0)
+    assert (work / "term-0").exists() and (work / "term-1").exists()
+    assert (work / "starts-0.txt").read_text().split() == ["0"]
+    assert (work / "starts-1.txt").read_text().split() == ["0"]
+    assert ex.exit_code("j-gang", 1) == 0 and not ex.ended_on_its_own("j-gang", 1)
+    assert _gone(work / "pid-0") and _gone(work / "pid-1")
+
+
+def test_gang_env_overrides_the_service_environment(tmp_path, monkeypatch):
+    """A RANK or WORLD_SIZE left in the service's own environment never leaks into a replica."""
+    monkeypatch.setenv("RANK", "7")
+    monkeypatch.setenv("WORLD_SIZE", "99")
+    ex = LocalExecutor(tmp_path / "jobs")
+    h = ex.launch(_launch(tmp_path, "env", n=3))
+    _wait_dead(ex, h)
+    assert [_env(tmp_path, k)["RANK"] for k in range(3)] == ["0", "1", "2"]
+    assert {_env(tmp_path, k)["WORLD_SIZE"] for k in range(3)} == {"3"}
+    assert os.environ["RANK"] == "7"
