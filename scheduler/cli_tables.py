@@ -71,11 +71,12 @@ def duration(seconds: float) -> str:
 
 
 def request_text(job: dict[str, Any]) -> str:
-    """What a job asked for, e.g. '2 GPU', '0.25 GPU', '20GiB GPU mem', 'CPU'."""
+    """What a job asked for, e.g. '2 GPU', '2 × 8 GPU' (a gang of 2 replicas), '0.25 GPU', '20GiB GPU mem', 'CPU'."""
     req = job.get("request") or {}
     model = f" {req['gpu_model']}" if req.get("gpu_model") else ""
+    replicas = _count(req.get("replicas"))
     if req.get("gpus"):
-        return f"{req['gpus']} GPU{model}"
+        return f"{replicas} × {req['gpus']} GPU{model}" if replicas > 1 else f"{req['gpus']} GPU{model}"
     if req.get("gpu_fraction"):
         return f"{gpus_text(req['gpu_fraction'])} GPU{model}"
     if req.get("gpu_memory"):
@@ -169,7 +170,8 @@ def gpus_table(pool: dict[str, Any]) -> str:
                 for a in gpu.get("allocations") or []
             )
             util = gpu.get("utilization")
-            rows.append((node.get("name"), gpu.get("index"), gpu.get("model"), bytes_text(gpu.get("memory")),
+            name = str(node.get("name")) + (f" ({node['group']})" if node.get("group") else "")
+            rows.append((name, gpu.get("index"), gpu.get("model"), bytes_text(gpu.get("memory")),
                          f"{gpus_text(gpu.get('allocated', 0))}/1",
                          "-" if util is None else f"{util:.0f}%", users or "idle"))
     if not rows:
@@ -248,9 +250,7 @@ def job_text(job: dict[str, Any]) -> str:
         elif key == "request":
             text = request_text(job) + "   " + jsonlite.dumps({k: v for k, v in (value or {}).items() if v})
         elif key == "assignment" and isinstance(value, dict):
-            shares = [f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
-                      for g in value.get("gpus") or []]
-            text = f"{value.get('node')}: " + (", ".join(shares) or "no GPU")
+            text = assignment_text(value)
         elif key == "command" and isinstance(value, list):
             text = " ".join(_shell_quote(a) for a in value)
         elif isinstance(value, dict | list):
@@ -259,6 +259,20 @@ def job_text(job: dict[str, Any]) -> str:
             text = "-" if value is None else str(value)
         lines.append(f"{key + ':':<18}{text}")
     return "\n".join(lines)
+
+
+def assignment_text(assignment: dict[str, Any]) -> str:
+    """``node-a: A100-80GB#0 1, ...``; a gang's: one line per replica (``replica 0 on node-a: ...``)."""
+
+    def shares(gpus: Any) -> str:
+        return ", ".join(f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
+                         for g in gpus or [] if isinstance(g, dict)) or "no GPU"
+
+    replicas = [r for r in assignment.get("replicas") or [] if isinstance(r, dict)]
+    if not replicas:
+        return f"{assignment.get('node')}: " + shares(assignment.get("gpus"))
+    return f"\n{'':18}".join(f"replica {r.get('rank')} on {r.get('node')}: {shares(r.get('gpus'))}"
+                              for r in replicas)
 
 
 def _shell_quote(arg: str) -> str:

@@ -65,6 +65,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     stop_intent TEXT,
     pid INTEGER,
     pid_start INTEGER,
+    replicas INTEGER NOT NULL DEFAULT 1,
     image TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
@@ -112,6 +113,7 @@ class JobRecord:
     pid: int | None = None
     pid_start: int | None = None
     image: str | None = None  # the spec's container image (cluster backends); None: the configured default
+    replicas: int = 1  # a multi-node gang's replica count (JobSpec.replicas); 1 for every other job
 
     @property
     def live(self) -> bool:
@@ -167,7 +169,8 @@ def _project_of(row: sqlite3.Row) -> ProjectRecord:
     return ProjectRecord(**data)
 
 
-_ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"))
+_ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"),
+                  ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"))
 """Columns added after a table was first released: added to an older store when it is opened."""
 
 

@@ -30,6 +30,7 @@ from scheduler.service.validation import (
     MAX_MAP_VALUE,
     MAX_PRIORITY,
     MAX_PROJECT_NAME,
+    MAX_REPLICAS,
     MAX_USER_NAME,
     USER_PATTERN,
 )
@@ -109,6 +110,10 @@ JOB_SPEC: dict[str, Any] = {
         "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
                   "nullable": True, "description": "The container image of the job's pods (kubernetes backend "
                   "only; a local scheduler refuses it). Default: the service's configured image."},
+        "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "nullable": True, "default": 1,
+                     "description": "Train jobs: processes (pods) that start together or not at all (a multi-node "
+                     "gang), each on `gpus` whole GPUs of one node; more than 1 needs gpus >= 1 (no gpu_fraction "
+                     "or gpu_memory)."},
     },
 }
 
@@ -159,7 +164,8 @@ JOB: dict[str, Any] = {
         "id": {"type": "string"}, "name": {"type": "string"}, "project": {"type": "string"},
         "user": {"type": "string"}, "kind": {"type": "string", "enum": JOB_KINDS},
         "state": {"type": "string", "enum": JOB_STATES},
-        "request": {"type": "object"},
+        "request": {"type": "object", "properties": {
+            "replicas": {"type": "integer", "description": "The spec's replicas (1 for a one-process job)."}}},
         "priority": {"type": "integer"},
         "submitted_at": {"type": "number"},
         "started_at": {"type": "number", "nullable": True},
@@ -167,7 +173,13 @@ JOB: dict[str, Any] = {
         "attempts": {"type": "integer"}, "preemptible": {"type": "boolean"},
         "reason": {"type": "string", "nullable": True},
         "assignment": {"type": "object", "nullable": True, "properties": {
-            "node": {"type": "string"}, "gpus": {"type": "array", "items": _GPU_SHARE}}},
+            "node": {"type": "string", "description": "Where it runs (a gang: rank 0's node)."},
+            "gpus": {"type": "array", "items": _GPU_SHARE, "description": "Its GPUs (a gang: every replica's, "
+                     "in rank order)."},
+            "replicas": {"type": "array", "description": "A gang only: each replica's node and GPUs.",
+                         "items": {"type": "object", "properties": {
+                             "rank": {"type": "integer"}, "node": {"type": "string"},
+                             "gpus": {"type": "array", "items": _GPU_SHARE}}}}}},
         "exit_code": {"type": "integer", "nullable": True},
         "workdir": {"type": "string", "nullable": True},
         "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
@@ -306,6 +318,8 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return f"{where}: must not contain NUL characters"
     if where == "image" and validator in ("pattern", "minLength", "maxLength"):
         return IMAGE_RULE  # the core's sentence, not the pattern
+    if where == "replicas" and validator in ("type", "minimum", "maximum"):
+        return f"replicas must be a whole number from 1 to {MAX_REPLICAS}, not {str(error.instance)[:20]}"
     if validator == "propertyNames":
         return f"{where or 'object'}: bad key: {error.message}"
     text = error.message

@@ -21,6 +21,7 @@ class GpuInfo:
     model: str  # canonical model name, e.g. "A100-80GB"
     memory: int  # bytes
     topology_group: str = ""
+    node: str = ""  # the (simulated) node it is on; "" for this machine's GPUs read through NVML
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Inventory(Protocol):
     simulated: bool
 
     def gpus(self) -> list[GpuInfo]:
-        """The GPUs, in index order."""
+        """The GPUs, in index order (node by node, for a simulated pool of several nodes)."""
         ...
 
     def sample(self) -> dict[str, GpuSample]:

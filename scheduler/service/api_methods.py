@@ -213,6 +213,7 @@ class ApiMethodsMixin:
                 request=request, priority=js.priority, submitted_at=now, reason="queued",
                 workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
                 command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key, image=js.image,
+                replicas=js.replicas,
                 lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
             )
             self._store.insert_job(rec)

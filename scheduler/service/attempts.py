@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from scheduler.envbuilder import gpu_environment, mps_running
-from scheduler.executor.base import AttemptHandle, Launch
+from scheduler.executor.base import AttemptHandle, Launch, ReplicaLaunch
 from scheduler.policy.model import MILLI, Start
-from scheduler.service.jobs import assigned_gpus
+from scheduler.service.jobs import assigned_gpus, job_reason
 from scheduler.store import JobRecord
 
 log = logging.getLogger("scheduler.service")
@@ -63,29 +63,53 @@ class AttemptsMixin:
             gpus.append({"id": gid, "index": g.index, "model": g.model, "milli": m, "memory_limit": limit})
         return {"node": s.assignment.node, "gpus": gpus}
 
-    def _start(self, rec: JobRecord, s: Start) -> None:
-        """Record "starting attempt N" durably, then act (spawn, or grant the lease)."""
+    def _gang_assignment_wire(self, rec: JobRecord, starts: list[Start]) -> dict[str, Any]:
+        """A gang's Job assignment: rank 0's node, every replica's GPUs in rank order, and each replica's own."""
+        replicas = [{"rank": k, **self._assignment_wire(rec, x)} for k, x in enumerate(starts)]
+        return {"node": replicas[0]["node"], "gpus": [g for r in replicas for g in r["gpus"]], "replicas": replicas}
+
+    def _gpu_env(self, rec: JobRecord, gpus: list[dict[str, Any]], attempt: int) -> dict[str, str]:
+        """:func:`gpu_environment` for these GPUs (a job's, or one replica's own)."""
+        shares = [(g["id"], g["milli"], g["memory_limit"]) for g in gpus]
+        return gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
+                               mps=self._mps(),
+                               pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+
+    def _start(self, rec: JobRecord, starts: list[Start]) -> None:
+        """Record "starting attempt N" durably, then act (spawn, or grant the lease).
+
+        ``starts``: the policy's start of the job, or of each replica of a
+        gang in rank order (all of them: a gang starts whole). A gang is one
+        attempt of one job: one Launch whose ``replicas`` give each rank its
+        node, the GPU environment of its own GPUs and its own assignment.
+        """
         attempt = rec.attempts + 1
         now = time.time()
-        assignment = self._assignment_wire(rec, s)
-        shares = [(g["id"], g["milli"], g["memory_limit"]) for g in assignment["gpus"]]
-        gpu_env = gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
-                                  mps=self._mps(),
-                                  pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+        gang = len(starts) > 1
+        assignment = self._gang_assignment_wire(rec, starts) if gang else self._assignment_wire(rec, starts[0])
+        replica_assignments = assignment.get("replicas", [])
+        gpu_env = self._gpu_env(rec, replica_assignments[0]["gpus"] if gang else assignment["gpus"], attempt)
+        lead = starts[0]
         fields: dict[str, Any] = dict(
-            state="running", attempts=attempt, assignment=assignment, started_at=now, preemptible=s.preemptible,
+            state="running", attempts=attempt, assignment=assignment, started_at=now,
+            preemptible=any(x.preemptible for x in starts),
             pid=None, pid_start=None, stop_intent=None, exit_code=None,
         )
         if rec.kind == "build":
-            fields.update(env=gpu_env, reason=s.reason, lease_expires_at=now + self.config.lease_s)
+            fields.update(env=gpu_env, reason=lead.reason, lease_expires_at=now + self.config.lease_s)
             self._transition(rec.id, **fields)
             return
+        reason = job_reason(rec, lead.reason)
         # "running" is committed, with its event, before the process exists: a service killed
         # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
-        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + s.reason,
+        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + reason,
                          **fields)
+        replicas = tuple(
+            ReplicaLaunch(r["rank"], r["node"], self._gpu_env(rec, r["gpus"], attempt) if r["rank"] else gpu_env,
+                          {"node": r["node"], "gpus": r["gpus"]})
+            for r in replica_assignments)
         launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
-                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "")
+                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "", replicas=replicas)
         try:
             handle = self.executor.launch(launch)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop

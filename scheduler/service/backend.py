@@ -4,7 +4,10 @@ The core talks to a backend for two things: the pool (its nodes and GPUs,
 with samples of their use) and an executor that starts, watches and stops a
 job's attempts. ``LocalBackend`` is the embedded default: this machine's GPUs
 (NVML, or simulated from a spec) as one node (or a build node and a train
-node, with ``build_gpus``), and jobs as local processes. A cluster backend
+node, with ``build_gpus``), or the nodes of a simulated pool of several
+(``--simulate "node-a@rack1=8xA100-80GB;node-b=4xT4"``: every replica of a
+gang still runs here, as a local process on its node's simulated GPUs), and
+jobs as local processes. A cluster backend
 (Kubernetes nodes, jobs as pods) is the second implementation to come
 (issue 14); the core knows neither.
 """
@@ -56,7 +59,7 @@ class LocalBackend:
         self.inventory = inventory or detect(config.simulate, config.default_simulation, config.node_name)
         self.simulated = bool(self.inventory.simulated)
         self.gpus: dict[str, GpuInfo] = {g.id: g for g in self.inventory.gpus()}
-        self.nodes = _nodes(config, self.gpus)
+        self.nodes = _nodes(config, self.gpus, self.inventory)
         self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
                                       allow_root_jobs=config.allow_root_jobs,
                                       account_template=config.job_account_template)
@@ -84,17 +87,22 @@ def make_backend(config: ServiceConfig, inventory: Inventory | None = None, trav
     return LocalBackend(config, inventory, traversable=traversable)
 
 
-def _nodes(config: ServiceConfig, gpus: dict[str, GpuInfo]) -> tuple[Node, ...]:
-    """One node serving both pools, or (``build_gpus`` = N) a build-only node of the first N GPUs and a train node."""
+def _nodes(config: ServiceConfig, gpus: dict[str, GpuInfo], inventory: Inventory | None = None) -> tuple[Node, ...]:
+    """One node serving both pools, or (``build_gpus`` = N) a build-only node of the first N GPUs and a train node;
+    a simulated pool of several nodes gives its nodes, with their groups."""
     ordered = sorted(gpus.values(), key=lambda g: g.index)
     cpu_milli = int(config.host_cpu() * 1000)
     mem_mib = config.host_memory() // (1024 * 1024)
 
-    def node(name: str, members: list[GpuInfo], pools: frozenset[str]) -> Node:
+    def node(name: str, members: list[GpuInfo], pools: frozenset[str], group: str = "") -> Node:
         return Node(name, cpu_milli, mem_mib,
                     tuple(Gpu(g.id, g.index, g.model, g.memory // (1024 * 1024), g.topology_group) for g in members),
-                    pools)
+                    pools, group)
 
+    sim_nodes = getattr(inventory, "nodes", None) if getattr(inventory, "multi_node", False) else None
+    if sim_nodes is not None:
+        # A simulated pool of several nodes: each serves both pools (config refuses build_gpus with it).
+        return tuple(node(n.name, members, frozenset({BUILD_POOL, TRAIN_POOL}), n.group) for n, members in sim_nodes)
     if config.build_gpus is None:
         return (node(config.node_name, ordered, frozenset({BUILD_POOL, TRAIN_POOL})),)
     n = min(config.build_gpus, len(ordered))

@@ -44,7 +44,9 @@ class ServiceConfig:
 
     ``simulate``: ``None`` uses NVML when it works and otherwise falls back to
     ``default_simulation``; a spec string such as ``"4xA100-80GB"`` or
-    ``"2xA100-80GB,2xT4"`` always simulates (even on a GPU machine).
+    ``"2xA100-80GB,2xT4"`` always simulates (even on a GPU machine);
+    ``"node-a@rack1=8xA100-80GB;node-b=4xT4"`` simulates a pool of several
+    nodes (``NAME[@GROUP]=SPEC`` separated by ``;``).
 
     ``build_gpus``: ``None`` puts every GPU in one node serving both pools;
     an integer N makes the first N GPUs a build-only node (``<host>-build``)
@@ -129,6 +131,14 @@ class ServiceConfig:
             raise InvalidRequest(f"watchdog must be one of {', '.join(_WATCHDOG_MODES)}, not {self.watchdog!r}")
         if self.build_gpus is not None and (not isinstance(self.build_gpus, int) or self.build_gpus < 0):
             raise InvalidRequest(f"build_gpus must be a non-negative integer, not {self.build_gpus!r}")
+        if self.simulate:
+            from scheduler.inventory.simulated import is_multi_node, parse_nodes
+
+            parse_nodes(self.simulate)  # a bad spec is refused here, before a state dir is locked
+            if is_multi_node(self.simulate) and self.build_gpus is not None:
+                raise InvalidRequest("build_gpus splits one machine into a build node and a train node; a simulated "
+                                     "pool of several nodes has no such split (leave build_gpus out: every "
+                                     "simulated node serves both pools)")
         if self.run_jobs_as not in ("auto", "owner", "service"):
             raise InvalidRequest(f"run_jobs_as must be auto, owner or service, not {self.run_jobs_as!r}")
         if self.run_jobs_as == "owner" and os.geteuid() != 0:

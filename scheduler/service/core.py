@@ -29,12 +29,13 @@ from scheduler.policy.model import (
     Workload,
 )
 from scheduler.service.actor import Actor
+from scheduler.service.adopted import AdoptedPodsMixin
 from scheduler.service.api_methods import ApiMethodsMixin
 from scheduler.service.attempts import PAUSE_INTENTS, AttemptsMixin
 from scheduler.service.backend import Backend, make_backend
 from scheduler.service.config import ServiceConfig
 from scheduler.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMixin, PolicyFn
-from scheduler.service.jobs import assigned_gpus, held_milli, workload_of
+from scheduler.service.jobs import assigned_gpus, held_milli, workloads_of
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
 from scheduler.service.usage import DecayedUsage, fair_share_standing, gpu_hours
@@ -99,7 +100,7 @@ def _lock_state_dir(state_dir: Path) -> IO[str]:
     return f
 
 
-class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
+class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin):
     """Durable job state, a scheduling cycle on every event, and execution through a backend.
 
     This module holds the core's state, its lifecycle, the live-job mirror,
@@ -262,7 +263,7 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
     # goes to the store first (durable), then to the mirror; final jobs leave it.
     def _reload_live(self) -> None:
         self._live = {r.id: r for r in self._store.jobs(LIVE_STATES)}
-        self._workloads: dict[str, Workload] = {}
+        self._workloads: dict[str, tuple[Workload, ...]] = {}
         self._usage.accrue(time.time(), self._held)  # what was held until now, then what the store says
         self._held = {}
         for rec in self._live.values():
@@ -285,11 +286,11 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         key = (rec.project, rec.kind)
         self._held[key] = self._held.get(key, 0) + new - old
 
-    def _workload(self, rec: JobRecord) -> Workload:
-        """The policy view of a live job, rebuilt only after the job changed."""
+    def _workloads_of(self, rec: JobRecord) -> tuple[Workload, ...]:
+        """The policy view of a live job (one workload per replica for a gang), rebuilt only after it changed."""
         w = self._workloads.get(rec.id)
         if w is None:
-            w = self._workloads[rec.id] = workload_of(rec)
+            w = self._workloads[rec.id] = workloads_of(rec)
         return w
 
     def _update(self, job_id: str, **changes: Any) -> None:
@@ -343,7 +344,9 @@ class SchedulerCore(ApiMethodsMixin, CycleMixin, AttemptsMixin):
         for g in self._gpus.values():
             models[g.model] = max(models.get(g.model, 0), g.memory)
         max_gpus = {p: max((len(n.gpus) for n in self._nodes if p in n.pools), default=0) for p in (BUILD_POOL, TRAIN_POOL)}
-        return PoolLimits(models, max_gpus, self.config.host_cpu(), self.config.host_memory(), len(self._gpus))
+        train_nodes = tuple(len(n.gpus) for n in self._nodes if TRAIN_POOL in n.pools)
+        return PoolLimits(models, max_gpus, self.config.host_cpu(), self.config.host_memory(), len(self._gpus),
+                          train_nodes)
 
     def _policy_config(self) -> PolicyConfig:
         c = self.config

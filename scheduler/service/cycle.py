@@ -19,6 +19,7 @@ from typing import Any
 from scheduler.policy import schedule
 from scheduler.policy.model import MILLI, Decisions, Project, Snapshot, Start, Workload
 from scheduler.service import fallback_policy
+from scheduler.service.jobs import job_reason, split_workload_id
 from scheduler.service.usage import DecayedUsage
 from scheduler.store import JobRecord
 
@@ -28,6 +29,19 @@ PolicyFn = Callable[[Snapshot], Decisions]
 WAIT_FOR_STOPPING = "waiting for stopping jobs to release their GPUs"
 STOPPING_PROJECT = "\x00stopping"
 """Pseudo-project of stopping jobs in the held view: not a valid project name, so never a real one."""
+
+
+def _by_job(starts: tuple[Start, ...] | list[Start]) -> dict[str, list[tuple[int, Start]]]:
+    """The policy's starts per job, in the order of each job's first start; a gang's as (rank, start) in
+    rank order, a plain job's as one (0, start)."""
+    out: dict[str, list[tuple[int, Start]]] = {}
+    for s in starts:
+        job_id, rank = split_workload_id(s.workload_id)
+        out.setdefault(job_id, []).append((rank or 0, s))
+    for v in out.values():
+        if len(v) > 1:
+            v.sort(key=lambda x: x[0])
+    return out
 
 
 class CycleMixin:
@@ -81,11 +95,10 @@ class CycleMixin:
             if r.state == "paused" and r.user_paused:
                 continue
             if r.stop_intent is None:
-                workloads.append(self._workload(r))
+                workloads.extend(self._workloads_of(r))
             elif hold_stopping:
-                w = self._workload(r)
-                if w.assignment is not None:
-                    workloads.append(dataclasses.replace(w, project=STOPPING_PROJECT))
+                workloads.extend(dataclasses.replace(w, project=STOPPING_PROJECT)
+                                 for w in self._workloads_of(r) if w.assignment is not None)
         return Snapshot(self._nodes, projects, tuple(workloads), now, self._policy_config())
 
     def _cycle(self) -> None:
@@ -100,48 +113,64 @@ class CycleMixin:
         live = self._live_jobs()
         by_id = {r.id: r for r in live}
         decisions = self._schedule(self._snapshot(live))
+        stopped: set[str] = set()
         for p in decisions.preempts:
-            rec = by_id.get(p.workload_id)
-            if rec is None or rec.state != "running" or rec.stop_intent is not None:
+            job_id = split_workload_id(p.workload_id)[0]
+            rec = by_id.get(job_id)
+            if rec is None or job_id in stopped or rec.state != "running" or rec.stop_intent is not None:
                 continue
+            stopped.add(job_id)  # a gang is paused whole: its first replica's preempt stops the job
             if rec.kind != "train":
                 log.warning("policy asked to preempt build job %s; build shares are never paused", rec.id)
                 continue
             self._metrics.pauses.labels("preempt").inc()
-            self._begin_stop(rec, "preempt", p.reason)
+            self._begin_stop(rec, "preempt", job_reason(rec, p.reason))
         running = [r for r in live if r.state == "running"]
         used = self._allocations(running)
         around_stopping: dict[str, Start] | None = None  # the policy's starts with stopping jobs' GPUs held
-        for s in decisions.starts:
-            rec = by_id.get(s.workload_id)
+        for job_id, starts in _by_job(decisions.starts).items():
+            rec = by_id.get(job_id)
             if rec is None or rec.state not in ("queued", "paused") or (rec.state == "paused" and rec.user_paused):
                 continue
-            problem = self._check_fits(s, used)
+            if len(starts) != rec.replicas or (rec.replicas > 1 and {k for k, _ in starts} != set(range(rec.replicas))):
+                # never expected (the policy starts a gang whole or not at all): start nothing rather than part
+                self._set_reason(rec, f"waiting: the policy placed {len(starts)} of its {rec.replicas} replicas; "
+                                      "all replicas start together or none")
+                continue
+            placed = [x for _, x in starts]
+            problem = self._check_all_fit(placed, used)
             if problem == WAIT_FOR_STOPPING:
                 # Placed on a GPU a stopping job still holds: ask the policy (once per cycle) where it
                 # would go with those GPUs taken; other free GPUs may fit it now.
                 if around_stopping is None:
                     held = self._schedule(self._snapshot(live, hold_stopping=True))
                     around_stopping = {x.workload_id: x for x in held.starts}
-                alt = around_stopping.get(rec.id)
-                if alt is not None and self._check_fits(alt, used) is None:
-                    s, problem = alt, None
+                alt = [around_stopping.get(x.workload_id) for x in placed]
+                if all(a is not None for a in alt) and self._check_all_fit(alt, used) is None:  # type: ignore[arg-type]
+                    placed, problem = alt, None  # type: ignore[assignment]
             if problem:
                 self._set_reason(rec, problem)
                 continue
-            for gid, m in s.assignment.gpus:
-                used[gid] = used.get(gid, 0) + m
-            self._start(rec, s)
+            for x in placed:
+                for gid, m in x.assignment.gpus:
+                    used[gid] = used.get(gid, 0) + m
+            self._start(rec, placed)
+        decided: set[str] = set()  # a gang's replicas share one decision: the job takes the first one's reason
         with self._store.transaction():
             for rj in decisions.rejects:
-                rec = by_id.get(rj.workload_id)
-                if rec is not None and rec.state in ("queued", "paused"):
-                    self._finish(rec, "rejected", rj.reason)
+                job_id = split_workload_id(rj.workload_id)[0]
+                rec = by_id.get(job_id)
+                if rec is not None and job_id not in decided and rec.state in ("queued", "paused"):
+                    decided.add(job_id)
+                    self._finish(rec, "rejected", job_reason(rec, rj.reason))
             for w in decisions.waits:
-                rec = by_id.get(w.workload_id)
-                if rec is not None and rec.state in ("queued", "paused") and not rec.user_paused:
-                    self._set_reason(rec, w.reason)
-            over = set(decisions.preemptible)
+                job_id = split_workload_id(w.workload_id)[0]
+                rec = by_id.get(job_id)
+                if (rec is not None and job_id not in decided and rec.state in ("queued", "paused")
+                        and not rec.user_paused):
+                    decided.add(job_id)
+                    self._set_reason(rec, job_reason(rec, w.reason))
+            over = {split_workload_id(i)[0] for i in decisions.preemptible}
             for rec in running:
                 if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
                     self._update(rec.id, preemptible=rec.id in over)
@@ -183,6 +212,19 @@ class CycleMixin:
         except Exception:
             log.exception("deferred scheduling cycle failed")
             self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
+
+    def _check_all_fit(self, starts: list[Start], used: dict[str, int]) -> str | None:
+        """:meth:`_check_fits` for every replica of a job (one for a plain job): the first problem, or None."""
+        if len(starts) == 1:
+            return self._check_fits(starts[0], used)
+        taken = dict(used)
+        for s in starts:
+            problem = self._check_fits(s, taken)
+            if problem:
+                return problem
+            for gid, m in s.assignment.gpus:
+                taken[gid] = taken.get(gid, 0) + m
+        return None
 
     def _check_fits(self, s: Start, used: dict[str, int]) -> str | None:
         """Our own guard against double-booking, whatever the policy says."""

@@ -7,6 +7,8 @@ needs, in milli-GPU and MiB), and the wire Job of docs/design.md.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any
 
 from scheduler.policy.model import MILLI, Assignment, Kind, Request, Workload
@@ -73,6 +75,70 @@ def assignment_of(rec: JobRecord) -> Assignment | None:
     return Assignment(rec.assignment["node"], tuple((g["id"], int(g["milli"])) for g in rec.assignment.get("gpus", [])))
 
 
+def replica_id(job_id: str, rank: int) -> str:
+    """The policy workload id of a gang's replica: ``"<job id>/<rank>"`` (job ids never hold a ``/``)."""
+    return f"{job_id}/{rank}"
+
+
+def split_workload_id(workload_id: str) -> tuple[str, int | None]:
+    """``"j-000007/1"`` -> ``("j-000007", 1)``; a plain job's id -> ``(id, None)``."""
+    job_id, slash, rank = workload_id.partition("/")
+    if slash and rank.isdigit():
+        return job_id, int(rank)
+    return workload_id, None
+
+
+def replica_assignments(rec: JobRecord) -> list[dict[str, Any]]:
+    """A running gang's per-replica wire assignments (``{"rank", "node", "gpus"}``), rank order; [] otherwise."""
+    return list((rec.assignment or {}).get("replicas", [])) if rec.state == "running" else []
+
+
+_GANG_START = re.compile(r"^starts on (?P<node>\S+) (?P<why>.*) as one of the \d+ replicas of gang (?P<gang>\S+) of "
+                         r"(?P<size>.+), all started together on (?P<nodes>.+)$")
+
+
+def job_reason(rec: JobRecord, reason: str) -> str:
+    """A replica's policy reason as the job's own.
+
+    The policy speaks of one replica ("starts on node-a ... as one of the 2
+    replicas of gang j-000007 of 2 × 8 GPUs, all started together on node-a,
+    node-b"; "gang j-000007 of 2 × 8 GPUs: only 1 node has room ..."); the
+    job is the whole gang, so its reason names the size and every node:
+    "starts 2 × 8 GPUs together on node-a, node-b ...", "2 × 8 GPUs: only 1
+    node has room ...".
+    """
+    if rec.replicas <= 1:
+        return reason
+    m = _GANG_START.match(reason)
+    if m is not None and m["gang"] == rec.id:
+        return f"starts {m['size']} together on {m['nodes']} {m['why']}"
+    return reason.replace(f"gang {rec.id} of ", "")
+
+
+def workloads_of(rec: JobRecord) -> tuple[Workload, ...]:
+    """The engine's view of a job: one workload, or one per replica for a multi-node gang.
+
+    A gang's replicas share the job's request (per replica), priority,
+    times and attempts, and are linked by ``gang`` (the job id) and
+    ``gang_size``; a running gang's replica ``k`` has replica ``k``'s
+    one-node assignment from the stored Job assignment.
+    """
+    w = workload_of(rec)
+    if rec.replicas <= 1:
+        return (w,)
+    placed = {int(r["rank"]): r for r in replica_assignments(rec)}
+    out = []
+    for k in range(rec.replicas):
+        a = None
+        if w.assignment is not None and k in placed:
+            r = placed[k]
+            a = Assignment(r["node"], tuple((g["id"], int(g["milli"])) for g in r.get("gpus", [])))
+        out.append(dataclasses.replace(w, id=replica_id(rec.id, k), assignment=a,
+                                       started_at=w.started_at if a is not None else None,
+                                       gang=rec.id, gang_size=rec.replicas))
+    return tuple(out)
+
+
 def workload_of(rec: JobRecord) -> Workload:
     """The engine's view: a running job has an assignment; queued and paused ones are pending."""
     return Workload(
@@ -93,7 +159,7 @@ def job_to_wire(rec: JobRecord, show_env: bool) -> dict[str, Any]:
     """The Job JSON; ``env`` only for build jobs and only when the caller may see it."""
     out: dict[str, Any] = {
         "id": rec.id, "name": rec.name, "project": rec.project, "user": rec.user, "kind": rec.kind,
-        "state": rec.state, "request": dict(rec.request), "priority": rec.priority,
+        "state": rec.state, "request": {**rec.request, "replicas": rec.replicas}, "priority": rec.priority,
         "submitted_at": rec.submitted_at, "started_at": rec.started_at, "finished_at": rec.finished_at,
         "attempts": rec.attempts, "preemptible": rec.preemptible, "reason": rec.reason,
         "assignment": rec.assignment if rec.state == "running" else None,

@@ -20,7 +20,7 @@ from scheduler.service.membership import validate_members
 
 SPEC_FIELDS = {
     "project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "command",
-    "workdir", "env", "cpu", "memory", "labels", "client_key", "image",
+    "workdir", "env", "cpu", "memory", "labels", "client_key", "image", "replicas",
 }
 PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight", "members"}
 # Limits on wire fields, defined once: enforced below and published by the OpenAPI
@@ -35,6 +35,7 @@ MAX_MAP_KEY = 256  # a key of env or labels
 MAX_MAP_VALUE = 65_536  # a value of env or labels
 MAX_MAP_ENTRIES = 256  # entries in env or labels
 MAX_PRIORITY = 1_000_000
+MAX_REPLICAS = 64  # JobSpec.replicas: processes (pods) of one multi-node gang
 NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_PROJECT_NAME - 1}}}$")
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"  # with at most MAX_USER_NAME characters; the schema's pattern too
 USER_RE = re.compile(USER_PATTERN)
@@ -58,6 +59,9 @@ class PoolLimits:
     cpu: float
     memory: int
     total_gpus: int
+    # GPU count of each node serving the train pool: how many replicas of G GPUs the pool could ever hold
+    # (() = not known: the replica count is then left to the policy, which refuses a gang that cannot fit).
+    train_nodes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -80,6 +84,7 @@ class JobSpec:
     labels: dict[str, str] = field(default_factory=dict)
     client_key: str | None = None
     image: str | None = None  # a container image (cluster backends); None: the configured default
+    replicas: int = 1  # a multi-node gang's processes (pods), each on ``gpus`` whole GPUs of one node
 
     def request(self) -> dict[str, Any]:
         """The Job's ``request`` object (wire units)."""
@@ -312,12 +317,45 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
                 or not image.isprintable()):
             raise InvalidRequest(IMAGE_RULE)
 
+    replicas = _replicas(spec.get("replicas", 1), kind, gpus, fraction, memory_req, limits)
+
     return JobSpec(
-        project=project, kind=kind, name=name.strip(), gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
+        project=project, kind=kind, name=name.strip(), replicas=replicas, gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
         gpu_model=model, priority=priority, command=list(command) if command else None, workdir=workdir,
         env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
         labels=_str_map(spec.get("labels"), "labels"), client_key=client_key, image=image,
     )
+
+
+def _replicas(value: Any, kind: str, gpus: Any, fraction: Any, memory_req: Any, limits: PoolLimits) -> int:
+    """Check ``replicas``: a whole number 1..MAX_REPLICAS; more than 1 only for training on whole GPUs.
+
+    A gang's replicas each hold whole GPUs of one node (a fraction or a memory
+    share of one GPU cannot be split across machines), and a build share is a
+    kernel's lease, never several processes. When the pool's nodes are known,
+    a gang that could not fit even on an empty pool is refused here, with
+    the count it could have.
+    """
+    if value is None:
+        return 1
+    if not _is_int(value) or not 1 <= value <= MAX_REPLICAS:
+        raise InvalidRequest(f"replicas must be a whole number from 1 to {MAX_REPLICAS}, not {str(value)[:20]}")
+    if value == 1:
+        return 1
+    if kind != "train":
+        raise InvalidRequest("replicas is for train jobs; a build job is one kernel's GPU share")
+    if fraction is not None or memory_req is not None:
+        which = "gpu_fraction" if fraction is not None else "gpu_memory"
+        raise InvalidRequest(f"replicas={value} needs whole GPUs per replica (gpus >= 1), not {which}: "
+                             "a share of one GPU cannot be spread over several nodes")
+    if gpus is None:
+        raise InvalidRequest(f"replicas={value} needs gpus (whole GPUs per replica, at least 1)")
+    if limits.train_nodes:
+        room = sum(n // gpus for n in limits.train_nodes)
+        if room < value:
+            raise InvalidRequest(f"replicas={value} × gpus={gpus} does not fit this pool: its train nodes could "
+                                 f"hold at most {room} replica(s) of {gpus} GPU(s) even when idle")
+    return int(value)
 
 
 def default_name(command: list[str] | None, kind: str, project: str) -> str:

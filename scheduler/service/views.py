@@ -55,7 +55,7 @@ def pool_view(nodes: Iterable[Node], gpus: dict[str, GpuInfo], running: Iterable
                 if s.memory_used is not None:
                     entry["memory_used"] = s.memory_used
             entries.append(entry)
-        out.append({"name": node.name, "pools": sorted(node.pools), "cpu": node.cpu_milli / 1000,
+        out.append({"name": node.name, "group": node.group, "pools": sorted(node.pools), "cpu": node.cpu_milli / 1000,
                     "memory": host_memory, "gpus": entries})
     return {"simulated": simulated, "nodes": out}
 

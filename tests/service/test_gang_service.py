@@ -1,0 +1,203 @@
+"""Multi-node gangs in the service (issue 12): JobSpec replicas, the store, the Job JSON, and the cycle
+that starts, waits, rejects and pauses a gang's replicas as one job on a real core with simulated nodes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.errors import InvalidRequest
+from scheduler.executor.base import Launch
+from scheduler.service.jobs import workloads_of
+from scheduler.service.validation import PoolLimits, validate_spec
+from scheduler.store import JobRecord, Store
+from tests.service.helpers import ADMIN, ALICE, BOB, PY, started, wait_for
+
+TWO_NODES = "node-a@rack1=8xA100-80GB;node-b@rack1=8xA100-80GB"
+LIMITS = PoolLimits(models={"A100-80GB": 80 * 1024**3}, max_gpus={"build": 8, "train": 8}, cpu=16.0,
+                    memory=64 * 1024**3, total_gpus=16, train_nodes=(8, 8))
+
+
+def _spec(**fields: Any) -> dict[str, Any]:
+    return {"project": "vision", "command": ["python", "train.py"], **fields}
+
+
+# ---------------------------------------------------------------- validation
+def test_replicas_default_to_one_and_a_gang_of_whole_gpus_is_kept():
+    assert validate_spec(_spec(gpus=2), {"vision"}, LIMITS).replicas == 1
+    assert validate_spec(_spec(gpus=2, replicas=None), {"vision"}, LIMITS).replicas == 1
+    assert validate_spec(_spec(gpus=8, replicas=2), {"vision"}, LIMITS).replicas == 2
+    assert validate_spec(_spec(gpus=1, replicas=16), {"vision"}, LIMITS).replicas == 16
+
+
+@pytest.mark.parametrize("fields,fragment", [
+    ({"gpus": 1, "replicas": 0}, "replicas must be a whole number from 1 to 64, not 0"),
+    ({"gpus": 1, "replicas": 65}, "replicas must be a whole number from 1 to 64, not 65"),
+    ({"gpus": 1, "replicas": "2"}, "replicas must be a whole number from 1 to 64"),
+    ({"gpus": 1, "replicas": 1.5}, "replicas must be a whole number from 1 to 64"),
+    ({"gpus": 1, "replicas": True}, "replicas must be a whole number from 1 to 64"),
+    ({"gpu_fraction": 0.5, "replicas": 2}, "needs whole GPUs per replica (gpus >= 1), not gpu_fraction"),
+    ({"gpu_memory": 2**30, "replicas": 2}, "needs whole GPUs per replica (gpus >= 1), not gpu_memory"),
+    ({"replicas": 2}, "replicas=2 needs gpus"),
+    ({"kind": "build", "command": None, "gpus": 1, "replicas": 2}, "replicas is for train jobs"),
+    ({"gpus": 8, "replicas": 3}, "replicas=3 × gpus=8 does not fit this pool: its train nodes could hold at most 2"),
+])
+def test_bad_replicas_are_refused_with_the_rule(fields, fragment):
+    with pytest.raises(InvalidRequest) as e:
+        validate_spec(_spec(**fields), {"vision"}, LIMITS)
+    assert fragment in e.value.message
+
+
+# ---------------------------------------------------------------- the store and the policy's view
+def _job(num: int, **kw: Any) -> JobRecord:
+    base: dict[str, Any] = dict(id=f"j-{num:06d}", num=num, name="t", project="vision", user="alice", kind="train",
+                                state="queued", request={"gpus": 8}, submitted_at=1.0, command=["true"])
+    base.update(kw)
+    return JobRecord(**base)
+
+
+def test_a_store_from_before_replicas_is_upgraded_in_place(tmp_path: Path):
+    """A state.db whose jobs table has no replicas column opens with its jobs as one replica each."""
+    import scheduler.store as store_module
+
+    old_schema = store_module._SCHEMA.replace("    replicas INTEGER NOT NULL DEFAULT 1,\n", "")
+    assert old_schema != store_module._SCHEMA
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(old_schema)
+    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
+               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
+    db.commit()
+    assert "replicas" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+    db.close()
+    s = Store(tmp_path / "state.db")
+    assert s.job("j-000001").replicas == 1  # type: ignore[union-attr]
+    s.insert_job(_job(2, replicas=4))
+    s.close()
+    again = Store(tmp_path / "state.db")
+    assert again.job("j-000002").replicas == 4  # type: ignore[union-attr]
+    again.close()
+
+
+def test_a_gang_job_is_one_workload_per_replica():
+    queued = workloads_of(_job(7, replicas=2))
+    assert [(w.id, w.gang, w.gang_size, w.request.gpus, w.assignment) for w in queued] == [
+        ("j-000007/0", "j-000007", 2, 8, None), ("j-000007/1", "j-000007", 2, 8, None)]
+    gpu = {"index": 0, "model": "A100-80GB", "milli": 1000, "memory_limit": 1}
+    running = _job(7, replicas=2, state="running", started_at=5.0, assignment={
+        "node": "node-a", "gpus": [{**gpu, "id": "a0"}, {**gpu, "id": "b0"}],
+        "replicas": [{"rank": 0, "node": "node-a", "gpus": [{**gpu, "id": "a0"}]},
+                     {"rank": 1, "node": "node-b", "gpus": [{**gpu, "id": "b0"}]}]})
+    ws = workloads_of(running)
+    assert [(w.assignment.node, w.assignment.gpus) for w in ws] == [  # type: ignore[union-attr]
+        ("node-a", (("a0", 1000),)), ("node-b", (("b0", 1000),))]
+    assert [w.id for w in workloads_of(_job(8))] == ["j-000008"]  # a plain job keeps its id
+
+
+# ---------------------------------------------------------------- a real core on two simulated nodes
+class RecordingExecutor:
+    """Wraps the core's executor and keeps every Launch it was given (the rest is the real executor)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.launches: list[Launch] = []
+
+    def launch(self, launch: Launch) -> Any:
+        self.launches.append(launch)
+        return self.inner.launch(launch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+ENV_DUMP = ("import json, os, sys, time; "
+            "open('env-' + os.environ.get('RANK', 'x') + '.json', 'w').write(json.dumps(dict(os.environ))); "
+            "time.sleep(float(sys.argv[1]))")
+
+
+async def _gang_core(make_core: Any, **overrides: Any) -> Any:
+    core = await make_core(simulate=TWO_NODES, **overrides)
+    core.executor = RecordingExecutor(core.executor)
+    return core
+
+
+async def test_two_by_eight_gpus_start_together_on_two_nodes(make_core, tmp_path: Path):
+    core = await _gang_core(make_core)
+    core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+    job, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, workdir=str(tmp_path),
+                                            command=[PY, "-c", ENV_DUMP, "30"]))
+    assert job["request"]["replicas"] == 2 and job["state"] == "queued"
+    job = await started(core, job["id"])
+    assert job["state"] == "running", job["reason"]
+    assert job["reason"].startswith("starts 2 × 8 GPUs together on node-a, node-b within project vision's guarantee")
+    a = job["assignment"]
+    assert [(r["rank"], r["node"], len(r["gpus"])) for r in a["replicas"]] == [(0, "node-a", 8), (1, "node-b", 8)]
+    assert a["node"] == "node-a" and [g["id"] for g in a["gpus"]] == [g["id"] for r in a["replicas"] for g in r["gpus"]]
+    node_of = {g.id: n.name for n in core._nodes for g in n.gpus}
+    assert {node_of[g["id"]] for g in a["replicas"][1]["gpus"]} == {"node-b"}
+    # one Launch with each rank's node, its own GPU environment and its own assignment
+    (launch,) = core.executor.launches
+    assert [(r.rank, r.node) for r in launch.replicas] == [(0, "node-a"), (1, "node-b")]
+    for r, placed in zip(launch.replicas, a["replicas"], strict=True):
+        assert r.assignment == {"node": placed["node"], "gpus": placed["gpus"]}
+        assert r.gpu_env["CUDA_VISIBLE_DEVICES"] == ",".join(g["id"] for g in placed["gpus"])
+    # the pool and the project count all 16 GPUs
+    pool = core.pool()
+    assert all(g["allocated"] == 1 and g["allocations"][0]["job_id"] == job["id"]
+               for n in pool["nodes"] for g in n["gpus"])
+    (vision,) = [p for p in core.list_projects() if p["name"] == "vision"]
+    assert vision["usage"]["train"] == 16
+    from prometheus_client import generate_latest
+
+    metrics = generate_latest(core.registry).decode()
+    assert 'gpupool_project_allocated_gpus{kind="train",project="vision"} 16.0' in metrics
+    # what each replica's process saw (the local executor runs one process per replica)
+    envs = await wait_for(lambda: _envs(tmp_path, 2), 20, "both replicas' env files")
+    assert {e["RANK"] for e in envs} == {"0", "1"} and {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {
+        ",".join(g["id"] for g in r["gpus"]) for r in a["replicas"]}
+
+
+def _envs(workdir: Path, n: int) -> list[dict[str, str]] | None:
+    files = sorted(workdir.glob("env-*.json"))
+    if len(files) < n:
+        return None
+    try:
+        return [json.loads(f.read_text()) for f in files]
+    except ValueError:  # still being written
+        return None
+
+
+async def test_with_one_node_busy_neither_replica_starts_and_the_job_says_why(make_core, tmp_path: Path):
+    core = await _gang_core(make_core)
+    core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+    small, _ = await core.submit(BOB, _spec(gpus=1, command=[PY, "-c", "import time; time.sleep(60)"]))
+    small = await started(core, small["id"])
+    assert small["state"] == "running"
+    gang, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, command=[PY, "-c", "pass"]))
+    await wait_for(lambda: core.get_job(ADMIN, gang["id"])["reason"] != "queued", 10, "the gang's reason")
+    gang = core.get_job(ADMIN, gang["id"])
+    assert gang["state"] == "queued" and gang["assignment"] is None
+    assert gang["reason"].startswith("2 × 8 GPUs: only 1 node has room for a replica (8 whole GPUs)")
+    assert "all replicas start together or none" in gang["reason"]
+    assert core.executor.launches[-1].job_id == small["id"]  # nothing of the gang was launched
+    # the one-GPU job ends: the gang starts whole
+    await core.cancel(BOB, small["id"])
+    gang = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] == "running" and j, 20,
+                          "the gang to start")
+    assert [r["node"] for r in gang["assignment"]["replicas"]] == ["node-a", "node-b"]
+
+
+async def test_a_gang_that_cannot_fit_is_refused_at_submit(make_core):
+    core = await _gang_core(make_core)
+    core.set_project(ADMIN, "vision", {})
+    with pytest.raises(InvalidRequest) as e:
+        await core.submit(ALICE, _spec(gpus=8, replicas=3))
+    assert "could hold at most 2 replica(s)" in e.value.message
+    with pytest.raises(InvalidRequest):
+        await core.submit(ALICE, _spec(gpus=9, replicas=2))  # more than one node has
+    assert core.list_jobs(ADMIN) == []
