@@ -7,8 +7,21 @@ prints one row per policy: average and p99 job completion time, average
 queueing delay, utilization, pauses, GPU-hours lost to pauses and guarantee
 violations. ``--json`` prints one JSON object instead.
 
+By default every job runs on one node and jobs wider than a node are left out
+(counted): the replay the first tables of docs/benchmarks.md were measured
+with. ``--real-sizes`` keeps every job at its trace GPU count: a job wider than
+a node runs as a multi-node gang of identical replicas (bench.sim.gangs: 16
+GPUs = 2 x 8, 12 GPUs = 2 x 6), on a cluster whose nodes sit in racks of
+``--rack-nodes`` (node groups, so topology matters to the engine), and a job
+that a policy can never run (wider than the cluster, or than its team's static
+partition) is reported as such, per policy, never dropped. It adds a second
+table: average JCT and its ratio to static partitions on the jobs both ran,
+queueing delay percentiles of all jobs and of large ones (>= ``--large-gpus``),
+violations in seconds and GPU-hours, and the jobs never run.
+
     python -m bench.philly                      # busiest 7-day window, cluster sized for ~90% load
     python -m bench.philly --start 2017-10-19 --days 7 --gpus 480 --checkpoint-interval 1800 --json
+    python -m bench.philly --real-sizes --start 2017-10-19 --days 7 --gpus 480
 """
 
 from __future__ import annotations
@@ -21,11 +34,13 @@ import platform
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 from bench.sim import baselines
 from bench.sim.cluster import partitioned_cluster, projects_for, shared_cluster
+from bench.sim.gangs import replica_shape
 from bench.sim.metrics import Summary, per_team_jct_h, summarize
 from bench.sim.simulator import ScheduleFn, SimConfig, Simulator
 from bench.sim.trace import (
@@ -70,6 +85,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--half-life-h", type=float, default=24.0,
                    help="usage half-life of engine-decay, in hours (default 24; the service's default is 168)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
+    p.add_argument("--real-sizes", action="store_true",
+                   help="keep jobs wider than a node, as multi-node gangs of replicas (default: leave them out, "
+                        "the replay of the first tables in docs/benchmarks.md)")
+    p.add_argument("--rack-nodes", type=int, default=4,
+                   help="with --real-sizes: nodes per rack (node group); 0 = no racks (default 4)")
+    p.add_argument("--large-gpus", type=int, default=16,
+                   help="with --real-sizes: jobs of at least this many GPUs count as large (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = p.parse_args(argv)
     chosen = [x.strip() for x in args.policies.split(",") if x.strip()]
@@ -85,6 +107,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--days, --cycle and --gpus-per-node must be positive, --checkpoint-interval >= 0")
     if args.gpus is not None and args.gpus < args.gpus_per_node:
         p.error("--gpus must be at least one node")
+    if args.rack_nodes < 0 or args.large_gpus < 1:
+        p.error("--rack-nodes must be >= 0 and --large-gpus >= 1")
+    if not args.real_sizes:
+        args.rack_nodes = 0  # the one-node replay is measured without racks, as it was recorded
     return args
 
 
@@ -108,8 +134,13 @@ def run(argv: list[str] | None = None) -> int:
     jobs = load_jobs(trace_csv)
     vcs = load_vc_sizes(vc_csv)
     gpn = args.gpus_per_node
-    start = parse_time(args.start) if args.start else busiest_window(jobs, math.ceil(args.days), vcs, gpn)
-    window = cut_window(jobs, start, args.days, vcs, gpn)
+    widest = None if args.real_sizes else gpn  # the widest job kept
+    try:
+        start = parse_time(args.start) if args.start else busiest_window(jobs, math.ceil(args.days), vcs, widest)
+    except ValueError as exc:
+        print(f"bench.philly: {exc}", file=sys.stderr)
+        return 2
+    window = cut_window(jobs, start, args.days, vcs, widest)
     if not window.jobs:
         print(f"bench.philly: no jobs submitted in the window starting {format_time(start)}", file=sys.stderr)
         return 2
@@ -134,19 +165,21 @@ def run(argv: list[str] | None = None) -> int:
         measure_start=window.start,
         measure_end=window.end,
         policy_config=PolicyConfig(),
+        gang_width=gpn if args.real_sizes else 0,
     )
     projects = projects_for(guarantees)
     partition_projects = projects_for(partitions)
     summaries: list[Summary] = []
     team_jct: dict[str, dict[str, float]] = {}
     team_violation: dict[str, dict[str, dict[str, float]]] = {}
+    job_jct: dict[str, dict[str, float]] = {}  # policy -> job id -> JCT (s), jobs it ran
     failures: dict[str, str] = {}
     for name in args.policies:
-        nodes = shared_cluster(gpus // gpn, gpn)
+        nodes = shared_cluster(gpus // gpn, gpn, args.rack_nodes)
         cfg = sim_cfg
         try:
             if name == "static":
-                nodes, owner = partitioned_cluster(partitions, gpn)
+                nodes, owner = partitioned_cluster(partitions, gpn, args.rack_nodes)
                 fn = baselines.static_partitions(owner, backfill=True)
                 cfg = _time_invariant(sim_cfg)
             elif name in ("fifo", "fifo-strict"):
@@ -164,18 +197,69 @@ def run(argv: list[str] | None = None) -> int:
             if not args.json:
                 traceback.print_exc(file=sys.stderr)
             continue
-        summaries.append(summarize(name, result, window.start))
+        summaries.append(summarize(name, result, window.start, args.large_gpus))
         team_jct[name] = per_team_jct_h(result)
         team_violation[name] = {"issue": result.violation_s, "gang_aware": result.violation_gang_s}
+        job_jct[name] = {r.trace.id: r.jct for r in result.jobs if r.never is None}
 
     context = _context(args, window, load, gpus, guarantees, load_s)
+    vs_static = vs_static_same_jobs(job_jct)
     if args.json:
+        extra = {"vs_static_same_jobs": vs_static} if args.real_sizes else {}
         print(json.dumps({**context, "results": [s.as_dict() for s in summaries],
                           "avg_jct_h_per_team": team_jct, "violation_s_per_team": team_violation,
-                          "failures": failures}, indent=1))
+                          **extra, "failures": failures}, indent=1))
     else:
         _print_report(context, summaries, failures)
+        if args.real_sizes:
+            print_real_sizes(context, summaries, vs_static)
     return 1 if failures else 0
+
+
+def vs_static_same_jobs(job_jct: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per policy: static's average JCT over its own, on the jobs both ran (a job static can never run
+    would otherwise flatter static by leaving the widest jobs out of its average)."""
+    static = job_jct.get("static")
+    out: dict[str, dict[str, float]] = {}
+    if static is None:
+        return out
+    for name, jct in job_jct.items():
+        common = sorted(static.keys() & jct.keys())
+        if not common:
+            continue
+        mine = sum(jct[j] for j in common) / len(common)
+        theirs = sum(static[j] for j in common) / len(common)
+        out[name] = {"jobs": len(common), "static_avg_jct_h": theirs / 3600, "avg_jct_h": mine / 3600,
+                     "ratio": theirs / mine if mine > 0 else math.inf}
+    return out
+
+
+def print_real_sizes(ctx: dict[str, object], rows: list[Summary], vs: dict[str, dict[str, float]]) -> None:
+    """The second table of ``--real-sizes``: what multi-node gangs change, per policy."""
+    large = rows[0].large_gpus if rows else 16
+    print()
+    print(f"real job sizes: {ctx['gang_jobs']} jobs wider than {ctx['gpus_per_node']} GPUs run as gangs "
+          f"({', '.join(f'{n} x {k}' for k, n in ctx['gang_shapes'].items()) or 'none'}); racks of "
+          f"{ctx['rack_nodes']} nodes; {ctx['large_jobs']} jobs of >= {large} GPUs")
+    print(f"{'policy':<13}{'avg JCT h':>10}{'vs static':>10}{'queue p50/p95 h':>17}"
+          f"{f'>={large} GPUs: n, queue p50/p95/max h':>38}{'util':>7}{'pauses':>8}"
+          f"{'viol n/s/GPUh':>20}{'gang-aware n/s/GPUh':>22}{'never ran (GPUh)':>18}")
+    for r in rows:
+        ratio = vs.get(r.policy, {}).get("ratio")
+        big = (f"{r.large_jobs}, {r.large_queue_p50_h:.2f}/{r.large_queue_p95_h:.2f}/{r.large_queue_max_h:.2f}"
+               if r.large_jobs else "0")
+        print(f"{r.policy:<13}{r.avg_jct_h:>10.2f}{(f'{ratio:.2f}x' if ratio else '-'):>10}"
+              f"{f'{r.queue_p50_h:.2f}/{r.queue_p95_h:.2f}':>17}{big:>38}{100 * r.utilization:>6.1f}%"
+              f"{r.pauses:>8}{f'{r.violation_episodes}/{r.violation_s:.0f}/{r.violation_gpu_h:.1f}':>20}"
+              f"{f'{r.violation_gang_episodes}/{r.violation_gang_s:.0f}/{r.violation_gang_gpu_h:.1f}':>22}"
+              f"{f'{r.never_ran} ({r.never_ran_gpu_h:.0f})':>18}")
+    for r in rows:
+        for line in r.never_ran_reasons:
+            print(f"  never ran under {r.policy}: {line}")
+    if "static" in vs and "engine" in vs:
+        e = vs["engine"]
+        print(f"engine vs static on the {e['jobs']} jobs both ran: average JCT {e['static_avg_jct_h']:.2f} h -> "
+              f"{e['avg_jct_h']:.2f} h, {e['ratio']:.2f}x lower")
 
 
 def _time_invariant(cfg: SimConfig) -> SimConfig:
@@ -188,7 +272,14 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
         team: offered_load([j for j in window.jobs if j.team == team], window.start, window.end)
         for team in guarantees
     }
+    wide = [j for j in window.jobs if j.gpus > args.gpus_per_node]
+    shapes = Counter(f"{r} x {g}" for r, g in (replica_shape(j.gpus, args.gpus_per_node) for j in wide))
     return {
+        "real_sizes": args.real_sizes,
+        "gang_jobs": len(wide),
+        "gang_shapes": dict(sorted(shapes.items(), key=lambda kv: -kv[1])),
+        "large_jobs": sum(1 for j in window.jobs if j.gpus >= args.large_gpus),
+        "rack_nodes": args.rack_nodes,
         "window_start": format_time(window.start),
         "window_end": format_time(window.end),
         "days": window.days,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -41,19 +42,47 @@ class Summary:
     wall_s: float
     fairness_daily_mean: float = 1.0  # Jain's index of received / entitled GPU-seconds per day (bench.sim.daily)
     fairness_daily_min: float = 1.0
+    # the replay with real job sizes (multi-node gangs): percentiles of queueing delay, of all jobs that
+    # ran and of the large ones (>= large_gpus GPUs), shortfall GPU-hours, and the jobs the policy could
+    # never run (refused: wider than the cluster, or than the team's partition); nan when there is no job
+    queue_p50_h: float = 0.0
+    queue_p95_h: float = 0.0
+    large_gpus: int = 16
+    large_jobs: int = 0
+    large_queue_p50_h: float = math.nan
+    large_queue_p95_h: float = math.nan
+    large_queue_max_h: float = math.nan
+    violation_gpu_h: float = 0.0
+    violation_gang_gpu_h: float = 0.0
+    violation_gang_episodes: int = 0
+    never_ran: int = 0
+    never_ran_gpu_h: float = 0.0  # their work had they run, GPUs x duration
+    never_ran_reasons: tuple[str, ...] = ()  # one line per job: id, GPUs, team, the policy's reason
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["violating_projects"] = list(self.violating_projects)
+        data["never_ran_reasons"] = list(self.never_ran_reasons)
+        for key, value in data.items():  # strict JSON has no NaN: a percentile of no jobs is null
+            if isinstance(value, float) and math.isnan(value):
+                data[key] = None
         return data
 
 
-def summarize(policy: str, result: SimResult, window_start: float) -> Summary:
-    jobs = result.jobs
+def _pct_h(values: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile in hours, nan for no values (a row with no such job says so)."""
+    return float(np.percentile(values, q) / HOUR) if values.size else math.nan
+
+
+def summarize(policy: str, result: SimResult, window_start: float, large_gpus: int = 16) -> Summary:
+    """One policy's row. Jobs the policy refused for good are counted apart, never in the times."""
+    never = result.never_ran
+    jobs = [r for r in result.jobs if r.never is None]
     if not jobs or any(r.finish is None or r.first_start is None for r in jobs):
-        raise ValueError(f"{policy}: every job must have finished before summarizing")
+        raise ValueError(f"{policy}: every job must have finished (or been refused) before summarizing")
     jct = np.array([r.jct for r in jobs])
     queue = np.array([r.queueing for r in jobs])
+    large = np.array([r.queueing for r in jobs if r.trace.gpus >= large_gpus])
     calls = np.array(result.calls.seconds) * 1000.0 if result.calls.seconds else np.zeros(1)
     capacity = result.capacity_gpu_s_window or 1.0
     return Summary(
@@ -83,6 +112,19 @@ def summarize(policy: str, result: SimResult, window_start: float) -> Summary:
         wall_s=result.wall_s,
         fairness_daily_mean=float(np.mean(result.fairness_daily)) if result.fairness_daily else 1.0,
         fairness_daily_min=float(min(result.fairness_daily)) if result.fairness_daily else 1.0,
+        queue_p50_h=_pct_h(queue, 50),
+        queue_p95_h=_pct_h(queue, 95),
+        large_gpus=large_gpus,
+        large_jobs=int(large.size),
+        large_queue_p50_h=_pct_h(large, 50),
+        large_queue_p95_h=_pct_h(large, 95),
+        large_queue_max_h=_pct_h(large, 100),
+        violation_gpu_h=sum(result.violation_gpu_s.values()) / HOUR,
+        violation_gang_gpu_h=sum(result.violation_gang_gpu_s.values()) / HOUR,
+        violation_gang_episodes=result.violation_gang_episodes,
+        never_ran=len(never),
+        never_ran_gpu_h=sum(r.trace.gpus * r.trace.duration for r in never) / HOUR,
+        never_ran_reasons=tuple(f"{r.trace.id} ({r.trace.gpus} GPUs, team {r.trace.team}): {r.never}" for r in never),
     )
 
 
@@ -90,5 +132,7 @@ def per_team_jct_h(result: SimResult) -> dict[str, float]:
     """Average JCT per team: who pays for a policy's choices."""
     sums: dict[str, list[float]] = {}
     for r in result.jobs:
+        if r.never is not None:
+            continue
         sums.setdefault(r.trace.team, []).append(r.jct)
     return {team: float(np.mean(v) / HOUR) for team, v in sorted(sums.items())}

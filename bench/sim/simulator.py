@@ -18,7 +18,18 @@ Accounting that is easy to get wrong lives here on purpose, in one place:
   including work that is later thrown away (the GPU was busy all the same);
 * a guarantee violation is time during which a project with pending demand
   holds fewer GPUs than ``min(guarantee, demand)``, counted beyond one cycle
-  per episode (a job may always wait for the next cycle).
+  per episode (a job may always wait for the next cycle): :mod:`bench.sim.guarantees`.
+
+Multi-node gangs (``SimConfig.gang_width`` > 0): a trace job wider than
+``gang_width`` GPUs is one job here and several replica workloads in the
+snapshot (:mod:`bench.sim.gangs`). The job is the unit of everything the
+simulator does: its replicas start in one cycle or the start is a policy bug
+(:class:`InvalidDecision`); a preempt of any replica pauses every replica,
+with the job's progress kept up to its last checkpoint as for any pause; the
+job completes when its duration has run with all replicas; a refusal
+(``Reject``) of any replica means the job can never run under that policy,
+which is recorded on the job (``JobRecord.never``) and reported, never
+dropped.
 """
 
 from __future__ import annotations
@@ -26,19 +37,27 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from bench.sim.daily import DailyLedger, daily_fairness
+from bench.sim.gangs import replica_shape
+from bench.sim.guarantees import GuaranteeBook
+from bench.sim.records import (
+    CallStats,
+    InvalidDecision,
+    JobRecord,
+    ScheduleFn,
+    SimConfig,
+    SimResult,
+    Stalled,
+)
 from bench.sim.trace import TraceJob
 from scheduler.policy.model import (
     MILLI,
     Assignment,
-    Decisions,
     Kind,
     Node,
-    PolicyConfig,
     Project,
     Request,
     Snapshot,
@@ -46,96 +65,7 @@ from scheduler.policy.model import (
 )
 from scheduler.service.usage import DecayedUsage
 
-ScheduleFn = Callable[[Snapshot], Decisions]
 INF = math.inf
-
-
-class InvalidDecision(Exception):
-    """The policy asked for something the cluster cannot do (a bug in the policy)."""
-
-
-class Stalled(Exception):
-    """Jobs are pending on an idle cluster with nothing left to happen: the policy never starts them."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """How the replay runs. Every knob that moves a result is stated here."""
-
-    cycle_s: float = 60.0
-    checkpoint_interval_s: float = 1800.0
-    measure_start: float = 0.0  # utilization window (defaults to the whole run when start == end)
-    measure_end: float = 0.0
-    policy_config: PolicyConfig = field(default_factory=PolicyConfig)
-    time_invariant_policy: bool = False  # decisions depend on state only: skip cycles where nothing changed
-    stall_cycles: int = 10_000  # idle cycles with pending jobs and nothing else to happen before Stalled
-    usage_half_life_s: float = 0.0  # > 0: projects carry their decayed recent use (fair share over time)
-
-
-@dataclass
-class JobRecord:
-    """One job's life in the replay; the mutable part is private to the simulator."""
-
-    trace: TraceJob
-    saved: float = 0.0  # work (seconds) kept by checkpoints
-    run_start: float | None = None
-    assignment: Assignment | None = None
-    first_start: float | None = None
-    finish: float | None = None
-    runs: int = 0
-    paused_at: float | None = None
-    pauses: int = 0
-    lost_gpu_s: float = 0.0
-
-    @property
-    def jct(self) -> float:
-        assert self.finish is not None
-        return self.finish - self.trace.submit
-
-    @property
-    def queueing(self) -> float:
-        assert self.first_start is not None
-        return self.first_start - self.trace.submit
-
-
-@dataclass
-class CallStats:
-    """Wall time of the policy calls, and the largest snapshot it was given."""
-
-    seconds: list[float] = field(default_factory=list)
-    max_workloads: int = 0
-    max_pending: int = 0
-    skipped_cycles: int = 0
-
-
-@dataclass
-class SimResult:
-    jobs: list[JobRecord]
-    busy_gpu_s_window: float
-    lost_gpu_s_window: float
-    capacity_gpu_s_window: float
-    violation_s: dict[str, float]  # project -> seconds, the issue's definition
-    violation_gang_s: dict[str, float]  # project -> seconds, only when a pending job fits inside the guarantee
-    violation_episodes: int
-    calls: CallStats
-    end_time: float
-    wall_s: float
-    fairness_daily: list[float] = field(default_factory=list)  # Jain's index per day of the window (bench.sim.daily)
-
-
-@dataclass
-class _Guard:
-    """Per project: what it holds and wants, and the open violation episodes."""
-
-    guarantee: int  # GPUs
-    held: int = 0
-    pending_gpus: int = 0
-    pending_sizes: Counter[int] = field(default_factory=Counter)
-    since: float | None = None
-    since_gang: float | None = None
-    seconds: float = 0.0
-    seconds_gang: float = 0.0
-    episodes: int = 0
 
 
 class Simulator:
@@ -154,11 +84,14 @@ class Simulator:
             raise ValueError("cycle_s must be positive")
         if self.config.checkpoint_interval_s < 0:
             raise ValueError("checkpoint_interval_s must be >= 0")
+        if self.config.gang_width < 0:
+            raise ValueError("gang_width must be >= 0")
         self.nodes = nodes
         self.projects = projects
         self.schedule = schedule
         self.jobs = sorted(jobs, key=lambda j: j.submit)
-        self._records: dict[str, JobRecord] = {}
+        self._records: dict[str, JobRecord] = {}  # job id -> its record
+        self._job_of: dict[str, str] = {}  # replica workload id -> job id
         self._gpu_node: dict[str, str] = {}
         self._gpu_holder: dict[str, str | None] = {}
         for node in nodes:
@@ -172,14 +105,15 @@ class Simulator:
         for job in self.jobs:
             if job.team not in known:
                 raise ValueError(f"job {job.id} belongs to {job.team}, which is not a project")
-            if job.gpus > widest:
+            if not self.config.gang_width and job.gpus > widest:
                 raise ValueError(f"job {job.id} needs {job.gpus} GPUs; the widest node has {widest}")
-        self._guards = {p.name: _Guard(p.train_guarantee_milli // MILLI) for p in projects}
-        self._live: dict[str, Workload] = {}  # insertion order = arrival order
-        self._pending: set[str] = set()
-        self._running: set[str] = set()
+        self._book = GuaranteeBook({p.name: p.train_guarantee_milli // MILLI for p in projects}, self.config.cycle_s)
+        self._guards = self._book.guards
+        self._live: dict[str, Workload] = {}  # replica workload id -> workload; insertion order = arrival order
+        self._pending: set[str] = set()  # job ids
+        self._running: set[str] = set()  # job ids
         self._requests: dict[int, Request] = {}
-        self._heap: list[tuple[float, int, str, int]] = []
+        self._heap: list[tuple[float, int, str, int]] = []  # (completion time, seq, job id, run number)
         self._seq = 0
         self._busy_window = 0.0
         self._lost_window = 0.0
@@ -211,8 +145,8 @@ class Simulator:
             t = min(t_arr, t_fin, t_cyc)
             now = t
             while self._heap and self._heap[0][0] <= t:
-                _, _, wid, token = heapq.heappop(self._heap)
-                rec = self._records[wid]
+                _, _, job_id, token = heapq.heappop(self._heap)
+                rec = self._records[job_id]
                 if rec.runs == token and rec.run_start is not None:
                     self._complete(rec, t)
                     dirty = True
@@ -228,22 +162,22 @@ class Simulator:
                     self.calls.skipped_cycles += 1
                 if not self._running and i >= n:
                     idle_cycles += 1
-                    if idle_cycles >= cfg.stall_cycles:
+                    if idle_cycles >= cfg.stall_cycles and self._pending:
                         raise Stalled(
                             f"{len(self._pending)} jobs pending on an idle cluster for {idle_cycles} cycles "
                             "with no arrival left: the policy never starts them"
                         )
                 else:
                     idle_cycles = 0
-            self._check_guarantees(t)
-        self._check_guarantees(now, closing=True)
+            self._book.check(t)
+        self._book.check(now, closing=True)
         return self._result(now, time.perf_counter() - wall0)
 
     def _next_completion(self) -> float:
         heap = self._heap
         while heap:
-            _, _, wid, token = heap[0]
-            rec = self._records[wid]
+            _, _, job_id, token = heap[0]
+            rec = self._records[job_id]
             if rec.runs == token and rec.run_start is not None:
                 return heap[0][0]
             heapq.heappop(heap)  # stale: the run it belonged to was paused
@@ -268,23 +202,26 @@ class Simulator:
 
     def _arrive(self, job: TraceJob) -> None:
         self._advance(job.submit)
-        rec = JobRecord(job)
+        width = self.config.gang_width
+        replicas, per = replica_shape(job.gpus, width) if width else (1, job.gpus)
+        rec = JobRecord(job, replicas, per)
         self._records[job.id] = rec
         self._pending.add(job.id)
-        guard = self._guards[job.team]
-        guard.pending_gpus += job.gpus
-        guard.pending_sizes[job.gpus] += 1
-        self._live[job.id] = self._workload(rec)
+        self._guards[job.team].add_pending(job.gpus)
+        for wid in rec.ids:
+            self._job_of[wid] = job.id
+            self._live[wid] = self._workload(rec, wid)
 
     def _complete(self, rec: JobRecord, t: float) -> None:
         self._advance(t)
         self._end_run(rec, t)
         rec.finish = t
-        rec.assignment = None
+        rec.assignments = {}
         rec.run_start = None
         self._running.discard(rec.trace.id)
         self._guards[rec.trace.team].held -= rec.trace.gpus
-        del self._live[rec.trace.id]
+        for wid in rec.ids:
+            del self._live[wid]
 
     def _cycle(self, t: float) -> bool:
         self._advance(t)
@@ -305,55 +242,88 @@ class Simulator:
         t0 = time.perf_counter()
         decisions = self.schedule(snapshot)
         stats.seconds.append(time.perf_counter() - t0)
-        if decisions.rejects:
-            first = decisions.rejects[0]
-            raise InvalidDecision(
-                f"policy rejected training job {first.workload_id} ({first.reason}); every job here fits a node"
-            )
-        for preempt in decisions.preempts:
-            self._pause(preempt.workload_id, t)
-        for start in decisions.starts:
-            self._start(start.workload_id, start.assignment, t)
-        return bool(decisions.starts or decisions.preempts)
+        for job_id, named in self._by_job((r.workload_id, r.reason) for r in decisions.rejects).items():
+            self._refuse(job_id, named[0][1])
+        for job_id in self._by_job((p.workload_id, None) for p in decisions.preempts):
+            rec = self._records[job_id]
+            if job_id not in self._running or rec.run_start is None:
+                raise InvalidDecision(f"preempt of {job_id}, which is not running")
+            self._pause(rec, t)  # a preempt of any replica pauses the whole gang
+        for job_id, named in self._by_job((s.workload_id, s.assignment) for s in decisions.starts).items():
+            self._start(self._records[job_id], named, t)
+        return bool(decisions.starts or decisions.preempts or decisions.rejects)
 
-    def _start(self, wid: str, assignment: Assignment, t: float) -> None:
-        rec = self._records.get(wid)
-        if rec is None or wid not in self._pending:
-            raise InvalidDecision(f"start of {wid}, which is not pending")
-        want = rec.trace.gpus
-        if len(assignment.gpus) != want or len({g for g, _ in assignment.gpus}) != want:
-            raise InvalidDecision(f"start of {wid} on {len(assignment.gpus)} GPUs; it needs {want} whole GPUs")
-        for gpu_id, milli in assignment.gpus:
-            if self._gpu_node.get(gpu_id) != assignment.node:
-                raise InvalidDecision(f"start of {wid}: GPU {gpu_id} is not on node {assignment.node}")
-            if milli != MILLI:
-                raise InvalidDecision(f"start of {wid}: {milli} milli-GPU on {gpu_id}; whole GPUs expected")
-            holder = self._gpu_holder[gpu_id]
-            if holder is not None:
-                raise InvalidDecision(f"start of {wid} on GPU {gpu_id}, which {holder} holds")
-        for gpu_id, _ in assignment.gpus:
-            self._gpu_holder[gpu_id] = wid
-        self._pending.discard(wid)
-        self._running.add(wid)
+    def _by_job(self, items: Iterable[tuple[str, object]]) -> dict[str, list[tuple[str, object]]]:
+        """Decisions grouped by the job their workload belongs to, in the order they were given."""
+        out: dict[str, list[tuple[str, object]]] = {}
+        for wid, what in items:
+            job_id = self._job_of.get(wid)
+            if job_id is None:
+                raise InvalidDecision(f"decision on {wid}, which is not a job of this replay")
+            out.setdefault(job_id, []).append((wid, what))
+        return out
+
+    def _refuse(self, job_id: str, reason: object) -> None:
+        """The policy says the job can never run: record why and take it out of the queue, whole."""
+        rec = self._records[job_id]
+        if job_id not in self._pending:
+            raise InvalidDecision(f"reject of {job_id}, which is not pending")
+        self._pending.discard(job_id)
+        self._guards[rec.trace.team].drop_pending(rec.trace.gpus)
+        rec.never = str(reason)
+        for wid in rec.ids:
+            del self._live[wid]
+
+    def _start(self, rec: JobRecord, named: Sequence[tuple[str, object]], t: float) -> None:
+        job_id = rec.trace.id
+        if job_id not in self._pending:
+            raise InvalidDecision(f"start of {named[0][0]}, which is not pending")
+        wids = [wid for wid, _ in named]
+        if sorted(wids) != sorted(rec.ids):
+            raise InvalidDecision(
+                f"start of {', '.join(sorted(wids))} of gang {job_id}: its {rec.replicas} replicas "
+                "start together, each once, or none does"
+            )
+        want = rec.replica_gpus
+        taken: set[str] = set()
+        for wid, assignment in named:
+            assert isinstance(assignment, Assignment)
+            if len(assignment.gpus) != want or len({g for g, _ in assignment.gpus}) != want:
+                raise InvalidDecision(f"start of {wid} on {len(assignment.gpus)} GPUs; it needs {want} whole GPUs")
+            for gpu_id, milli in assignment.gpus:
+                if self._gpu_node.get(gpu_id) != assignment.node:
+                    raise InvalidDecision(f"start of {wid}: GPU {gpu_id} is not on node {assignment.node}")
+                if milli != MILLI:
+                    raise InvalidDecision(f"start of {wid}: {milli} milli-GPU on {gpu_id}; whole GPUs expected")
+                holder = self._gpu_holder[gpu_id]
+                if holder is not None:
+                    raise InvalidDecision(f"start of {wid} on GPU {gpu_id}, which {holder} holds")
+                if gpu_id in taken:
+                    raise InvalidDecision(f"start of {wid} on GPU {gpu_id}, which another replica of {job_id} takes")
+                taken.add(gpu_id)
+        rec.assignments = {}
+        for wid, assignment in named:
+            assert isinstance(assignment, Assignment)
+            for gpu_id, _ in assignment.gpus:
+                self._gpu_holder[gpu_id] = wid
+            rec.assignments[wid] = assignment
+        self._pending.discard(job_id)
+        self._running.add(job_id)
         guard = self._guards[rec.trace.team]
-        guard.pending_gpus -= want
-        guard.pending_sizes[want] -= 1
-        if not guard.pending_sizes[want]:
-            del guard.pending_sizes[want]
-        guard.held += want
+        guard.drop_pending(rec.trace.gpus)
+        guard.held += rec.trace.gpus
         rec.runs += 1
         rec.run_start = t
-        rec.assignment = assignment
         if rec.first_start is None:
             rec.first_start = t
         self._seq += 1
-        heapq.heappush(self._heap, (t + rec.trace.duration - rec.saved, self._seq, wid, rec.runs))
-        self._live[wid] = self._workload(rec)
+        heapq.heappush(self._heap, (t + rec.trace.duration - rec.saved, self._seq, job_id, rec.runs))
+        for wid in rec.ids:
+            self._live[wid] = self._workload(rec, wid)
 
-    def _pause(self, wid: str, t: float) -> None:
-        rec = self._records.get(wid)
-        if rec is None or wid not in self._running or rec.run_start is None:
-            raise InvalidDecision(f"preempt of {wid}, which is not running")
+    def _pause(self, rec: JobRecord, t: float) -> None:
+        """Pause every replica: the job keeps its work up to its last checkpoint."""
+        assert rec.run_start is not None
         ran = t - rec.run_start
         interval = self.config.checkpoint_interval_s
         kept = math.floor(ran / interval) * interval if interval > 0 else ran
@@ -365,20 +335,22 @@ class Simulator:
         rec.pauses += 1
         rec.paused_at = t
         rec.run_start = None
-        rec.assignment = None
-        self._running.discard(wid)
-        self._pending.add(wid)
+        rec.assignments = {}
+        job_id = rec.trace.id
+        self._running.discard(job_id)
+        self._pending.add(job_id)
         guard = self._guards[rec.trace.team]
         guard.held -= gpus
-        guard.pending_gpus += gpus
-        guard.pending_sizes[gpus] += 1
-        self._live[wid] = self._workload(rec)
+        guard.add_pending(gpus)
+        for wid in rec.ids:
+            self._live[wid] = self._workload(rec, wid)
 
     def _end_run(self, rec: JobRecord, t: float, lost_s: float = 0.0) -> None:
-        """Free the GPUs and book the run's busy (and lost) GPU-seconds inside the window."""
-        assert rec.assignment is not None and rec.run_start is not None
-        for gpu_id, _ in rec.assignment.gpus:
-            self._gpu_holder[gpu_id] = None
+        """Free the GPUs of every replica and book the run's busy (and lost) GPU-seconds inside the window."""
+        assert rec.assignments and rec.run_start is not None
+        for assignment in rec.assignments.values():
+            for gpu_id, _ in assignment.gpus:
+                self._gpu_holder[gpu_id] = None
         lo, hi = self._window()
         gpus = rec.trace.gpus
         self._busy_window += gpus * max(0.0, min(t, hi) - max(rec.run_start, lo))
@@ -392,47 +364,26 @@ class Simulator:
             return cfg.measure_start, cfg.measure_end
         return -INF, INF
 
-    def _workload(self, rec: JobRecord) -> Workload:
-        gpus = rec.trace.gpus
+    def _workload(self, rec: JobRecord, wid: str) -> Workload:
+        gpus = rec.replica_gpus
         request = self._requests.get(gpus)
         if request is None:
             request = self._requests[gpus] = Request(gpus=gpus)
+        gang = rec.replicas > 1
         return Workload(
-            id=rec.trace.id,
+            id=wid,
             project=rec.trace.team,
             kind=Kind.TRAIN,
             request=request,
             priority=0,
             submitted_at=rec.trace.submit,
-            assignment=rec.assignment,
+            assignment=rec.assignments.get(wid),
             started_at=rec.run_start,
             attempts=rec.runs,
             paused_at=rec.paused_at,
+            gang=rec.trace.id if gang else "",
+            gang_size=rec.replicas if gang else 0,
         )
-
-    # ------------------------------------------------------------ guarantees
-
-    def _check_guarantees(self, t: float, closing: bool = False) -> None:
-        grace = self.config.cycle_s
-        for guard in self._guards.values():
-            short = False
-            short_gang = False
-            if guard.pending_gpus and not closing:
-                short = guard.held < min(guard.guarantee, guard.held + guard.pending_gpus)
-                short_gang = guard.held + min(guard.pending_sizes) <= guard.guarantee
-            if short and guard.since is None:
-                guard.since = t
-            elif not short and guard.since is not None:
-                over = t - guard.since - grace
-                if over > 0:
-                    guard.seconds += over
-                    guard.episodes += 1
-                guard.since = None
-            if short_gang and guard.since_gang is None:
-                guard.since_gang = t
-            elif not short_gang and guard.since_gang is not None:
-                guard.seconds_gang += max(0.0, t - guard.since_gang - grace)
-                guard.since_gang = None
 
     # ------------------------------------------------------------ result
 
@@ -442,17 +393,21 @@ class Simulator:
             lo = self.jobs[0].submit if self.jobs else 0.0
             hi = end
         gpus = sum(len(n.gpus) for n in self.nodes)
+        guards = self._guards
         return SimResult(
             jobs=[self._records[j.id] for j in self.jobs],
             busy_gpu_s_window=self._busy_window,
             lost_gpu_s_window=self._lost_window,
             capacity_gpu_s_window=gpus * max(0.0, hi - lo),
-            violation_s={p: g.seconds for p, g in self._guards.items()},
-            violation_gang_s={p: g.seconds_gang for p, g in self._guards.items()},
-            violation_episodes=sum(g.episodes for g in self._guards.values()),
+            violation_s={p: g.seconds for p, g in guards.items()},
+            violation_gang_s={p: g.seconds_gang for p, g in guards.items()},
+            violation_episodes=sum(g.episodes for g in guards.values()),
             calls=self.calls,
             end_time=end,
             wall_s=wall_s,
-            fairness_daily=daily_fairness(self._ledger, gpus, {p: g.guarantee for p, g in self._guards.items()},
+            fairness_daily=daily_fairness(self._ledger, gpus, {p: g.guarantee for p, g in guards.items()},
                                           max(1, math.ceil((hi - lo) / self._ledger.day_s - 1e-9))),
+            violation_gpu_s={p: g.gpu_s for p, g in guards.items()},
+            violation_gang_gpu_s={p: g.gpu_s_gang for p, g in guards.items()},
+            violation_gang_episodes=sum(g.episodes_gang for g in guards.values()),
         )

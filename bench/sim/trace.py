@@ -100,12 +100,13 @@ def offered_load(jobs: list[TraceJob] | tuple[TraceJob, ...], start: float, end:
 
 
 def cut_window(
-    jobs: list[TraceJob], start: float, days: float, teams: dict[str, int], max_gpus: int
+    jobs: list[TraceJob], start: float, days: float, teams: dict[str, int], max_gpus: int | None
 ) -> Window:
-    """Jobs submitted in [start, start + days), minus the ones no policy here can run.
+    """Jobs submitted in [start, start + days), minus the ones left out of the replay.
 
-    Left out, and counted: jobs wider than one node (``max_gpus``), because the
-    engine places a gang on a single node; jobs of teams absent from
+    Left out, and counted: jobs wider than ``max_gpus`` (one node, in the
+    replay where every job runs on one node; ``None`` keeps every size, for the
+    replay with multi-node gangs); jobs of teams absent from
     ``philly_vc.csv``, because they have no quota to be measured against.
     """
     end = start + days * DAY_S
@@ -116,7 +117,7 @@ def cut_window(
         if not start <= job.submit < end:
             continue
         reason = None
-        if job.gpus > max_gpus:
+        if max_gpus is not None and job.gpus > max_gpus:
             reason = f"wider than {max_gpus} GPUs"
         elif job.team not in teams:
             reason = "team not in philly_vc.csv"
@@ -128,7 +129,7 @@ def cut_window(
     return Window(start, end, tuple(kept), excluded, excluded_gpu_s)
 
 
-def busiest_window(jobs: list[TraceJob], days: int, teams: dict[str, int], max_gpus: int) -> float:
+def busiest_window(jobs: list[TraceJob], days: int, teams: dict[str, int], max_gpus: int | None) -> float:
     """Start (a UTC midnight) of the ``days``-long window with the highest offered load."""
     if not jobs:
         raise ValueError("the trace has no jobs")
