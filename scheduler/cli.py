@@ -272,6 +272,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "cancel": _job_action("cancel", "cancel a job"),
     "renew": _job_action("renew", "renew a build job's lease"),
     "login": _add_login, "events": _add_events, "tokens": _add_tokens,
+    "node-agent": lambda sub: _node_agent().add_parser(sub),
 }
 """Each command's arguments, in the order ``gpupool --help`` lists them."""
 
@@ -297,7 +298,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
         made = original_add_parser(name, **kwargs)
-        return made if name == "serve" else _connection_options(made)
+        return made if name in ("serve", "node-agent") else _connection_options(made)
 
     sub.add_parser = add_parser  # type: ignore[method-assign]
     for name, add in SUBCOMMANDS.items():
@@ -697,6 +698,13 @@ def where_to_look(url: str | None) -> str:
             "scripts/run or gpupool serve, or give --url / $GPUPOOL_URL)")
 
 
+def _node_agent() -> Any:
+    """scheduler.kube.node_agent, imported only for its command (it is a cluster-side tool)."""
+    from scheduler.kube import node_agent
+
+    return node_agent
+
+
 def _fail(message: str, code: int) -> int:
     sys.stderr.write(f"gpupool: error: {message}\n")
     return code
@@ -716,6 +724,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "node-agent":
+            return int(_node_agent().main(args))
         client = GpupoolClient(args.url, args.token, timeout=args.timeout)
         if args.command == "submit":
             cmd_submit(client, args, command)

@@ -28,15 +28,17 @@ def ensure_namespace(api: Any) -> None:
 
 
 def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
-    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["namespace.yaml", "rbac.yaml", "scheduler.yaml"]
+    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["namespace.yaml", "node-agent-rbac.yaml",
+                                                             "node-agent.yaml", "rbac.yaml", "scheduler.yaml"]
     ensure_namespace(api)  # namespaced objects are checked inside an existing namespace
     kinds = []
-    for name in ("rbac.yaml", "scheduler.yaml"):
+    for name in ("rbac.yaml", "scheduler.yaml", "node-agent-rbac.yaml", "node-agent.yaml"):
         for doc in documents(name):
             utils.create_from_dict(api.api_client, doc, dry_run="All")  # raises on an invalid object
             kinds.append(doc["kind"])
     assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "PersistentVolumeClaim", "Deployment", "Service"]
+                     "PersistentVolumeClaim", "Deployment", "Service",
+                     "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
     bad = documents("scheduler.yaml")[1]
     bad["spec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_Name"  # only the server refuses this
     try:
