@@ -207,6 +207,8 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--client-key", help="idempotency key: resubmitting returns the live job")
     p.add_argument("--image", metavar="REF", help="container image of the job's pods (kubernetes backend; "
                    "default: the service's configured image)")
+    p.add_argument("--replicas", type=int, metavar="N", help="a multi-node job: N processes that start together, "
+                   "each on --gpus whole GPUs of one node (default 1)")
     p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
 
 
@@ -421,12 +423,16 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
     command = command if command is not None else list(args.command_args)
     spec: dict[str, Any] = {"project": args.project}
     for key in ("kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "workdir",
-                "cpu", "memory", "client_key", "image"):
+                "cpu", "memory", "client_key", "image", "replicas"):
         value = getattr(args, key)
         if value is not None:
             spec[key] = value
     if spec.get("gpus") is not None and spec["gpus"] < 1:
         raise UsageError(f"--gpus must be at least 1, not {spec['gpus']}")
+    if spec.get("replicas") is not None and spec["replicas"] < 1:
+        raise UsageError(f"--replicas must be at least 1, not {spec['replicas']}")
+    if spec.get("replicas", 1) > 1 and "gpus" not in spec:
+        raise UsageError(f"--replicas {spec['replicas']} needs --gpus: each replica runs on whole GPUs of one node")
     if "gpu_fraction" in spec and not 0 < spec["gpu_fraction"] < 1:
         raise UsageError(f"--gpu-fraction must be between 0 and 1 (exclusive), not {spec['gpu_fraction']}; "
                          "use --gpus for whole GPUs")

@@ -4,7 +4,7 @@ Why: a sweep script calls ``gpupool submit`` once per job, so a call's start
 is paid per job. The interpreter itself costs about 11 ms of CPU; ``argparse``
 (with ``re``, ``enum`` and ``gettext``), ``json`` and ``socket`` add about as
 much again, which capped 8 parallel callers on 2 cores near 45 submits/s. A
-plain submit (project, GPUs or a fraction, name, priority, working directory,
+plain submit (project, GPUs or a fraction, replicas, name, priority, working directory,
 environment, labels, connection options, ``--`` and the command) is read here
 by hand and sent with :mod:`scheduler.client` on the C modules alone; any
 other command line (other options, ``--help``, ``--json``, a mistake) goes to
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 _VALUED = {"--project": "project", "-p": "project", "--gpus": "gpus", "--gpu-fraction": "gpu_fraction",
            "--name": "name", "--priority": "priority", "--workdir": "workdir", "--env": "env",
-           "--label": "labels", "--url": "url", "--token": "token"}
+           "--label": "labels", "--url": "url", "--token": "token", "--replicas": "replicas"}
 EXIT_SERVER, EXIT_UNREACHABLE = 1, 3
 
 
@@ -106,6 +106,10 @@ def _spec(found: dict[str, Any], command: list[str]) -> dict[str, Any]:
         spec["gpu_fraction"] = fraction
     if "priority" in found:
         spec["priority"] = int(found["priority"])
+    if "replicas" in found:
+        spec["replicas"] = int(found["replicas"])
+        if spec["replicas"] < 1 or spec["replicas"] > 1 and "gpus" not in spec:
+            raise ValueError("the full CLI says why")
     if "workdir" in found:
         spec["workdir"] = os.path.abspath(found["workdir"])
     for key in ("env", "labels"):

@@ -201,3 +201,83 @@ async def test_a_gang_that_cannot_fit_is_refused_at_submit(make_core):
     with pytest.raises(InvalidRequest):
         await core.submit(ALICE, _spec(gpus=9, replicas=2))  # more than one node has
     assert core.list_jobs(ADMIN) == []
+
+
+# Each replica appends "rank attempt resume" to starts.txt, then runs until SIGTERM (exits 0: checkpointed)
+# or until a file named "finish" appears in its working directory.
+GANG_WORKER = r"""
+import os, signal, sys, time
+with open("starts.txt", "a") as f:
+    f.write(f"{os.environ['RANK']} {os.environ['GPUPOOL_ATTEMPT']} {os.environ['GPUPOOL_RESUME']}\n")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+while not os.path.exists("finish"):
+    time.sleep(0.05)
+"""
+
+
+def _starts(workdir: Path) -> list[tuple[str, str, str]]:
+    path = workdir / "starts.txt"
+    return sorted(tuple(line.split()) for line in path.read_text().splitlines()) if path.exists() else []
+
+
+async def test_a_guaranteed_project_reclaims_a_whole_over_quota_gang(make_core, tmp_path: Path):
+    core = await _gang_core(make_core)
+    core.set_project(ADMIN, "research", {"train_guarantee": 0})
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    wd = tmp_path / "gang"
+    wd.mkdir()
+    gang, _ = await core.submit(BOB, {"project": "research", "gpus": 8, "replicas": 2, "workdir": str(wd),
+                                      "command": [PY, "-c", GANG_WORKER]})
+    gang = await started(core, gang["id"])
+    assert gang["state"] == "running" and gang["preemptible"] is True  # beyond research's guarantee of 0
+    await wait_for(lambda: len(_starts(wd)) == 2, 20, "both replicas to start")
+    (research,) = [p for p in core.list_projects() if p["name"] == "research"]
+    assert research["usage"]["train"] == 16 and research["usage"]["train_over_quota"] == 16
+
+    mine, _ = await core.submit(ALICE, _spec(gpus=8, command=[PY, "-c", "import time; time.sleep(1.5)"]))
+    gang = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] == "paused" and j, 20,
+                          "the gang to be paused")
+    (paused,) = [e for e in core.events_since(0) if e.get("job_id") == gang["id"] and e.get("state") == "paused"]
+    assert paused["reason"].startswith(f"paused gang {gang['id']} (all 2 replicas) to give GPUs back to project vision")
+    assert gang["assignment"] is None and not gang["preemptible"]
+    assert core.get_job(ADMIN, mine["id"])["state"] in ("running", "succeeded")
+    # never half of it: no replica of the gang holds a GPU while it is paused
+    assert not any(a["job_id"] == gang["id"] for n in core.pool()["nodes"] for g in n["gpus"]
+                   for a in g["allocations"])
+    # vision's job ends: the gang resumes whole (attempt 2, both ranks, GPUPOOL_RESUME=1)
+    gang = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] == "running" and j, 30,
+                          "the gang to resume")
+    assert gang["attempts"] == 2 and gang["reason"].startswith("resumed (attempt 2): starts 2 × 8 GPUs together")
+    await wait_for(lambda: len(_starts(wd)) == 4, 20, "both replicas to restart")
+    assert _starts(wd) == [("0", "1", "0"), ("0", "2", "1"), ("1", "1", "0"), ("1", "2", "1")]
+    (wd / "finish").touch()
+    done = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] != "running" and j, 20,
+                          "the gang to end")
+    assert done["state"] == "succeeded" and done["exit_code"] == 0
+
+
+async def test_a_running_gang_is_adopted_whole_after_a_service_restart(make_core, tmp_path: Path):
+    state = tmp_path / "state"
+    wd = tmp_path / "gang"
+    wd.mkdir()
+    first = await make_core(simulate=TWO_NODES, state_dir=state, on_shutdown="leave")
+    first.set_project(ADMIN, "vision", {"train_guarantee": 16})
+    gang, _ = await first.submit(ALICE, _spec(gpus=8, replicas=2, workdir=str(wd), command=[PY, "-c", GANG_WORKER]))
+    gang = await started(first, gang["id"])
+    await wait_for(lambda: len(_starts(wd)) == 2, 20, "both replicas to start")
+    await first.stop()  # "leave": the replicas keep running
+
+    again = await make_core(simulate=TWO_NODES, state_dir=state)
+    adopted = again.get_job(ADMIN, gang["id"])
+    assert adopted["state"] == "running" and adopted["attempts"] == 1
+    assert adopted["assignment"] == gang["assignment"]  # the stored assignment holds every replica
+    assert sum(g["allocated"] for n in again.pool()["nodes"] for g in n["gpus"]) == 16
+    # its GPUs are still taken: a new job waits rather than getting one of them
+    other, _ = await again.submit(BOB, _spec(gpus=1, command=[PY, "-c", "pass"]))
+    await wait_for(lambda: again.get_job(ADMIN, other["id"])["reason"] != "queued", 10, "a decision")
+    assert again.get_job(ADMIN, other["id"])["state"] == "queued"
+    (wd / "finish").touch()
+    done = await wait_for(lambda: (j := again.get_job(ADMIN, gang["id"]))["state"] != "running" and j, 20,
+                          "the adopted gang to end")
+    assert done["state"] == "succeeded" and _starts(wd) == [("0", "1", "0"), ("1", "1", "0")]  # never restarted
+    await wait_for(lambda: again.get_job(ADMIN, other["id"])["state"] == "succeeded", 20, "the waiting job")
