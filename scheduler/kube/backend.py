@@ -5,6 +5,11 @@ The node watch thread only records what it sees; :meth:`KubeBackend.refresh`
 so the pool never changes under a running cycle. A node leaves the pool when
 it is cordoned, NotReady, tainted by the node controller, deleted, or loses
 its GPUs; the core then requeues its jobs (scheduler/service/attempts.py).
+
+Two more watches: pods users create with kubectl for gpupool to place
+(:mod:`.foreign_jobs`, queued as jobs by scheduler/service/adopted.py), and
+other schedulers' pods holding GPUs on pool nodes (:mod:`.other_pods`), which
+the core counts as used capacity.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ from scheduler.inventory import GpuInfo, GpuSample
 from scheduler.kube.calls import Calls
 from scheduler.kube.connect import api_client
 from scheduler.kube.executor import PodExecutor
+from scheduler.kube.foreign_jobs import KubectlPods
 from scheduler.kube.health import Health
 from scheduler.kube.nodes import PoolNode, read_node
+from scheduler.kube.other_pods import OtherPods
 from scheduler.kube.pods import PodSettings
+from scheduler.kube.routing import KubeExecutor
 from scheduler.kube.watcher import ListWatch
 from scheduler.policy.model import Node
 from scheduler.service.config import ServiceConfig
@@ -54,10 +62,18 @@ class KubeBackend:
         self.node_watch = ListWatch("nodes", self.api.list_node, self._on_reset, self._on_event, self.health_state)
         settings = PodSettings(config.namespace, config.image, config.kube_scheduler_name, config.pause_grace_s,
                                config.kube_workdir_pvc)
-        self.executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
-                                    self.node_lost)
+        self.pod_executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
+                                        self.node_lost)
+        self.kubectl = KubectlPods(self.api, config.namespace, config.kube_scheduler_name, self.calls,
+                                   self.health_state, config.jobs_dir, self.node_lost)
+        """Pods users create with kubectl (``schedulerName`` ours): the core queues a job for each."""
+        self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
+        """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
+        self.executor = KubeExecutor(self.pod_executor, self.kubectl)
         self.node_watch.start()
-        self.executor.start()
+        self.pod_executor.start()
+        self.kubectl.start()
+        self.other_pods.start()
         if not self.node_watch.synced.wait(initial_sync_s):
             log.warning("no node list from the API server yet; starting with an empty pool")
         self.refresh()
@@ -89,18 +105,17 @@ class KubeBackend:
     def refresh(self) -> bool:
         """Apply what the node watch saw; True when the pool (GPUs, nodes, pools) changed."""
         with self._lock:
-            if not self._changed:
-                return False
-            self._changed = False
-            in_pool = {name: n for name, n in sorted(self._seen.items()) if not n.problem}
-        if in_pool == self._in_pool:
-            return False
+            changed, self._changed = self._changed, False
+            in_pool = {name: n for name, n in sorted(self._seen.items()) if not n.problem} if changed else None
+        if in_pool is None or in_pool == self._in_pool:
+            return self.other_pods.refresh(self.nodes)  # GPUs other schedulers' pods took or gave back
         for name in sorted(set(self._in_pool) - set(in_pool)):
             why = self._seen.get(name)
             log.info("node %s left the pool (%s)", name, why.problem if why is not None else "deleted")
         self._in_pool = in_pool
         self.nodes = tuple(n.policy_node() for n in in_pool.values())
         self.gpus = {g.id: g for n in in_pool.values() for g in n.gpus}
+        self.other_pods.refresh(self.nodes, force=True)
         return True
 
     def node_lost(self, name: str) -> bool:
@@ -124,5 +139,7 @@ class KubeBackend:
 
     def close(self) -> None:
         self.node_watch.stop(wait_s=0.5)
-        self.executor.close()
+        self.other_pods.close()
+        self.kubectl.close()
+        self.pod_executor.close()
         self.calls.close()

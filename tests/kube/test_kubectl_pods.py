@@ -1,0 +1,200 @@
+"""Pods users create with kubectl (schedulerName: gpupool): queued as their project's jobs, bound, evicted, ended."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.errors import Conflict
+from scheduler.service.actor import Actor
+from scheduler.service.core import SchedulerCore
+from tests.kube.cluster import Kubelet
+from tests.kube.conftest import kube_config
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+
+
+def kubectl_pod(api: Any, ns: str, name: str, *, project: str | None = "vision", annotations: dict[str, str] | None = None,
+                gpus: int = 0, env_from: bool = True, labels: dict[str, str] | None = None) -> Any:
+    """What ``kubectl apply`` of a user's pod for gpupool creates."""
+    container: dict[str, Any] = {"name": "main", "image": "registry.example/train:1", "command": ["python", "train.py"]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if env_from:
+        container["envFrom"] = [{"configMapRef": {"name": f"gpupool-{name}"}}]
+    all_labels = dict(labels or {})
+    if project is not None:
+        all_labels["gpupool.io/project"] = project
+    return api.create_namespaced_pod(ns, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": all_labels, "annotations": annotations or {}},
+        "spec": {"schedulerName": "gpupool", "restartPolicy": "Never", "containers": [container]},
+    })
+
+
+def pod_events(api: Any, ns: str, name: str) -> list[Any]:
+    return [e for e in api.list_namespaced_event(ns).items if e.involved_object.name == name]
+
+
+def jobs_of(core: SchedulerCore, ns: str, name: str) -> list[dict[str, Any]]:
+    return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod") == f"{ns}/{name}"]
+
+
+@pytest.fixture
+async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[Callable[..., Any]]:
+    cores: list[SchedulerCore] = []
+
+    async def make(**overrides: Any) -> SchedulerCore:
+        core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
+        await core.start()
+        cores.append(core)
+        return core
+
+    yield make
+    for c in cores:
+        await c.stop()
+
+
+async def test_a_quarter_gpu_kubectl_pod_is_bound_with_its_gpu_in_its_configmap(api: Any, namespace: str,
+                                                                                gpu_nodes: Any,
+                                                                                make_core: Any) -> None:
+    nodes = gpu_nodes(3, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: len(core.pool()["nodes"]) == 3, what="3 nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        pod = kubectl_pod(api, namespace, "notebook-train", annotations={"gpupool.io/gpu-fraction": "0.25"})
+        bound = await wait_for(lambda: (p := api.read_namespaced_pod("notebook-train", namespace)).spec.node_name
+                               and p, what="the pod bound")
+        assert bound.spec.node_name in nodes
+        cm = api.read_namespaced_config_map("gpupool-notebook-train", namespace)
+        assert [(o.kind, o.name, o.uid) for o in cm.metadata.owner_references] == [
+            ("Pod", "notebook-train", pod.metadata.uid)]  # goes when the pod goes
+        (job,) = jobs_of(core, namespace, "notebook-train")
+        assert (job["project"], job["kind"], job["state"], job["user"]) == ("vision", "train", "running",
+                                                                            f"kubectl:{namespace}")
+        assert job["request"]["gpu_fraction"] == 0.25
+        (share,) = job["assignment"]["gpus"]
+        assert job["assignment"]["node"] == bound.spec.node_name and share["milli"] == 250
+        assert cm.data["CUDA_VISIBLE_DEVICES"] == "0"  # one GPU, as the container sees it
+        assert cm.data["NVIDIA_VISIBLE_DEVICES"] == str(share["index"])
+        assert cm.data["GPUPOOL_GPU_FRACTION"] == "0.25" and cm.data["GPUPOOL_JOB_ID"] == job["id"]
+        reasons = {e.reason for e in pod_events(api, namespace, "notebook-train")}
+        assert {"GpupoolQueued", "Scheduled"} <= reasons and "GpupoolNoGpuEnv" not in reasons
+        # The pod's own end (its kubelet sets Succeeded) finishes the job; the pod stays, it is the user's.
+        await wait_for(lambda: "notebook-train" in kubelet.started, what="the pod running")
+        kubelet.finish("notebook-train", 0)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                              what="the job settled")
+    assert (done["state"], done["exit_code"]) == ("succeeded", 0)
+    assert api.read_namespaced_pod("notebook-train", namespace).status.phase == "Succeeded"
+
+
+async def test_a_whole_gpu_pod_and_one_without_its_configmap(api: Any, namespace: str, gpu_nodes: Any,
+                                                             make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    kubectl_pod(api, namespace, "two-gpus", gpus=2, labels={"gpupool.io/user": "alice"})
+    kubectl_pod(api, namespace, "no-env", annotations={"gpupool.io/gpu-memory": "20Gi"}, env_from=False)
+    await wait_for(lambda: all(api.read_namespaced_pod(n, namespace).spec.node_name for n in ("two-gpus", "no-env")),
+                   what="both pods bound")
+    (two,) = jobs_of(core, namespace, "two-gpus")
+    assert two["request"]["gpus"] == 2 and two["user"] == "alice" and two["state"] == "running"
+    cm = api.read_namespaced_config_map("gpupool-two-gpus", namespace)
+    assert cm.data["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert cm.data["NVIDIA_VISIBLE_DEVICES"] == ",".join(str(g["index"]) for g in two["assignment"]["gpus"])
+    (mem,) = jobs_of(core, namespace, "no-env")
+    assert mem["request"]["gpu_memory"] == 20 * 1024 ** 3
+    warned = await wait_for(lambda: [e for e in pod_events(api, namespace, "no-env") if e.reason == "GpupoolNoGpuEnv"],
+                            what="the warning on the pod without envFrom")
+    assert warned[0].type == "Warning" and "will see every GPU" in warned[0].message
+    assert not [e for e in pod_events(api, namespace, "two-gpus") if e.reason == "GpupoolNoGpuEnv"]
+
+
+async def test_a_pod_without_a_known_project_is_told_why_and_queued_once_the_project_exists(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    kubectl_pod(api, namespace, "no-label", project=None, annotations={"gpupool.io/gpu-fraction": "0.5"})
+    kubectl_pod(api, namespace, "ghost-pod", project="ghost", annotations={"gpupool.io/gpu-fraction": "0.5"})
+    kubectl_pod(api, namespace, "bad-fraction", annotations={"gpupool.io/gpu-fraction": "a quarter"})
+    for name, says in (("no-label", "it has no label gpupool.io/project"), ("ghost-pod", "unknown project 'ghost'"),
+                       ("bad-fraction", "gpupool.io/gpu-fraction='a quarter' is not a number")):
+        (ev,) = await wait_for(lambda n=name: [e for e in pod_events(api, namespace, n)
+                                               if e.reason == "GpupoolNotQueued"], what=f"{name} told why")
+        assert ev.type == "Warning" and says in ev.message, ev.message
+        assert not jobs_of(core, namespace, name)
+        assert not api.read_namespaced_pod(name, namespace).spec.node_name
+    core.set_project(ADMIN, "ghost", {"train_guarantee": 1})  # the pod is checked again
+    await wait_for(lambda: api.read_namespaced_pod("ghost-pod", namespace).spec.node_name, what="ghost-pod bound")
+    assert [j["project"] for j in jobs_of(core, namespace, "ghost-pod")] == ["ghost"]
+    assert len([e for e in pod_events(api, namespace, "no-label") if e.reason == "GpupoolNotQueued"]) == 1  # once
+    assert not jobs_of(core, namespace, "no-label")
+
+
+async def test_reclaim_evicts_a_kubectl_pod_says_so_on_the_pod_and_cancels_its_job(api: Any, namespace: str,
+                                                                                   gpu_nodes: Any,
+                                                                                   make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 8})
+    with Kubelet(api, namespace, stop_exit_code=0) as kubelet:
+        kubectl_pod(api, namespace, "big", project="scrappy", gpus=8)
+        await wait_for(lambda: "big" in kubelet.started, what="the over-quota pod running")
+        (victim,) = jobs_of(core, namespace, "big")
+        claim, _ = await core.submit(ADMIN, {"project": "owner", "gpus": 4, "command": ["python", "train.py"]})
+        await wait_for(lambda: "big" in kubelet.stopped, what="the kubectl pod evicted")
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, victim["id"]))["state"] != "running" and j,
+                              what="its job settled")
+        assert done["state"] == "cancelled"
+        assert done["reason"].startswith("evicted to give GPUs back to project owner")
+        assert done["reason"].endswith("its owner (a Job, a Deployment) may recreate it, which queues it again")
+        (ev,) = [e for e in pod_events(api, namespace, "big") if e.reason == "GpupoolPreempted"]
+        assert "project owner" in ev.message and ev.type == "Warning"
+        await wait_for(lambda: f"gpupool-{claim['id']}-1" in kubelet.started, what="the owner's pod running")
+    assert "big" not in {p.metadata.name for p in api.list_namespaced_pod(namespace).items}  # never recreated
+    assert [j["state"] for j in jobs_of(core, namespace, "big")] == ["cancelled"]
+
+
+async def test_a_restart_queues_no_pod_twice_and_cancel_and_delete_end_pod_jobs(api: Any, namespace: str,
+                                                                               gpu_nodes: Any,
+                                                                               make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        kubectl_pod(api, namespace, "whole", gpus=8)
+        await wait_for(lambda: "whole" in kubelet.started, what="the 8-GPU pod running")
+        kubectl_pod(api, namespace, "waits", annotations={"gpupool.io/gpu-fraction": "0.5"})
+        await wait_for(lambda: jobs_of(core, namespace, "waits"), what="the second pod queued")
+        with pytest.raises(Conflict, match="did not create"):
+            await core.pause(ADMIN, jobs_of(core, namespace, "whole")[0]["id"])
+        await core.stop()
+
+        core = await make_core()
+        await wait_for(lambda: core.pool()["nodes"], what="the node in the pool again")
+        (whole,) = jobs_of(core, namespace, "whole")
+        (waits,) = jobs_of(core, namespace, "waits")
+        assert (whole["state"], whole["attempts"], waits["state"]) == ("running", 1, "queued")
+        assert len(core.list_jobs(ADMIN)) == 2 and kubelet.started == ["whole"]
+        # Deleted by its user while running: the job is cancelled, not requeued, and nothing is recreated.
+        api.delete_namespaced_pod("whole", namespace)
+        gone = await wait_for(lambda: (j := core.get_job(ADMIN, whole["id"]))["state"] != "running" and j,
+                              what="the deleted pod's job settled")
+        assert gone["state"] == "cancelled" and "was deleted, not by gpupool" in gone["reason"]
+        await wait_for(lambda: "waits" in kubelet.started, what="the waiting pod bound once GPUs are free")
+        await core.cancel(ADMIN, waits["id"])  # gpupool cancel deletes the pod
+        await wait_for(lambda: not api.list_namespaced_pod(namespace).items, what="the cancelled job's pod deleted")
+        assert core.get_job(ADMIN, waits["id"])["state"] == "cancelled"
+        assert len(core.list_jobs(ADMIN)) == 2
