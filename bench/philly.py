@@ -173,6 +173,7 @@ def run(argv: list[str] | None = None) -> int:
     team_jct: dict[str, dict[str, float]] = {}
     team_violation: dict[str, dict[str, dict[str, float]]] = {}
     job_jct: dict[str, dict[str, float]] = {}  # policy -> job id -> JCT (s), jobs it ran
+    large_jobs: dict[str, list[dict[str, object]]] = {}  # policy -> each large job's wait (who waited, how long)
     failures: dict[str, str] = {}
     for name in args.policies:
         nodes = shared_cluster(gpus // gpn, gpn, args.rack_nodes)
@@ -201,11 +202,16 @@ def run(argv: list[str] | None = None) -> int:
         team_jct[name] = per_team_jct_h(result)
         team_violation[name] = {"issue": result.violation_s, "gang_aware": result.violation_gang_s}
         job_jct[name] = {r.trace.id: r.jct for r in result.jobs if r.never is None}
+        large_jobs[name] = [
+            {"id": r.trace.id, "gpus": r.trace.gpus, "team": r.trace.team, "submit": format_time(r.trace.submit),
+             "queue_h": None if r.first_start is None else r.queueing / 3600, "pauses": r.pauses, "never": r.never}
+            for r in result.jobs if r.trace.gpus >= args.large_gpus
+        ]
 
     context = _context(args, window, load, gpus, guarantees, load_s)
     vs_static = vs_static_same_jobs(job_jct)
     if args.json:
-        extra = {"vs_static_same_jobs": vs_static} if args.real_sizes else {}
+        extra = {"vs_static_same_jobs": vs_static, "large_job_waits": large_jobs} if args.real_sizes else {}
         print(json.dumps({**context, "results": [s.as_dict() for s in summaries],
                           "avg_jct_h_per_team": team_jct, "violation_s_per_team": team_violation,
                           **extra, "failures": failures}, indent=1))

@@ -274,6 +274,10 @@ def test_real_sizes_replays_wide_jobs_as_gangs_and_reports_what_never_ran(tmp_pa
     assert all(r["jobs"] == 22 and r["large_jobs"] == 1 for r in rows.values())
     assert all(r["large_queue_p95_h"] is not None for r in rows.values())
     assert out["vs_static_same_jobs"]["engine"]["jobs"] == 22
+    waits = {w["id"]: w for w in out["large_job_waits"]["engine"]}
+    assert sorted(waits) == ["j000020", "j000022"]  # the 16- and 64-GPU jobs; the 12-GPU one is not large
+    assert waits["j000022"]["queue_h"] is None and "even empty" in waits["j000022"]["never"]
+    assert waits["j000020"]["queue_h"] >= 0 and waits["j000020"]["never"] is None
 
 
 def test_real_sizes_prints_the_gang_table(tmp_path: Path, capsys) -> None:
