@@ -233,6 +233,9 @@ def _add_logs(sub: Any) -> None:
     p.add_argument("job")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--json", action="store_true", help="print the reply chunk as JSON")
+    p.add_argument("--replica", type=int, metavar="K",
+                   help="a multi-node job's replica K alone (0 to replicas-1); without it every replica's "
+                        "lines, each prefixed [K]")
 
 
 def _job_action(name: str, text: str) -> Callable[[Any], None]:
@@ -482,7 +485,7 @@ def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> None:
 def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.5) -> None:
     offset = 0
     while True:
-        chunk = client.logs(args.job, offset=offset)
+        chunk = client.logs(args.job, offset=offset, replica=args.replica)
         if args.json and not args.follow:
             _print_json(chunk)
             return
@@ -498,7 +501,7 @@ def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.
         if not advanced:
             if chunk.get("eof") and client.job(args.job)["state"] in FINAL_STATES:
                 # One last read: output written between the two calls.
-                last = client.logs(args.job, offset=offset)
+                last = client.logs(args.job, offset=offset, replica=args.replica)
                 sys.stdout.write(last.get("data") or "")
                 sys.stdout.flush()
                 return

@@ -199,8 +199,10 @@ class _Endpoints:
     def renew(self, job_id: str) -> Any:
         return self._call("POST", f"{API}/jobs/{_seg(job_id)}/renew")
 
-    def logs(self, job_id: str, offset: int = 0, limit: int | None = None) -> Any:
-        return self._call("GET", f"{API}/jobs/{_seg(job_id)}/logs", query={"offset": offset, "limit": limit})
+    def logs(self, job_id: str, offset: int = 0, limit: int | None = None, replica: int | None = None) -> Any:
+        """A chunk of the job's log; ``replica``: a multi-node gang's replica K alone."""
+        return self._call("GET", f"{API}/jobs/{_seg(job_id)}/logs",
+                          query={"offset": offset, "limit": limit, "replica": replica})
 
     def events(self, since: int = 0, timeout: float = 0) -> Any:
         wait = self._timeout_for(timeout)

@@ -17,6 +17,7 @@ from scheduler.api.base import ApiHandler, maybe_await
 from scheduler.api.openapi import build_document
 from scheduler.api.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
 from scheduler.errors import InvalidRequest
+from scheduler.service.validation import MAX_REPLICAS
 
 
 class HealthHandler(ApiHandler):
@@ -137,7 +138,10 @@ class JobLogsHandler(ApiHandler):
     async def get(self, job_id: str) -> None:
         offset = self.query_int("offset", 0, minimum=0, maximum=2**62)
         limit = self.query_int("limit", None, minimum=1, maximum=MAX_LOG_CHUNK)
-        self.write_json(await maybe_await(self.core.read_log(self.actor, job_id, offset, limit)))
+        replica = self.query_int("replica", None, minimum=0, maximum=MAX_REPLICAS - 1)
+        # Only when asked: a core without gangs (or an older one) keeps its four-argument read_log.
+        more = {} if replica is None else {"replica": replica}
+        self.write_json(await maybe_await(self.core.read_log(self.actor, job_id, offset, limit, **more)))
 
 
 class HistoryHandler(ApiHandler):

@@ -12,7 +12,7 @@ import copy
 from typing import Any
 
 from scheduler.api.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
-from scheduler.service.validation import MAX_PROJECT_NAME
+from scheduler.service.validation import MAX_PROJECT_NAME, MAX_REPLICAS
 
 MAX_JOB_ID = 256  # ids are short (j-000042); this only bounds what a client may send
 
@@ -110,7 +110,10 @@ def _paths() -> dict[str, Any]:
         "/api/v1/jobs/{job_id}/logs": {"parameters": [JOB_ID], "get": _op(
             "Read job log", _json(_ref("Logs"), "A chunk of the job's output"), errors=(400, 401, 403, 404),
             params=[_query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62}, "Byte offset to read from"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_CHUNK}, "Most bytes")])},
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_CHUNK}, "Most bytes"),
+                    _query("replica", {"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS - 1},
+                           "A multi-node gang's replica K alone (0 <= K < the job's replicas, else 400); "
+                           "without it a gang's lines are each prefixed [K]")])},
         "/api/v1/events": {"get": _op(
             "Events", {**_json(_ref("Events"), "Events newer than since (long-poll)"),
                        "content": {"application/json": {"schema": _ref("Events")},

@@ -112,10 +112,12 @@ class LocalExecutor:
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
-    def log_path(self, job_id: str, replica: int | None = None) -> Path:
-        """The job's log (every replica's lines, prefixed ``[K] `` for a gang), or replica ``replica``'s own."""
-        if replica is None:
-            return self.job_dir(job_id) / "job.log"
+    def log_path(self, job_id: str) -> Path:
+        """The job's log (a gang: every replica's lines, each prefixed ``[K] ``)."""
+        return self.job_dir(job_id) / "job.log"
+
+    def replica_log_path(self, job_id: str, replica: int) -> Path:
+        """A gang's replica ``replica``'s own output."""
         return self.job_dir(job_id) / f"replica-{int(replica)}.log"
 
     def _prefix(self, job_id: str, attempt: int) -> Path:
@@ -139,7 +141,8 @@ class LocalExecutor:
 
     def _open_log(self, job_id: str, run_as: RunAs | None, replica: int | None = None) -> int:
         """The job's log (or a replica's), for appending: 0600, owned by the job's account (read by its owner only)."""
-        fd = os.open(self.log_path(job_id, replica), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        path = self.log_path(job_id) if replica is None else self.replica_log_path(job_id, replica)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         if run_as is not None:
             os.fchown(fd, run_as.uid, run_as.gid)
         os.fchmod(fd, 0o600)
@@ -178,7 +181,7 @@ class LocalExecutor:
             env.update(rendezvous_env(r.rank, n, "127.0.0.1", port))
             with open(self._open_log(launch.job_id, run_as, r.rank), "ab") as f:
                 f.write(header.encode())
-            replicas.append(ReplicaSpec(r.rank, env, str(self.log_path(launch.job_id, r.rank))))
+            replicas.append(ReplicaSpec(r.rank, env, str(self.replica_log_path(launch.job_id, r.rank))))
         return GangSpec(tuple(replicas), self.gang_grace_s)
 
     def spawn(self, job_id: str, attempt: int, command: list[str], workdir: str, env: dict[str, str],

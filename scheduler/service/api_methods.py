@@ -70,10 +70,24 @@ class ApiMethodsMixin:
                                 limit=q["limit"], newest_first=True)
         return [self._wire(actor, r) for r in recs]
 
-    def read_log(self, actor: Actor, job_id: str, offset: int = 0, limit: int | None = None) -> dict[str, Any]:
-        """A chunk of the job's log from byte ``offset``; ``eof`` once the job is final and all is read."""
+    def read_log(self, actor: Actor, job_id: str, offset: int = 0, limit: int | None = None,
+                 replica: int | None = None) -> dict[str, Any]:
+        """A chunk of the job's log from byte ``offset``; ``eof`` once the job is final and all is read.
+
+        ``replica``: a multi-node gang's replica K alone (0 <= K < replicas);
+        without it a gang's log is every replica's lines, each prefixed
+        ``[K] ``. A one-replica job's only replica, 0, is its whole log.
+        """
         rec = self._owned(actor, job_id, "read the log of")
-        data, nxt, size = read_log_chunk(self.executor.log_path(rec.id), offset, limit)
+        path = self.executor.log_path(rec.id)
+        if replica is not None:
+            n = max(1, rec.replicas)
+            if isinstance(replica, bool) or not isinstance(replica, int) or not 0 <= replica < n:
+                raise InvalidRequest(f"replica must be a whole number from 0 to {n - 1}: job {rec.id} has "
+                                     f"{n} replica{'s' if n > 1 else ''}, not {str(replica)[:40]!r}")
+            if n > 1:
+                path = self.executor.replica_log_path(rec.id, replica)
+        data, nxt, size = read_log_chunk(path, offset, limit)
         # A build job has no process, so no log will ever come: eof at once.
         eof = nxt >= size and (not rec.live or rec.kind == "build")
         return {"data": data, "offset": nxt, "eof": eof}

@@ -20,6 +20,7 @@ from pathlib import Path
 from scheduler.envbuilder import gpu_environment
 from scheduler.executor.base import Launch, ReplicaLaunch
 from scheduler.executor.local import LocalExecutor, ProcessHandle, group_members, proc_start_time
+from tests.api.servers import ServeProcess, gpupool, http, wait_until
 
 PY = sys.executable
 
@@ -68,6 +69,7 @@ elif mode in ("fail", "stubborn"):
         print("rank 1 gives up", flush=True); sys.exit(3)
     ready(); time.sleep(120)
 elif mode == "wait":
+    print(f"replica {rank} waiting", flush=True)
     ready(); time.sleep(120)
 """.replace("KEYS", repr(KEYS))
 
@@ -129,7 +131,7 @@ def test_each_replica_gets_its_gpus_and_the_rendezvous_variables(tmp_path):
     assert "[0] rank 0 to stderr" in log and "[1] rank 1 to stderr" in log
     # Each replica's own log: its output alone, unprefixed.
     for k in (0, 1):
-        own = ex.log_path("j-gang", k).read_text()
+        own = ex.replica_log_path("j-gang", k).read_text()
         assert f"replica {k} of 2 ok" in own and "attempt 1 of j-gang" in own
         assert f"replica {1 - k} of 2" not in own and "[" not in own.split("---")[-1]
     assert not group_members(h.pid)
@@ -151,7 +153,7 @@ def test_replicas_rendezvous_at_master_addr_and_port(tmp_path):
     h = ex.launch(_launch(tmp_path, "rendezvous"))
     _wait_dead(ex, h)
     assert ex.exit_code("j-gang", 1) == 0
-    assert "rank 0 received: hello from rank 1 of 2" in ex.log_path("j-gang", 0).read_text()
+    assert "rank 0 received: hello from rank 1 of 2" in ex.replica_log_path("j-gang", 0).read_text()
     assert "[1] rank 1 sent its greeting" in ex.log_path("j-gang").read_text()
 
 
@@ -260,3 +262,115 @@ def test_gang_env_overrides_the_service_environment(tmp_path, monkeypatch):
     assert [_env(tmp_path, k)["RANK"] for k in range(3)] == ["0", "1", "2"]
     assert {_env(tmp_path, k)["WORLD_SIZE"] for k in range(3)} == {"3"}
     assert os.environ["RANK"] == "7"
+
+
+# ---------------------------------------------------------------- through the whole service
+POOL = "node-a=2xA100-80GB;node-b=2xA100-80GB"
+SETTINGS = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 5.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
+            "on_shutdown": "stop"}
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr}"
+    return result.stdout
+
+
+def _submit(srv, work: Path, mode: str, replicas: int = 2) -> str:
+    script = work.parent / "replica.py"
+    script.write_text(REPLICA)
+    work.mkdir(parents=True, exist_ok=True)
+    spec = {"project": "p", "kind": "train", "gpus": 2, "replicas": replicas, "workdir": str(work),
+            "command": [PY, str(script), mode]}
+    status, job = http("POST", srv.url + "/api/v1/jobs", srv.admin_token, spec)
+    assert status == 201, job
+    return str(job["id"])
+
+
+def _job(srv, job_id: str) -> dict:
+    status, job = http("GET", f"{srv.url}/api/v1/jobs/{job_id}", srv.admin_token)
+    assert status == 200, job
+    return job
+
+
+def _log(srv, job_id: str, replica: str | None = None) -> tuple[int, dict]:
+    query = "" if replica is None else f"?replica={replica}"
+    return http("GET", f"{srv.url}/api/v1/jobs/{job_id}/logs{query}", srv.admin_token)
+
+
+def test_a_gang_through_the_service_logs_kill9_pause_resume_and_failure(tmp_path):
+    """What a user sees: a 2 x 2-GPU job on two simulated nodes, from submit to resume, across a kill -9."""
+    srv = ServeProcess(tmp_path / "state", tmp_path, simulate=POOL, settings=SETTINGS).start()
+    try:
+        _ok(gpupool(["projects", "set", "p", "--guarantee", "4"], srv.env()))
+        work = tmp_path / "gang"
+        job_id = _submit(srv, work, "wait")
+        wait_until(lambda: (work / "ready-0").exists() and (work / "ready-1").exists(), 60, what="both replicas")
+        job = _job(srv, job_id)
+        assert job["state"] == "running" and job["attempts"] == 1
+        by_rank = {r["rank"]: r for r in job["assignment"]["replicas"]}
+        assert {by_rank[0]["node"], by_rank[1]["node"]} == {"node-a", "node-b"}
+        for k in (0, 1):  # each replica sees the GPUs of its own node, and the rendezvous of the gang
+            env = json.loads((work / f"env-{k}.json").read_text())
+            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(g["id"] for g in by_rank[k]["gpus"])
+            assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"]) == (str(k), "2", "127.0.0.1")
+        assert json.loads((work / "env-0.json").read_text())["MASTER_PORT"] == \
+            json.loads((work / "env-1.json").read_text())["MASTER_PORT"]
+
+        # Logs: all replicas prefixed, or one replica alone; a replica out of range is a 400.
+        wait_until(lambda: "[1] replica 1 waiting" in _log(srv, job_id)[1]["data"], 30, what="the job log")
+        assert "[0] replica 0 waiting" in _log(srv, job_id)[1]["data"]
+        status, one = _log(srv, job_id, "1")
+        assert status == 200 and "replica 1 waiting" in one["data"] and "replica 0" not in one["data"]
+        for bad in ("2", "-1", "x"):
+            status, err = _log(srv, job_id, bad)
+            assert status == 400, (bad, status, err)
+        assert "from 0 to 1" in _log(srv, job_id, "2")[1]["error"]
+        out = _ok(gpupool(["logs", job_id, "--replica", "0"], srv.env()))
+        assert "replica 0 waiting" in out and "replica 1" not in out
+        bad = gpupool(["logs", job_id, "--replica", "5"], srv.env())
+        assert bad.returncode != 0 and "replica must be a whole number from 0 to 1" in bad.stderr
+
+        # kill -9 of the service while the gang runs: adopted on restart, no replica started twice.
+        srv.kill9()
+        srv.start(port=srv.port)
+        job = _job(srv, job_id)
+        assert job["state"] == "running" and job["attempts"] == 1
+        time.sleep(1.0)  # several monitor passes of the restarted service
+        assert _job(srv, job_id)["state"] == "running"
+        assert [(work / f"starts-{k}.txt").read_text().split() for k in (0, 1)] == [["0"], ["0"]]
+
+        # Pause stops every replica; resume restarts them all with GPUPOOL_RESUME=1.
+        _ok(gpupool(["pause", job_id], srv.env()))
+        wait_until(lambda: _job(srv, job_id)["state"] == "paused", 30, what="the pause")
+        assert (work / "term-0").exists() and (work / "term-1").exists()
+        assert _gone(work / "pid-0") and _gone(work / "pid-1")
+        for f in work.glob("ready-*"):
+            f.unlink()
+        _ok(gpupool(["resume", job_id], srv.env()))
+        wait_until(lambda: (work / "ready-0").exists() and (work / "ready-1").exists(), 60, what="the resume")
+        assert [(work / f"starts-{k}.txt").read_text().split() for k in (0, 1)] == [["0", "1"], ["0", "1"]]
+        assert _job(srv, job_id)["attempts"] == 2
+        _ok(gpupool(["cancel", job_id], srv.env()))
+        wait_until(lambda: _job(srv, job_id)["state"] == "cancelled", 30, what="the cancel")
+
+        # One replica failing fails the job with its exit code; the other is stopped.
+        failing = tmp_path / "failing"
+        fail_id = _submit(srv, failing, "fail")
+        job = wait_until(lambda: (j := _job(srv, fail_id))["state"] in ("failed", "succeeded") and j, 60,
+                         what="the failing gang to end")
+        assert job["state"] == "failed" and job["exit_code"] == 3, job
+        assert (failing / "term-0").exists() and _gone(failing / "pid-0")
+        assert "gpupool: replica 1 exited with code 3" in _log(srv, fail_id)[1]["data"]
+
+        # A one-replica job: replica 0 is its whole log, any other a 400.
+        solo = tmp_path / "solo"
+        solo.mkdir()
+        status, job = http("POST", srv.url + "/api/v1/jobs", srv.admin_token,
+                           {"project": "p", "kind": "train", "gpus": 1, "workdir": str(solo),
+                            "command": [PY, "-c", "print('solo output')"]})
+        assert status == 201
+        wait_until(lambda: _job(srv, job["id"])["state"] == "succeeded", 60, what="the solo job")
+        assert "solo output" in _log(srv, job["id"], "0")[1]["data"]
+        assert _log(srv, job["id"], "1")[0] == 400
+    finally:
+        srv.stop()
