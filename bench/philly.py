@@ -249,7 +249,7 @@ def print_real_sizes(ctx: dict[str, object], rows: list[Summary], vs: dict[str, 
           f"{ctx['rack_nodes']} nodes; {ctx['large_jobs']} jobs of >= {large} GPUs")
     print(f"{'policy':<13}{'avg JCT h':>10}{'vs static':>10}{'queue p50/p95 h':>17}"
           f"{f'>={large} GPUs: n, queue p50/p95/max h':>38}{'util':>7}{'pauses':>8}"
-          f"{'viol n/s/GPUh':>20}{'gang-aware n/s/GPUh':>22}{'never ran (GPUh)':>18}")
+          f"{'viol n/s/GPUh':>20}{'gang-aware n/s/GPUh':>22}{'never ran (GPUh)':>18}{'gang runs (>1 rack)':>21}")
     for r in rows:
         ratio = vs.get(r.policy, {}).get("ratio")
         big = (f"{r.large_jobs}, {r.large_queue_p50_h:.2f}/{r.large_queue_p95_h:.2f}/{r.large_queue_max_h:.2f}"
@@ -258,7 +258,8 @@ def print_real_sizes(ctx: dict[str, object], rows: list[Summary], vs: dict[str, 
               f"{f'{r.queue_p50_h:.2f}/{r.queue_p95_h:.2f}':>17}{big:>38}{100 * r.utilization:>6.1f}%"
               f"{r.pauses:>8}{f'{r.violation_episodes}/{r.violation_s:.0f}/{r.violation_gpu_h:.1f}':>20}"
               f"{f'{r.violation_gang_episodes}/{r.violation_gang_s:.0f}/{r.violation_gang_gpu_h:.1f}':>22}"
-              f"{f'{r.never_ran} ({r.never_ran_gpu_h:.0f})':>18}")
+              f"{f'{r.never_ran} ({r.never_ran_gpu_h:.0f})':>18}"
+              f"{f'{r.gang_runs} ({r.gang_runs_across_racks})':>21}")
     for r in rows:
         for line in r.never_ran_reasons:
             print(f"  never ran under {r.policy}: {line}")

@@ -224,8 +224,29 @@ def test_baselines_keep_a_gang_inside_one_rack_when_one_can_hold_it() -> None:
     rows = [(0, 5000, 1, "a"), (30, 1000, 16, "a")]
     nodes = shared_cluster(4, 8, rack_nodes=2)
     watch = Watch(pooled_fifo(backfill=True))
-    replay(rows, {"a": 32}, watch, nodes)
+    result = replay(rows, {"a": 32}, watch, nodes)
     assert watch.gang_starts["j1"] == [{"n002", "n003"}]
+    assert result.jobs[1].racks_per_run == [1]
+    summary = summarize("fifo", result, T0)
+    assert (summary.gang_runs, summary.gang_runs_across_racks) == (1, 0)
+
+
+def test_a_gang_no_rack_can_hold_is_spread_across_racks_and_counted() -> None:
+    # racks of 2 nodes; a 1-GPU job in each rack leaves one free node per rack: the 2 x 8 gang spans both.
+    rows = [(0, 5000, 1, "a"), (0, 5000, 1, "a"), (30, 1000, 16, "a")]
+    nodes = shared_cluster(4, 8, rack_nodes=2)
+
+    def one_job_per_rack(snap: Snapshot) -> Decisions:
+        pending = [w for w in snap.workloads if not w.running and not w.gang]
+        starts = tuple(Start(w.id, Assignment(n, ((f"{n}/g0", MILLI),)), False, "pinned")
+                       for w, n in zip(pending, ["n000", "n002"], strict=False))
+        if starts:
+            return Decisions(starts=starts)
+        return pooled_fifo(backfill=True)(snap)
+
+    result = replay(rows, {"a": 32}, one_job_per_rack, nodes)
+    assert result.jobs[2].racks_per_run == [2]
+    assert summarize("x", result, T0).gang_runs_across_racks == 1
 
 
 def test_violation_gpu_seconds_weigh_the_shortfall_beyond_one_cycle() -> None:

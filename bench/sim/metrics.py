@@ -58,6 +58,8 @@ class Summary:
     never_ran: int = 0
     never_ran_gpu_h: float = 0.0  # their work had they run, GPUs x duration
     never_ran_reasons: tuple[str, ...] = ()  # one line per job: id, GPUs, team, the policy's reason
+    gang_runs: int = 0  # starts of multi-node gangs (a restart after a pause counts again)
+    gang_runs_across_racks: int = 0  # of those, starts whose replicas spanned more than one rack
 
     def as_dict(self) -> dict[str, object]:
         data = asdict(self)
@@ -124,6 +126,8 @@ def summarize(policy: str, result: SimResult, window_start: float, large_gpus: i
         violation_gang_episodes=result.violation_gang_episodes,
         never_ran=len(never),
         never_ran_gpu_h=sum(r.trace.gpus * r.trace.duration for r in never) / HOUR,
+        gang_runs=sum(len(r.racks_per_run) for r in jobs if r.replicas > 1),
+        gang_runs_across_racks=sum(1 for r in jobs if r.replicas > 1 for n in r.racks_per_run if n > 1),
         never_ran_reasons=tuple(f"{r.trace.id} ({r.trace.gpus} GPUs, team {r.trace.team}): {r.never}" for r in never),
     )
 

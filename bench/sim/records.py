@@ -58,6 +58,7 @@ class JobRecord:
     paused_at: float | None = None
     pauses: int = 0
     lost_gpu_s: float = 0.0
+    racks_per_run: list[int] = field(default_factory=list)  # node groups (racks) its replicas spanned, per run
     never: str | None = None  # the policy refused it: the reason it can never run under that policy
     ids: tuple[str, ...] = ()  # replica workload ids
 

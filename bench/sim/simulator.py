@@ -100,6 +100,7 @@ class Simulator:
                     raise ValueError(f"GPU id {gpu.id} appears twice in the cluster")
                 self._gpu_node[gpu.id] = node.name
                 self._gpu_holder[gpu.id] = None
+        self._group = {node.name: node.group for node in nodes}
         widest = max((len(n.gpus) for n in nodes), default=0)
         known = {p.name for p in projects}
         for job in self.jobs:
@@ -313,6 +314,7 @@ class Simulator:
         guard.drop_pending(rec.trace.gpus)
         guard.held += rec.trace.gpus
         rec.runs += 1
+        rec.racks_per_run.append(len({self._group[a.node] for a in rec.assignments.values()}))
         rec.run_start = t
         if rec.first_start is None:
             rec.first_start = t
