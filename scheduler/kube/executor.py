@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.kube.calls import Calls
+from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
 from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodSettings, pod_end, pod_manifest
@@ -95,6 +96,7 @@ class PodExecutor:
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
+        self.gangs = GangPods(self)  # multi-node gangs: a pod per replica, each one of ours (gang_pods.py)
 
     def start(self) -> None:
         self.watch.start()
@@ -151,12 +153,19 @@ class PodExecutor:
             a.end = pod_end(pod)
 
     # ------------------------------------------------------------ start
-    def launch(self, launch: Launch) -> PodHandle:
+    def launch(self, launch: Launch) -> PodHandle | GangHandle:
         """Begin to create and bind the attempt's pod (on a worker thread); the handle at once."""
+        if launch.replicas:
+            return self.gangs.launch(launch)
         node = str(launch.assignment.get("node", ""))
-        handle = PodHandle(launch.job_id, launch.attempt, pod_name(launch.job_id, launch.attempt), node)
+        return self.launch_pod(launch.job_id, launch.attempt, pod_name(launch.job_id, launch.attempt), node,
+                               pod_manifest(launch, self.settings))
+
+    def launch_pod(self, job_id: str, attempt: int, name: str, node: str, manifest: dict[str, Any]) -> PodHandle:
+        """Create and bind one pod of an attempt (a gang's replica, or the attempt's only pod), watched as ours."""
+        handle = PodHandle(job_id, attempt, name, node)
         a = _Attempt(handle)
-        a.start = self.calls.submit(self._create_and_bind, a, pod_manifest(launch, self.settings), node)
+        a.start = self.calls.submit(self._create_and_bind, a, manifest, node)
         with self._lock:
             self._attempts[handle.name] = a
         return handle
@@ -203,6 +212,8 @@ class PodExecutor:
 
     # ------------------------------------------------------------ watch
     def alive(self, handle: PodHandle) -> bool:  # type: ignore[override]
+        if isinstance(handle, GangHandle):
+            return self.gangs.alive(handle)
         with self._lock:
             a = self._attempts.get(handle.name)
             if a is None:
@@ -219,14 +230,20 @@ class PodExecutor:
             return a.end if a is not None else self._finished.get((job_id, attempt))
 
     def exit_code(self, job_id: str, attempt: int) -> int | None:
+        if (g := self.gangs.find(job_id, attempt)) is not None:
+            return self.gangs.exit_code(g)
         end = self._end_of(job_id, attempt)
         return end.exit_code if end is not None else None
 
     def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        if (g := self.gangs.find(job_id, attempt)) is not None:
+            return self.gangs.ended_on_its_own(g)
         end = self._end_of(job_id, attempt)
         return end is not None and end.on_its_own
 
     def interrupted(self, handle: PodHandle) -> Interrupted | None:  # type: ignore[override]
+        if isinstance(handle, GangHandle):
+            return self.gangs.interrupted(handle)
         with self._lock:
             a = self._attempts.get(handle.name)
             if a is None:
@@ -242,6 +259,8 @@ class PodExecutor:
     # ------------------------------------------------------------ stop
     async def stop(self, handle: PodHandle, grace_s: float) -> bool:  # type: ignore[override]
         """Delete the pod with the grace period; past it, delete it for good if its node is lost."""
+        if isinstance(handle, GangHandle):
+            return await self.gangs.stop(handle, grace_s)
         with self._lock:
             a = self._attempts.get(handle.name)
         if a is None:
@@ -292,6 +311,8 @@ class PodExecutor:
     # ------------------------------------------------------------ after the end
     def release(self, handle: PodHandle) -> None:  # type: ignore[override]
         """Keep the attempt's log (appended to the job's log file), then delete its finished pod."""
+        if isinstance(handle, GangHandle):
+            return self.gangs.release(handle)
         with self._lock:
             a = self._attempts.pop(handle.name, None)
         if a is None or self._start_error(a) is not None:
@@ -326,6 +347,9 @@ class PodExecutor:
             with self._lock:
                 self._attempts[name] = a
             return Recovered("running", handle)
+        gang = self.gangs.recover(job_id, attempt)
+        if gang is not None:
+            return gang
         with self._lock:
             pod = self._pods.get(name)
             if pod is None:
@@ -360,6 +384,7 @@ class PodExecutor:
             log.warning("deleting pod %s (job %s attempt %s): no running attempt of ours", p.metadata.name,
                         labels.get(JOB_LABEL), labels.get(ATTEMPT_LABEL))
             self._delete_quietly(p.metadata.name, self.settings_grace())
+        self.gangs.sweep_services(live)
 
     def settings_grace(self) -> int:
         return max(0, int(round(self.settings.grace_s)))
@@ -367,6 +392,10 @@ class PodExecutor:
     # ------------------------------------------------------------ paths
     def log_path(self, job_id: str) -> Path:
         return self.jobs_dir / job_id / "job.log"
+
+    def replica_log_path(self, job_id: str, replica: int) -> Path:
+        """A gang's replica ``replica``'s own log (archived from its pods)."""
+        return self.jobs_dir / job_id / f"replica-{int(replica)}.log"
 
     def default_workdir(self, job_id: str) -> Path:
         return Path(WORKDIR_ROOT)

@@ -44,6 +44,19 @@ def _by_job(starts: tuple[Start, ...] | list[Start]) -> dict[str, list[tuple[int
     return out
 
 
+def _gang_job(workload_id: str, by_id: dict[str, JobRecord], decided: set[str]) -> JobRecord | None:
+    """The gang job a replica's decision is about; None once its first replica's decision was taken.
+
+    A gang's replicas share one decision and one reason, so the job takes the
+    first and the rest cost a split and a set lookup.
+    """
+    job_id = split_workload_id(workload_id)[0]
+    if job_id in decided:
+        return None
+    decided.add(job_id)
+    return by_id.get(job_id)
+
+
 class CycleMixin:
     """Scheduling cycles of the core (state lives on the core; see SchedulerCore.__init__)."""
 
@@ -155,21 +168,22 @@ class CycleMixin:
                 for gid, m in x.assignment.gpus:
                     used[gid] = used.get(gid, 0) + m
             self._start(rec, placed)
-        decided: set[str] = set()  # a gang's replicas share one decision: the job takes the first one's reason
+        decided: set[str] = set()  # gangs whose first replica's decision was taken
         with self._store.transaction():
             for rj in decisions.rejects:
-                job_id = split_workload_id(rj.workload_id)[0]
-                rec = by_id.get(job_id)
-                if rec is not None and job_id not in decided and rec.state in ("queued", "paused"):
-                    decided.add(job_id)
+                rec = by_id.get(rj.workload_id) or _gang_job(rj.workload_id, by_id, decided)
+                if rec is not None and rec.state in ("queued", "paused"):
                     self._finish(rec, "rejected", job_reason(rec, rj.reason))
             for w in decisions.waits:
-                job_id = split_workload_id(w.workload_id)[0]
-                rec = by_id.get(job_id)
-                if (rec is not None and job_id not in decided and rec.state in ("queued", "paused")
-                        and not rec.user_paused):
-                    decided.add(job_id)
-                    self._set_reason(rec, job_reason(rec, w.reason))
+                reason = w.reason
+                rec = by_id.get(w.workload_id)  # a plain job's workload has the job's id: one lookup
+                if rec is None:
+                    rec = _gang_job(w.workload_id, by_id, decided)
+                    if rec is None:
+                        continue
+                    reason = job_reason(rec, reason)
+                if rec.state in ("queued", "paused") and not rec.user_paused:
+                    self._set_reason(rec, reason)
             over = {split_workload_id(i)[0] for i in decisions.preemptible}
             for rec in running:
                 if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
