@@ -28,9 +28,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
-from scheduler.kube.calls import Calls
+from scheduler.kube.calls import Calls, raw_json, raw_status
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
+from scheduler.kube.logs import LiveLogs
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
 from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodSettings, pod_end, pod_manifest
 from scheduler.kube.watcher import ListWatch
@@ -96,13 +97,17 @@ class PodExecutor:
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
+        # Running pods' output copied into their jobs' log files as it comes (logs.py).
+        self.live = LiveLogs(api, settings.namespace, self._log_file, self._live_pods)
         self.gangs = GangPods(self)  # multi-node gangs: a pod per replica, each one of ours (gang_pods.py)
 
     def start(self) -> None:
         self.watch.start()
+        self.live.start()
 
     def close(self) -> None:
         self.watch.stop()
+        self.live.stop()
 
     # ------------------------------------------------------------ the watch's view (watch thread)
     def _on_reset(self, pods: list[Any]) -> None:
@@ -186,19 +191,21 @@ class PodExecutor:
             self._failed_starts = 0
 
     def _create_and_bind_now(self, a: _Attempt, ns: str, name: str, manifest: dict[str, Any], node: str) -> None:
-        created = self.calls.retrying("start", lambda: self.api.create_namespaced_pod(ns, manifest),
-                                      START_GIVE_UP_S)
+        # Both replies are taken raw: the created Pod is read for two fields with json (not turned into
+        # a V1Pod), and the binding's reply is a Status the client cannot read as a V1Binding anyway.
+        created = self.calls.retrying("start", lambda: raw_json(self.api.create_namespaced_pod(
+            ns, manifest, _preload_content=False)), START_GIVE_UP_S)
+        meta = created.get("metadata") or {}
         with self._lock:
-            a.created_rv = _rv(created.metadata.resource_version)
-            a.uid = created.metadata.uid
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=name),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+            a.created_rv = _rv(meta.get("resourceVersion"))
+            a.uid = meta.get("uid")
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            # The reply is a Status the client cannot read as a V1Binding: take it raw and check 201.
-            resp = self.calls.retrying("start", lambda: self.api.create_namespaced_pod_binding(
-                name, ns, body, _preload_content=False), START_GIVE_UP_S)
-            if resp.status != 201:
-                raise RuntimeError(f"binding {name} to {node} answered HTTP {resp.status}")
+            status = self.calls.retrying("start", lambda: raw_status(self.api.create_namespaced_pod_binding(
+                name, ns, body, _preload_content=False)), START_GIVE_UP_S)
+            if status != 201:
+                raise RuntimeError(f"binding {name} to {node} answered HTTP {status}")
         except Exception as e:
             self._delete_quietly(name, 0)  # never bound: nothing ran; free the name for nobody
             raise RuntimeError(f"could not bind pod {name} to node {node}: {describe(e)}") from e
@@ -320,17 +327,14 @@ class PodExecutor:
         self.calls.submit(self._archive_and_delete, handle.job_id, handle.attempt, handle.name)
 
     def _archive_and_delete(self, job_id: str, attempt: int, name: str) -> None:
-        try:
-            text = self.api.read_namespaced_pod_log(name, self.settings.namespace, container="job")
-        except Exception as e:
-            text = f"(the log of pod {name} could not be read: {describe(e)})\n"
-        path = self.log_path(job_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(path, "a") as f:
-            f.write(f"--- gpupool: attempt {attempt} of {job_id} (pod {name}) ---\n{text}")
-            if text and not text.endswith("\n"):
-                f.write("\n")
+        self.live.finish(job_id, attempt, name)  # what the live copy has not yet put in the job's log
         self._delete_quietly(name, 0)
+
+    def _live_pods(self) -> list[tuple[str, int, str]]:
+        """(job, attempt, pod) of each single-pod attempt still running, for live logs (a gang's are its own)."""
+        with self._lock:
+            return [(a.handle.job_id, a.handle.attempt, name) for name, a in self._attempts.items()
+                    if name == pod_name(a.handle.job_id, a.handle.attempt) and a.end is None and not a.gone]
 
     # ------------------------------------------------------------ recovery
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
@@ -391,6 +395,11 @@ class PodExecutor:
 
     # ------------------------------------------------------------ paths
     def log_path(self, job_id: str) -> Path:
+        """The job's log file; asked by ``read_log``, so someone reads it: its pod is followed closely."""
+        self.live.viewed(job_id)
+        return self._log_file(job_id)
+
+    def _log_file(self, job_id: str) -> Path:
         return self.jobs_dir / job_id / "job.log"
 
     def replica_log_path(self, job_id: str, replica: int) -> Path:
