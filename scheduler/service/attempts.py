@@ -26,6 +26,14 @@ log = logging.getLogger("scheduler.service")
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
 
 
+def _gone_node(rec: JobRecord, gpus: dict[str, Any]) -> str:
+    """The node of a running job's GPU that is no longer in the pool: a gang's replica's own, else the job's."""
+    for r in (rec.assignment or {}).get("replicas", []):
+        if any(g["id"] not in gpus for g in r.get("gpus", [])):
+            return str(r.get("node"))
+    return str((rec.assignment or {}).get("node"))
+
+
 class AttemptsMixin:
     """Process attempts of the core's jobs (state lives on the core; see SchedulerCore.__init__)."""
 
@@ -170,7 +178,7 @@ class AttemptsMixin:
         for rec in self._live_jobs(("running",)):
             if all(g["id"] in self._gpus for g in assigned_gpus(rec)):
                 continue
-            why = (f"node {(rec.assignment or {}).get('node')} left the pool (cordoned, not ready or deleted); "
+            why = (f"node {_gone_node(rec, self._gpus)} left the pool (cordoned, not ready or deleted); "
                    "requeued")
             if rec.kind == "build":
                 self._finish(rec, "cancelled", why)

@@ -281,3 +281,53 @@ async def test_a_running_gang_is_adopted_whole_after_a_service_restart(make_core
                           "the adopted gang to end")
     assert done["state"] == "succeeded" and _starts(wd) == [("0", "1", "0"), ("1", "1", "0")]  # never restarted
     await wait_for(lambda: again.get_job(ADMIN, other["id"])["state"] == "succeeded", 20, "the waiting job")
+
+
+async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path):
+    """A cluster's node can leave (cordoned, deleted): the whole gang stops, naming that node."""
+    from scheduler.service.backend import LocalBackend
+    from scheduler.service.core import SchedulerCore
+    from tests.service.helpers import fast_config
+
+    class ShrinkingPool(LocalBackend):
+        """The simulated pool, where a test can take a node away (what a cluster backend's refresh reports)."""
+
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.changed = False
+
+        def drop(self, name: str) -> None:
+            gone = {g.id for n in self.nodes if n.name == name for g in n.gpus}
+            self.nodes = tuple(n for n in self.nodes if n.name != name)
+            self.gpus = {gid: g for gid, g in self.gpus.items() if gid not in gone}
+            self.changed = True
+
+        def refresh(self) -> bool:
+            changed, self.changed = self.changed, False
+            return changed
+
+    config = fast_config(tmp_path / "state", simulate=TWO_NODES)
+    backend = ShrinkingPool(config)
+    core = SchedulerCore(config, backend=backend)
+    await core.start()
+    try:
+        core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+        wd = tmp_path / "gang"
+        wd.mkdir()
+        gang, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, workdir=str(wd),
+                                                command=[PY, "-c", GANG_WORKER]))
+        gang = await started(core, gang["id"])
+        await wait_for(lambda: len(_starts(wd)) == 2, 20, "both replicas to start")
+        backend.drop("node-b")
+        gang = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] not in ("running", "paused")
+                              and j, 20, "the gang to stop")
+        (paused,) = [e for e in core.events_since(0) if e.get("job_id") == gang["id"] and e.get("state") == "paused"]
+        assert paused["reason"] == "node node-b left the pool (cordoned, not ready or deleted); requeued"
+        # one 8-GPU node is left: the policy refuses the gang whole (docs/policy.md rule 7) rather than run part
+        assert [n.name for n in core._nodes] == ["node-a"]
+        assert gang["state"] == "rejected" and gang["assignment"] is None
+        assert gang["reason"] == ("the train pool could hold at most 1 replicas of 8 whole GPUs on one node even "
+                                  "empty; 2 × 8 GPUs needs 2")
+        assert _starts(wd) == [("0", "1", "0"), ("1", "1", "0")]  # never restarted in part
+    finally:
+        await core.stop()
