@@ -74,22 +74,26 @@ class AdoptedPodsMixin:
         return getattr(self.backend, "kubectl", None)
 
     def _pod_jobs(self) -> dict[str, str]:
-        """Pod uid -> job id, for pods already looked up (the store answers for the others)."""
+        """Pod uid -> its job id ("" when it has none), for every pod looked up so far.
+
+        Only this process makes jobs for pods, so once the store has been asked
+        about a pod, memory answers for it: the store is read once per pod.
+        """
         index: dict[str, str] | None = getattr(self, "_pod_job_index", None)
         if index is None:
             index = self._pod_job_index = {}
         return index
 
-    def _job_for_pod(self, uid: str) -> str | None:
-        found = self._pod_jobs().get(uid)
-        if found is not None:
-            return found
-        with self._store.transaction() as db:  # any state: a finished pod's job is never made twice
-            row = db.execute("SELECT id FROM jobs WHERE client_key=? ORDER BY num LIMIT 1", (job_key(uid),)).fetchone()
-        if row is None:
-            return None
-        self._pod_jobs()[uid] = str(row[0])
-        return str(row[0])
+    def _job_for_pod(self, uid: str) -> str:
+        """The job standing for the pod with this uid, of any state ("" when none): never two for one pod."""
+        index = self._pod_jobs()
+        found = index.get(uid)
+        if found is None:
+            with self._store.transaction() as db:
+                row = db.execute("SELECT id FROM jobs WHERE client_key=? ORDER BY num LIMIT 1",
+                                 (job_key(uid),)).fetchone()
+            found = index[uid] = str(row[0]) if row is not None else ""
+        return found
 
     # ================================================================ queueing pods (the monitor's tick)
     def _follow_pool(self) -> None:
@@ -105,14 +109,16 @@ class AdoptedPodsMixin:
         if kc is None or not kc.synced or self._closing:
             return
         projects = self._projects()  # type: ignore[attr-defined]
-        key = (kc.generation, tuple((p.name, p.train_guarantee_milli) for p in projects.values()))
+        key = (kc.generation, tuple((p.name, p.train_guarantee_milli) for p in projects.values()),
+               len(self._gpus), len(self._nodes))  # type: ignore[attr-defined]
         if getattr(self, "_adopt_seen", None) == key:
             return
         self._adopt_seen = key
         pods = kc.pods()
-        for rec in self._live_jobs(("queued", "paused")):  # type: ignore[attr-defined]
-            ref = pod_of(rec)
-            if ref is None:
+        for job_id in [j for j in self._pod_jobs().values() if j]:
+            rec = self._live.get(job_id)
+            ref = pod_of(rec) if rec is not None and rec.state in ("queued", "paused") else None
+            if rec is None or ref is None:
                 continue
             pod = pods.get(ref.uid)
             if pod is None or pod.metadata.deletion_timestamp is not None:
@@ -121,12 +127,15 @@ class AdoptedPodsMixin:
             elif pod.spec.node_name:
                 self._finish(rec, "cancelled",  # type: ignore[attr-defined]
                              f"its pod {ref.text} was bound to {pod.spec.node_name} by someone else")
+        index = self._pod_jobs()
+        for uid in [u for u, j in index.items() if u not in pods and (not j or j not in self._live)]:
+            del index[uid]  # a deleted pod's uid never comes back: forget it
         queued = False
         for pod in sorted(pods.values(), key=lambda p: (p.metadata.creation_timestamp is None,
                                                          p.metadata.creation_timestamp, p.metadata.name)):
             if pod.spec.node_name or pod.metadata.deletion_timestamp is not None:
                 continue
-            if self._job_for_pod(pod.metadata.uid) is not None:
+            if self._job_for_pod(pod.metadata.uid):
                 continue
             queued = self._queue_pod(kc, pod, projects) or queued
         if queued:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -198,3 +200,88 @@ async def test_a_restart_queues_no_pod_twice_and_cancel_and_delete_end_pod_jobs(
         await wait_for(lambda: not api.list_namespaced_pod(namespace).items, what="the cancelled job's pod deleted")
         assert core.get_job(ADMIN, waits["id"])["state"] == "cancelled"
         assert len(core.list_jobs(ADMIN)) == 2
+
+
+async def test_a_build_share_pod_holds_its_share_until_it_ends(api: Any, namespace: str, gpu_nodes: Any,
+                                                               make_core: Any) -> None:
+    """A user server (KubeSpawner) holding a build share: build quota, no lease to renew, never paused."""
+    gpu_nodes(1, gpus=4)
+    core = await make_core(lease_s=1.0)
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"build_quota": 1, "train_guarantee": 0})
+    with Kubelet(api, namespace) as kubelet:
+        kubectl_pod(api, namespace, "jupyter-alice", labels={"gpupool.io/user": "alice"},
+                    annotations={"gpupool.io/kind": "build", "gpupool.io/gpu-fraction": "0.5"})
+        await wait_for(lambda: "jupyter-alice" in kubelet.started, what="the user server running")
+        (job,) = jobs_of(core, namespace, "jupyter-alice")
+        assert (job["kind"], job["state"], job["user"], job["lease_expires_at"]) == ("build", "running", "alice", None)
+        cm = api.read_namespaced_config_map("gpupool-jupyter-alice", namespace)
+        assert cm.data["GPUPOOL_GPU_FRACTION"] == "0.5"
+        await asyncio.sleep(1.5)  # ticks run past the 1 s lease a submitted share would have had to renew
+        assert core.get_job(ADMIN, job["id"])["state"] == "running"
+        assert core.list_projects()[0]["usage"]["build"] == 0.5
+        kubelet.finish("jupyter-alice", 0)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                              what="the share released with its pod")
+    assert done["state"] == "succeeded"
+
+
+async def test_the_deploy_rbac_is_enough_for_kubectl_pods_and_other_schedulers_pods(api: Any, gpu_nodes: Any,
+                                                                                   kubeconfig: Path,
+                                                                                   tmp_path: Path) -> None:
+    """As the ServiceAccount of deploy/kubernetes/rbac.yaml: watch every namespace's pods, write the ConfigMap,
+    bind a kubectl pod, record events; the backend reports no failing call."""
+    import yaml
+    from kubernetes import client, config, utils
+
+    from tests.kube.cluster import wait
+    from tests.kube.test_deploy import documents, ensure_namespace
+
+    ensure_namespace(api)
+    for doc in documents("rbac.yaml"):
+        try:
+            utils.create_from_dict(api.api_client, doc)
+        except utils.FailToCreateError as e:
+            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier test
+                raise
+    (node,) = gpu_nodes(1, gpus=8)
+    token = api.create_namespaced_service_account_token(
+        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    sa = yaml.safe_load(kubeconfig.read_text())
+    sa["users"] = [{"name": "sa", "user": {"token": token}}]
+    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
+    sa["current-context"] = "sa"
+    sa_config = tmp_path / "sa.kubeconfig"
+    sa_config.write_text(yaml.safe_dump(sa))
+    as_sa = client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
+
+    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see the roles
+        try:
+            as_sa.list_pod_for_all_namespaces(limit=1)
+            as_sa.list_namespaced_pod("gpupool", limit=1)
+        except client.ApiException:
+            return False
+        return True
+
+    wait(rbac_in_effect, what="the roles in effect")
+    other_ns = f"o-{uuid.uuid4().hex[:8]}"
+    api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other_ns}})
+    api.create_namespaced_pod(other_ns, {"metadata": {"name": "placed"}, "spec": {"nodeName": node, "containers": [
+        {"name": "c", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
+    name = f"sa-{uuid.uuid4().hex[:6]}"
+    core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+        kubectl_pod(api, "gpupool", name, annotations={"gpupool.io/gpu-fraction": "0.25"})
+        await wait_for(lambda: api.read_namespaced_pod(name, "gpupool").spec.node_name, what="bound as the SA")
+        assert api.read_namespaced_config_map(f"gpupool-{name}", "gpupool").data["GPUPOOL_GPU_FRACTION"] == "0.25"
+        assert {"GpupoolQueued", "Scheduled"} <= {e.reason for e in pod_events(api, "gpupool", name)}
+        held = [a for n in core.pool()["nodes"] for g in n["gpus"] for a in g["allocations"] if a["kind"] == "other"]
+        assert len(held) == 4
+        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
+    finally:
+        await core.stop()
+        api.delete_namespaced_pod(name, "gpupool", grace_period_seconds=0)
