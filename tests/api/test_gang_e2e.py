@@ -180,3 +180,22 @@ def test_a_replicas_mistake_is_left_to_the_full_cli(argv: list[str]):
     from scheduler import cli_fast
 
     assert cli_fast.parse_submit(argv) is None
+
+
+def test_the_openapi_document_publishes_replicas_as_the_core_enforces_them(serve: ServeProcess):
+    from scheduler.service.validation import MAX_REPLICAS
+
+    status, doc = http("GET", f"{serve.url}/api/v1/openapi.json")
+    assert status == 200
+    schemas = doc["components"]["schemas"]
+    replicas = schemas["JobSpec"]["properties"]["replicas"]
+    assert (replicas["type"], replicas["minimum"], replicas["maximum"]) == ("integer", 1, MAX_REPLICAS)
+    assert "replicas" in schemas["Job"]["properties"]["assignment"]["properties"]
+    assert "replicas" in schemas["Job"]["properties"]["request"]["properties"]
+    # the running service takes replicas and refuses one above the published maximum
+    ok = http("POST", f"{serve.url}/api/v1/jobs", serve.admin_token,
+              body={"project": "vision", "gpus": 1, "replicas": 1, "command": ["true"]})
+    assert ok[0] == 201 and ok[1]["request"]["replicas"] == 1
+    refused = http("POST", f"{serve.url}/api/v1/jobs", serve.admin_token,
+                   body={"project": "vision", "gpus": 1, "replicas": MAX_REPLICAS + 1, "command": ["true"]})
+    assert refused[0] == 400
