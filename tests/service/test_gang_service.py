@@ -331,3 +331,32 @@ async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path
         assert _starts(wd) == [("0", "1", "0"), ("1", "1", "0")]  # never restarted in part
     finally:
         await core.stop()
+
+
+async def test_a_policy_that_places_part_of_a_gang_starts_nothing(tmp_path: Path):
+    """The core never runs part of a gang, whatever the policy says: the first-fit fallback (used when the
+    engine raises) knows no gangs and places the replicas that fit one by one."""
+    from scheduler.service import fallback_policy
+    from scheduler.service.core import SchedulerCore
+    from tests.service.helpers import fast_config
+
+    core = SchedulerCore(fast_config(tmp_path / "state", simulate=TWO_NODES), policy=fallback_policy.schedule)
+    core.executor = RecordingExecutor(core.executor)
+    await core.start()
+    try:
+        core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+        small, _ = await core.submit(BOB, _spec(gpus=1, command=[PY, "-c", "import time; time.sleep(60)"]))
+        assert (await started(core, small["id"]))["state"] == "running"
+        gang, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, command=[PY, "-c", "pass"]))
+        await wait_for(lambda: core.get_job(ADMIN, gang["id"])["reason"] != "queued", 10, "the gang's reason")
+        for _ in range(3):  # several cycles: the fallback places replica 0 every time, the core never starts it
+            core._cycle()
+        assert core.get_job(ADMIN, gang["id"])["state"] == "queued"
+        assert [x.job_id for x in core.executor.launches] == [small["id"]]
+        assert sum(g["allocated"] for n in core.pool()["nodes"] for g in n["gpus"]) == 1
+        await core.cancel(BOB, small["id"])
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] == "succeeded" and j, 20,
+                              "the gang to run whole once both replicas fit")
+        assert done["attempts"] == 1 and len(core.executor.launches[-1].replicas) == 2
+    finally:
+        await core.stop()
