@@ -127,3 +127,29 @@ async def test_pause_deletes_every_replica_resume_and_restart_keep_one_pod_each(
             await wait_for(lambda: gang_service_name(jid) not in services(api, namespace), what="the Service gone")
     finally:
         await core.stop()
+
+
+async def test_a_replica_deleted_while_the_scheduler_was_away_requeues_the_whole_gang(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    gpu_nodes(2, gpus=8)
+    core = await _core(tmp_path, kubeconfig, namespace)
+    try:
+        job, _ = await core.submit(ADMIN, GANG)
+        jid = job["id"]
+        r0, r1 = f"gpupool-{jid}-1-r0", f"gpupool-{jid}-1-r1"
+        with Kubelet(api, namespace) as kubelet:
+            await wait_for(lambda: r0 in kubelet.started and r1 in kubelet.started, what="both replicas running")
+            await core.stop()  # on_shutdown=leave
+            api.delete_namespaced_pod(r1, namespace, grace_period_seconds=0)  # replica 1 vanishes meanwhile
+            await wait_for(lambda: r1 not in pods(api, namespace), what="replica 1 gone")
+            core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+            await core.start()
+            # A gang never runs partly: replica 0 is stopped too, and the job resumes whole (not failed).
+            second = {f"gpupool-{jid}-2-r0", f"gpupool-{jid}-2-r1"}
+            await wait_for(lambda: second <= set(kubelet.started), what="the whole gang resumed")
+            assert r0 in kubelet.stopped
+            again = core.get_job(ADMIN, jid)
+            assert again["state"] == "running" and again["attempts"] == 2
+            assert set(pods(api, namespace)) == second
+    finally:
+        await core.stop()

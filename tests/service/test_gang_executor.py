@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from scheduler.envbuilder import gpu_environment
 from scheduler.executor.base import Launch, ReplicaLaunch
@@ -374,3 +379,46 @@ def test_a_gang_through_the_service_logs_kill9_pause_resume_and_failure(tmp_path
         assert _log(srv, job["id"], "1")[0] == 400
     finally:
         srv.stop()
+
+
+# ---------------------------------------------------------------- as the job owner's Unix account (root service)
+AS_OWNER = (  # sh, not Python: the account may not enter this checkout's virtual environment
+    'echo "rank $RANK uid $(id -u) cwd $(pwd)"; '
+    'if cat "$0" >/dev/null 2>&1; then echo "rank $RANK read the spec"; else echo "rank $RANK cannot read the spec"; fi'
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
+                    reason="running replicas as another Unix account needs root and useradd")
+def test_replicas_run_as_the_owner_and_their_logs_are_the_owners():
+    name = "gpt-gang"
+    try:
+        pwd.getpwnam(name)
+        made = False
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        made = True
+    base = Path(tempfile.mkdtemp(prefix="gpupool-gang-"))
+    try:
+        os.chmod(base, 0o755)
+        account = pwd.getpwnam(name)
+        ex = LocalExecutor(base / "jobs", traversable=True, run_jobs_as="owner")
+        spec = base / "jobs" / "j-own" / "run" / "attempt-1.gang"
+        launch = Launch("j-own", 1, ["sh", "-c", AS_OWNER, str(spec)], str(ex.default_workdir("j-own")), name, "p",
+                        replicas=tuple(ReplicaLaunch(k, f"node-{k}", {"GPUPOOL_RESUME": "0"}, {}) for k in range(2)))
+        h = ex.launch(launch)
+        _wait_dead(ex, h)
+        assert ex.exit_code("j-own", 1) == 0
+        assert spec.exists()
+        for k in (0, 1):
+            own = ex.replica_log_path("j-own", k)
+            st = own.stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (account.pw_uid, 0o600)
+            text = own.read_text()
+            assert f"rank {k} uid {account.pw_uid} cwd {ex.default_workdir('j-own')}" in text
+            assert f"rank {k} cannot read the spec" in text  # the service's run files stay out of the job's reach
+        assert ex.log_path("j-own").stat().st_uid == account.pw_uid
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        if made:
+            subprocess.run(["userdel", name], check=False)
