@@ -98,6 +98,7 @@ class KubectlPods:
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._stop_notes: dict[str, tuple[str, str]] = {}  # job id -> (event reason, message) for its stop
         self._warned: set[tuple[str, str]] = set()  # (pod uid, message): each warning once per pod
+        self._failed_starts = 0  # starts refused in a row: the next one waits
         self.watch = ListWatch("kubectl-pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=namespace, field_selector=f"spec.schedulerName={scheduler_name}",
                                label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
@@ -167,9 +168,10 @@ class KubectlPods:
     def warn_once(self, ref: PodRef, reason: str, message: str) -> None:
         """A Warning event on the pod, once per pod and message (the core re-checks pods often)."""
         key = (ref.uid, message)
-        if key in self._warned:
-            return
-        self._warned.add(key)
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
         self.calls.submit(post_event, self.api, ref, "Warning", reason, message)
 
     def tell(self, ref: PodRef, reason: str, message: str) -> None:
@@ -198,6 +200,26 @@ class KubectlPods:
         return handle
 
     def _configure_and_bind(self, run: _Run, env: dict[str, str], node: str) -> None:
+        """Back off after refused starts (0.2 s doubling to 30 s), then write the ConfigMap and bind.
+
+        A refused start requeues the job and the next cycle tries again: without
+        the backoff a setup that always refuses (RBAC) would churn the API server.
+        """
+        with self._lock:
+            streak = self._failed_starts
+        if streak:
+            time.sleep(min(0.1 * 2 ** streak, 30.0))
+        try:
+            self._configure_and_bind_now(run, env, node)
+        except BaseException as e:
+            with self._lock:
+                self._failed_starts += 1
+            self.warn_once(run.ref, "GpupoolBindFailed", f"gpupool: {e}; the pod stays queued")
+            raise
+        with self._lock:
+            self._failed_starts = 0
+
+    def _configure_and_bind_now(self, run: _Run, env: dict[str, str], node: str) -> None:
         ref = run.ref
         cm = gpu_config_map(ref, env)
         try:

@@ -285,3 +285,67 @@ async def test_the_deploy_rbac_is_enough_for_kubectl_pods_and_other_schedulers_p
     finally:
         await core.stop()
         api.delete_namespaced_pod(name, "gpupool", grace_period_seconds=0)
+
+
+async def test_a_refused_start_leaves_the_pod_pending_and_says_why(api: Any, namespace: str, gpu_nodes: Any,
+                                                                   kubeconfig: Path, tmp_path: Path) -> None:
+    """The scheduler's account may not write ConfigMaps: nothing is bound without its GPU environment."""
+    from kubernetes import client, config
+
+    from tests.kube.cluster import wait
+
+    gpu_nodes(1, gpus=8)
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+
+    def grant(name: str, rules: list[dict[str, Any]], cluster: bool = False) -> None:
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole" if cluster else "Role", "name": name}
+        subjects = [{"kind": "User", "name": "limited", "apiGroup": "rbac.authorization.k8s.io"}]
+        if cluster:
+            rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+            rbac.create_cluster_role_binding({"metadata": {"name": name}, "roleRef": ref, "subjects": subjects})
+        else:
+            rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+            rbac.create_namespaced_role_binding(namespace, {"metadata": {"name": name}, "roleRef": ref,
+                                                            "subjects": subjects})
+
+    grant("no-configmaps", [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/binding", "events"], "verbs": ["create"]}])
+    cluster_role = f"{namespace}-read"
+    grant(cluster_role, [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]}], True)
+    limited = tmp_path / "limited.kubeconfig"
+    limited.write_text(kubeconfig.read_text().replace("current-context: admin", "current-context: limited"))
+    as_limited = client.CoreV1Api(config.new_client_from_config(config_file=str(limited)))
+
+    def may(fn: Any) -> bool:  # the API server's RBAC cache takes a moment to see new roles
+        try:
+            fn()
+        except client.ApiException:
+            return False
+        return True
+
+    wait(lambda: may(lambda: as_limited.list_namespaced_pod(namespace)) and may(as_limited.list_node),
+         what="the roles in effect")
+    core = SchedulerCore(kube_config(tmp_path / "state", limited, namespace))
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        kubectl_pod(api, namespace, "refused", annotations={"gpupool.io/gpu-fraction": "0.5"})
+        (ev,) = await wait_for(lambda: [e for e in pod_events(api, namespace, "refused")
+                                        if e.reason == "GpupoolBindFailed"], what="the refusal on the pod")
+        assert ev.type == "Warning" and "could not write ConfigMap gpupool-refused" in ev.message, ev.message
+        assert "403" in ev.message
+        await asyncio.sleep(1.0)
+        assert not api.read_namespaced_pod("refused", namespace).spec.node_name  # never bound without it
+        (job,) = jobs_of(core, namespace, "refused")
+        assert job["state"] in ("queued", "running") and job["attempts"] <= 1
+        grant("configmaps", [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "delete"]}])
+        await wait_for(lambda: api.read_namespaced_pod("refused", namespace).spec.node_name, timeout=60,
+                       what="bound once the ConfigMap can be written")
+        assert api.read_namespaced_config_map("gpupool-refused", namespace).data["GPUPOOL_GPU_FRACTION"] == "0.5"
+        assert len(jobs_of(core, namespace, "refused")) == 1
+    finally:
+        await core.stop()
+        rbac.delete_cluster_role_binding(cluster_role)
+        rbac.delete_cluster_role(cluster_role)
