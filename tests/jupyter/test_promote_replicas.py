@@ -10,10 +10,12 @@ being the job's output.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from jupyter_gpupool.promote import STAGING_PREFIX, papermill_args, run_paths
 
 pytestmark = pytest.mark.timeout(240)
 
+TWO_NODES = "node-a=8xA100-80GB;node-b=8xA100-80GB"
+FINAL = ("succeeded", "failed", "cancelled", "rejected")
 
 # What a distributed notebook reads: the rendezvous variables and its own GPUs.
 PROBE = (
@@ -115,3 +119,47 @@ def test_run_paths_name_every_replicas_output() -> None:
         "replica_output_notebooks": ["w/d.runs/j-9/output.ipynb", "w/d.runs/j-9/output.replica-1.ipynb",
                                      "w/d.runs/j-9/output.replica-2.ipynb"],
     }
+
+
+@pytest.fixture
+def two_node_pool(gpupool_config: dict[str, Any]) -> dict[str, Any]:
+    """The embedded scheduler on two simulated 8-GPU nodes."""
+    gpupool_config["simulate"] = TWO_NODES
+    return gpupool_config
+
+
+async def test_sixteen_gpu_promote_runs_on_both_nodes(
+    two_node_pool: dict[str, Any], jp_fetch: Any, jp_root_dir: Path
+) -> None:
+    distributed_notebook(jp_root_dir / "dist.ipynb")
+    job = await post_promote(jp_fetch, {"path": "dist.ipynb", "gpus": 8, "replicas": 2, "parameters": {"epochs": 2}})
+    assert job["request"]["gpus"] == 8 and job["request"]["replicas"] == 2
+    assert job["output_notebook"] == f"dist.runs/{job['id']}/output.ipynb"
+
+    deadline, seen_replicas = time.monotonic() + 200, None
+    while time.monotonic() < deadline:
+        current = json.loads((await jp_fetch("gpupool", "api", "jobs", job["id"])).body)
+        if current["state"] == "running" and (current.get("assignment") or {}).get("replicas"):
+            seen_replicas = current["assignment"]["replicas"]
+        if current["state"] in FINAL:
+            break
+        await asyncio.sleep(0.3)
+    logs = json.loads((await jp_fetch("gpupool", "api", "jobs", job["id"], "logs", params={"offset": "0"})).body)
+    assert current["state"] == "succeeded", logs["data"][-3000:]
+    assert seen_replicas is not None, "the running job never showed its replicas"
+    assert [r["rank"] for r in seen_replicas] == [0, 1]
+    assert sorted(r["node"] for r in seen_replicas) == ["node-a", "node-b"]
+    assert all(len(r["gpus"]) == 8 for r in seen_replicas)
+
+    run_dir = jp_root_dir / current["run_dir"]
+    ranks = [probe_result(jp_root_dir / p) for p in current["replica_output_notebooks"]]
+    assert [r["RANK"] for r in ranks] == ["0", "1"] and [r["NODE_RANK"] for r in ranks] == ["0", "1"]
+    assert {r["WORLD_SIZE"] for r in ranks} == {"2"} and {r["GPUPOOL_JOB_ID"] for r in ranks} == {job["id"]}
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks}) == 1 and ranks[0]["MASTER_PORT"]
+    assert all(r["epochs"] == 2 for r in ranks)
+    # each replica saw its own node's 8 GPUs
+    for rank, seen in zip(ranks, seen_replicas, strict=True):
+        assert rank["CUDA_VISIBLE_DEVICES"].split(",") == [g["id"] for g in seen["gpus"]]
+    assert current["replica_output_notebooks"][0] == current["output_notebook"]
+    assert (run_dir / "job.log").exists() and (run_dir / "job.replica-1.log").exists()
+    assert "papermill exited with status 0" in logs["data"]
