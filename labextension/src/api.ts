@@ -27,6 +27,8 @@ export interface IJobRequest {
   gpu_model: string | null;
   cpu: number | null;
   memory: number | null;
+  /** Processes (replicas) that start together, each on `gpus` whole GPUs of one node; 1 when absent. */
+  replicas?: number;
 }
 
 export interface IGpuAssignment {
@@ -35,6 +37,13 @@ export interface IGpuAssignment {
   model: string;
   milli: number;
   memory_limit: number | null;
+}
+
+/** One replica of a gang job: its rank and where it runs. */
+export interface IReplicaAssignment {
+  rank: number;
+  node: string;
+  gpus: IGpuAssignment[];
 }
 
 export interface IJob {
@@ -52,7 +61,8 @@ export interface IJob {
   attempts: number;
   preemptible: boolean;
   reason: string;
-  assignment: { node: string; gpus: IGpuAssignment[] } | null;
+  /** `node` is rank 0's for a gang, `gpus` every replica's in rank order, `replicas` each replica's. */
+  assignment: { node: string; gpus: IGpuAssignment[]; replicas?: IReplicaAssignment[] } | null;
   exit_code: number | null;
   workdir: string | null;
   command: string[] | null;
@@ -60,6 +70,8 @@ export interface IJob {
   lease_expires_at: number | null;
   /** Path of the papermill output notebook, relative to the server root. */
   output_notebook?: string | null;
+  /** A promoted gang: every replica's output notebook in rank order (rank 0's is `output_notebook`). */
+  replica_output_notebooks?: string[];
   run_dir?: string | null;
 }
 
@@ -170,6 +182,8 @@ export interface IPromoteRequest {
   gpu_fraction?: number;
   priority?: number;
   parameters?: Record<string, unknown>;
+  /** A gang of this many replicas, each on `gpus` whole GPUs (1 when absent). */
+  replicas?: number;
 }
 
 export interface IProjectUpdate {

@@ -6,7 +6,7 @@
  * Each throws an Error whose message is one sentence naming the bad field.
  */
 import type { IParameter, IProjectUpdate, IPromoteRequest } from './api';
-import { parseGpus, parseParameter } from './format';
+import { MAX_REPLICAS, parseGpus, parseParameter } from './format';
 
 /** What the user typed, kept between attempts when validation fails. */
 export interface IPromoteDraft {
@@ -14,6 +14,21 @@ export interface IPromoteDraft {
   gpus: string;
   priority: string;
   parameters: Record<string, string>;
+  /** Replicas of a distributed run (whole GPUs only); empty or absent means 1. */
+  replicas?: string;
+}
+
+/** The replicas a draft asks for: a whole number 1..MAX_REPLICAS (empty: 1). */
+export function parseReplicas(text: string | undefined): number {
+  const raw = (text ?? '').trim();
+  if (raw === '') {
+    return 1;
+  }
+  const value = Number(raw);
+  if (!/^\d+$/.test(raw) || value < 1 || value > MAX_REPLICAS) {
+    throw new Error(`Replicas must be a whole number from 1 to ${MAX_REPLICAS}, not '${raw}'.`);
+  }
+  return value;
 }
 
 /**
@@ -25,7 +40,15 @@ export function toRequest(path: string, draft: IPromoteDraft, parameters: IParam
   if (draft.project) {
     body.project = draft.project;
   }
-  Object.assign(body, parseGpus(draft.gpus));
+  const amount = parseGpus(draft.gpus);
+  Object.assign(body, amount);
+  const replicas = parseReplicas(draft.replicas);
+  if (replicas > 1) {
+    if (!amount.gpus) {
+      throw new Error('Replicas above 1 need whole GPUs per replica (1, 2, 8…), not a fraction or CPU only.');
+    }
+    body.replicas = replicas;
+  }
   const priority = draft.priority.trim() === '' ? 0 : Number(draft.priority);
   if (!Number.isInteger(priority)) {
     throw new Error(`Priority must be a whole number, not '${draft.priority}'.`);

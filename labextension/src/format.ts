@@ -49,12 +49,87 @@ export function formatRequest(request: IJobRequest | null | undefined): string {
     return `${formatGpus(request.gpu_fraction)} GPU`;
   }
   if (request.gpus) {
-    return `${formatGpus(request.gpus)} GPU${request.gpus === 1 ? '' : 's'}`;
+    const each = `${formatGpus(request.gpus)} GPU${request.gpus === 1 ? '' : 's'}`;
+    return (request.replicas ?? 1) > 1 ? `${request.replicas} × ${each}` : each;
   }
   if (request.gpu_memory) {
     return `${formatBytes(request.gpu_memory)} GPU memory`;
   }
   return 'CPU only';
+}
+
+/** Most replicas a promote may ask for (the scheduler's bound too, docs/design.md). */
+export const MAX_REPLICAS = 64;
+
+/**
+ * The fewest nodes `replicas` replicas of `gpus` whole GPUs each fit on, given
+ * each node's GPU count (replicas go on as few nodes as possible, several on one
+ * node when it has room); null when the pool's nodes cannot hold them all.
+ */
+export function fewestNodes(replicas: number, gpus: number, nodeGpus: number[]): number | null {
+  if (replicas < 1 || gpus < 1) {
+    return null;
+  }
+  let placed = 0;
+  let used = 0;
+  for (const size of [...nodeGpus].sort((a, b) => b - a)) {
+    const fit = Math.floor(size / gpus);
+    if (fit === 0) {
+      break;
+    }
+    placed += fit;
+    used += 1;
+    if (placed >= replicas) {
+      return used;
+    }
+  }
+  return null;
+}
+
+/**
+ * The line under the promote dialog's Replicas field: the job's total and the
+ * nodes it needs, "= 16 GPUs on 2 nodes", or why the pool cannot hold it.
+ */
+export function describeGang(replicas: number, gpus: number, nodeGpus: number[]): string {
+  const total = `= ${formatGpuAmount(replicas * gpus)}`;
+  const nodes = fewestNodes(replicas, gpus, nodeGpus);
+  if (nodes !== null) {
+    return `${total} on ${nodes} node${nodes === 1 ? '' : 's'}`;
+  }
+  const room = nodeGpus.reduce((n, size) => n + Math.floor(size / gpus), 0);
+  const per = formatGpuAmount(gpus);
+  return room === 0
+    ? `${total}: no node of the pool has ${per}`
+    : `${total}: the pool's nodes hold at most ${room} replica${room === 1 ? '' : 's'} of ${per}`;
+}
+
+/** A gang's replicas, one line each: "replica 0 on node-a: GPUs 0–7 (A100-80GB)". */
+export function formatReplicas(job: IJob): string[] {
+  return (job.assignment?.replicas ?? []).map(r => {
+    const indexes = r.gpus.map(g => g.index);
+    const models = [...new Set(r.gpus.map(g => g.model))].join(', ');
+    return `replica ${r.rank} on ${r.node}: ${indexRange(indexes)}${models ? ` (${models})` : ''}`;
+  });
+}
+
+/** GPU indexes as people read them: "GPU 3", "GPUs 0–7", "GPUs 0, 2, 5". */
+function indexRange(indexes: number[]): string {
+  if (indexes.length === 0) {
+    return 'no GPU';
+  }
+  const sorted = [...indexes].sort((a, b) => a - b);
+  if (sorted.length === 1) {
+    return `GPU ${sorted[0]}`;
+  }
+  const consecutive = sorted.every((v, i) => i === 0 || v === sorted[i - 1] + 1);
+  return consecutive ? `GPUs ${sorted[0]}–${sorted[sorted.length - 1]}` : `GPUs ${sorted.join(', ')}`;
+}
+
+/** The nodes a job runs on, in rank order without repeats ("node-a, node-b"), or ''. */
+export function jobNodes(job: IJob): string {
+  const replicas = job.assignment?.replicas ?? [];
+  const names = replicas.length > 0 ? replicas.map(r => r.node) : job.assignment ? [job.assignment.node] : [];
+  return [...new Set(names.filter(n => !!n))].join(', ');
 }
 
 /** The share a job holds, summed over its assigned GPUs (in GPUs). */

@@ -14,9 +14,10 @@ import { api, describeError, FINAL_STATES, IGpu, IJob, IProject, IStatus } from 
 import { renderHistory, projectColor } from './chart';
 import { h, replaceChildren } from './dom';
 import { EventStream } from './events';
-import { basename, formatBytes, formatDuration, formatGpus, formatRequest, formatTime, jobShare } from './format';
+import { basename, formatBytes, formatDuration, formatGpuAmount, formatGpus, formatRequest, formatTime, jobShare } from './format';
 import { notifyError } from './notifications';
 import { editProject } from './quota';
+import { gangGpus, gangWhere, isGang, replicaList } from './replicas';
 
 const REFRESH_MS = 5000;
 const HISTORY_MS = 15000;
@@ -549,6 +550,7 @@ export class GpuPoolPanel extends Widget {
         'div',
         { class: 'jp-gpupool-help' },
         `${job.id} · ${job.project} · ${job.user} · ${job.kind === 'build' ? 'kernel ' : ''}${formatRequest(job.request)}` +
+          gangWhere(job) +
           (job.priority ? ` · prio ${job.priority}` : '')
       ),
       this._actions(job)
@@ -687,10 +689,12 @@ export class GpuPoolPanel extends Widget {
       ['Request', formatRequest(job.request)],
       [
         'GPUs',
-        (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`).join(', ') ||
-          (isFinal(job) ? '–' : 'none yet')
+        isGang(job)
+          ? gangGpus(job, isFinal(job))
+          : (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`).join(', ') ||
+            (isFinal(job) ? '–' : 'none yet')
       ],
-      ['Share', `${formatGpus(jobShare(job))} GPU`],
+      ['Share', formatGpuAmount(jobShare(job))],
       ['Priority', String(job.priority)],
       ['Submitted', formatTime(job.submitted_at)],
       ['Started', formatTime(job.started_at)],
@@ -732,6 +736,7 @@ export class GpuPoolPanel extends Widget {
         'dl',
         { class: 'jp-gpupool-dl' },
         ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
+        ...(isGang(job) ? [h('dt', {}, 'Replicas'), h('dd', {}, replicaList(job, isFinal(job)))] : []),
         job.output_notebook ? h('dt', {}, 'Output') : null,
         job.output_notebook ? h('dd', { title: job.output_notebook }, basename(job.output_notebook)) : null
       ),

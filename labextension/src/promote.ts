@@ -2,7 +2,9 @@
  * "Promote to training": the dialog and the submit.
  *
  * The dialog asks for the project, the GPUs (whole count or a fraction),
- * the priority and the notebook's papermill parameters, prefilled from its
+ * the replicas of a distributed run (shown for whole GPUs: N processes that
+ * start together, each on its own GPUs, with the total and the nodes it needs
+ * under it), the priority and the notebook's papermill parameters, prefilled from its
  * `parameters` cell. Only parameters the user changed are sent, so the run
  * keeps the notebook's own defaults (and their Python types) otherwise.
  */
@@ -12,7 +14,7 @@ import { Widget } from '@lumino/widgets';
 import { api, describeError, IParameter, IPromoteRequest, IStatus } from './api';
 import { h } from './dom';
 import { IPromoteDraft, toRequest } from './drafts';
-import { basename, formatGpuAmount, formatGpus } from './format';
+import { basename, describeGang, formatGpuAmount, formatGpus, MAX_REPLICAS, parseGpus } from './format';
 
 let formCounter = 0;
 
@@ -21,6 +23,8 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
   private _project: HTMLSelectElement;
   private _gpus: HTMLInputElement;
   private _priority: HTMLInputElement;
+  private _replicas: HTMLInputElement;
+  private _replicasCell: HTMLElement;
   private _params = new Map<string, HTMLInputElement>();
 
   constructor(
@@ -62,6 +66,47 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       value: draft.gpus,
       'aria-describedby': `${id}-gpus-help`
     });
+    this._replicas = h('input', {
+      id: `${id}-replicas`,
+      name: 'replicas',
+      type: 'number',
+      min: 1,
+      max: MAX_REPLICAS,
+      step: 1,
+      value: draft.replicas || '1',
+      'aria-describedby': `${id}-replicas-total ${id}-replicas-help`
+    });
+    const replicasLabel = h('label', { for: `${id}-replicas` }, 'Replicas');
+    const replicasTotal = h('div', { id: `${id}-replicas-total`, class: 'jp-gpupool-help jp-gpupool-gang-total', 'aria-live': 'polite' });
+    const replicasCell = (this._replicasCell = h(
+      'div',
+      {},
+      this._replicas,
+      replicasTotal,
+      h(
+        'div',
+        { id: `${id}-replicas-help`, class: 'jp-gpupool-help' },
+        'For a notebook that runs distributed: this many copies start together, each on its own GPUs ' +
+          '(RANK, WORLD_SIZE, MASTER_ADDR set). Rank 0\u2019s output is the job\u2019s.'
+      )
+    ));
+    const nodeGpus = (status.pool?.nodes ?? []).map(n => n.gpus.length);
+    // Shown only for whole GPUs: a gang's replicas each hold whole GPUs of one node.
+    const describeReplicas = (): void => {
+      let whole = 0;
+      try {
+        whole = parseGpus(this._gpus.value).gpus ?? 0;
+      } catch {
+        whole = 0;
+      }
+      replicasLabel.hidden = replicasCell.hidden = whole < 1;
+      const n = Number(this._replicas.value.trim() || '1');
+      replicasTotal.textContent =
+        whole >= 1 && Number.isInteger(n) && n >= 1 ? describeGang(n, whole, nodeGpus) : '';
+    };
+    this._gpus.addEventListener('input', describeReplicas);
+    this._replicas.addEventListener('input', describeReplicas);
+    describeReplicas();
     this._priority = h('input', {
       id: `${id}-priority`,
       name: 'priority',
@@ -86,6 +131,8 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
           'A whole number (1, 2) or a fraction of one GPU (0.25, 1/2). 0 for CPU only.'
         )
       ),
+      replicasLabel,
+      replicasCell,
       h('label', { for: `${id}-priority` }, 'Priority'),
       h('div', {}, this._priority, h('div', { class: 'jp-gpupool-help' }, 'Higher runs first within the project.'))
     );
@@ -145,7 +192,9 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       project: this._project.value,
       gpus: this._gpus.value,
       priority: this._priority.value,
-      parameters
+      parameters,
+      // A hidden field (a fraction of a GPU) is one replica, whatever it held before.
+      replicas: this._replicasCell.hidden ? '1' : this._replicas.value
     };
   }
 }
@@ -189,7 +238,8 @@ export async function promoteWithDialog(path: string): Promise<{ job: Awaited<Re
     project: mine.some(p => p.name === status.project) ? (status.project as string) : mine[0].name,
     gpus: '1',
     priority: '0',
-    parameters: {}
+    parameters: {},
+    replicas: '1'
   };
   let error = '';
   for (;;) {

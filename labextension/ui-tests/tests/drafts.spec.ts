@@ -5,8 +5,20 @@
  */
 import { expect, test } from '@playwright/test';
 
-import { toProjectUpdate, toRequest } from '../../src/drafts';
-import { formatBytes, formatGpuAmount, formatGpus, formatRequest, parseGpus, parseParameter } from '../../src/format';
+import type { IJob } from '../../src/api';
+import { parseReplicas, toProjectUpdate, toRequest } from '../../src/drafts';
+import {
+  describeGang,
+  fewestNodes,
+  formatBytes,
+  formatGpuAmount,
+  formatGpus,
+  formatReplicas,
+  formatRequest,
+  jobNodes,
+  parseGpus,
+  parseParameter
+} from '../../src/format';
 
 const PARAMS = [
   { name: 'epochs', inferred_type_name: 'int', default: '3', help: '' },
@@ -93,6 +105,61 @@ test.describe('promote request', () => {
     expect(() =>
       toRequest('t.ipynb', { ...draft, parameters: { ...draft.parameters, epochs: 'ten' } }, PARAMS)
     ).toThrow(/Parameter epochs/);
+  });
+});
+
+test.describe('gang jobs (replicas)', () => {
+  const request = { gpus: 8, gpu_fraction: null, gpu_memory: null, gpu_model: null, cpu: null, memory: null };
+  const draft = { project: 'vision', gpus: '8', priority: '0', parameters: {}, replicas: '2' };
+
+  test('read "N × G GPUs" wherever a request is shown', () => {
+    expect(formatRequest({ ...request, replicas: 2 })).toBe('2 × 8 GPUs');
+    expect(formatRequest({ ...request, gpus: 1, replicas: 4 })).toBe('4 × 1 GPU');
+    expect(formatRequest({ ...request, replicas: 1 })).toBe('8 GPUs');
+  });
+
+  test('the dialog total says how many GPUs and the fewest nodes that hold them', () => {
+    expect(describeGang(2, 8, [8, 8])).toBe('= 16 GPUs on 2 nodes');
+    expect(describeGang(2, 4, [8, 8])).toBe('= 8 GPUs on 1 node');
+    expect(describeGang(1, 8, [8, 8])).toBe('= 8 GPUs on 1 node');
+    expect(describeGang(3, 8, [8, 8])).toBe("= 24 GPUs: the pool's nodes hold at most 2 replicas of 8 GPUs");
+    expect(describeGang(1, 16, [8, 8])).toBe('= 16 GPUs: no node of the pool has 16 GPUs');
+    expect(fewestNodes(3, 4, [4, 8, 2])).toBe(2);
+    expect(fewestNodes(5, 4, [4, 8, 2])).toBeNull();
+  });
+
+  test('replicas go into the request only above 1, only with whole GPUs', () => {
+    expect(toRequest('d.ipynb', draft, [])).toEqual({ path: 'd.ipynb', project: 'vision', gpus: 8, replicas: 2, priority: 0 });
+    expect(toRequest('d.ipynb', { ...draft, replicas: '1' }, []).replicas).toBeUndefined();
+    expect(toRequest('d.ipynb', { ...draft, replicas: '' }, []).replicas).toBeUndefined();
+    expect(() => toRequest('d.ipynb', { ...draft, gpus: '0.5' }, [])).toThrow(/need whole GPUs/);
+    expect(() => toRequest('d.ipynb', { ...draft, gpus: '0' }, [])).toThrow(/need whole GPUs/);
+    expect(parseReplicas('16')).toBe(16);
+    for (const bad of ['0', '65', '1.5', 'two', '-2']) {
+      expect(() => parseReplicas(bad)).toThrow(`Replicas must be a whole number from 1 to 64, not '${bad}'.`);
+    }
+  });
+
+  test('each replica: its node and GPUs, in rank order', () => {
+    const gpus = (node: string) =>
+      [0, 1, 2, 3, 4, 5, 6, 7].map(i => ({ id: `${node}-${i}`, index: i, model: 'A100-80GB', milli: 1000, memory_limit: null }));
+    const job = {
+      id: 'j-1',
+      request: { ...request, replicas: 2 },
+      assignment: {
+        node: 'node-a',
+        gpus: [...gpus('node-a'), ...gpus('node-b')],
+        replicas: [
+          { rank: 0, node: 'node-a', gpus: gpus('node-a') },
+          { rank: 1, node: 'node-b', gpus: gpus('node-b').filter(g => g.index !== 3) }
+        ]
+      }
+    } as unknown as IJob;
+    expect(formatReplicas(job)).toEqual([
+      'replica 0 on node-a: GPUs 0–7 (A100-80GB)',
+      'replica 1 on node-b: GPUs 0, 1, 2, 4, 5, 6, 7 (A100-80GB)'
+    ]);
+    expect(jobNodes(job)).toBe('node-a, node-b');
   });
 });
 
