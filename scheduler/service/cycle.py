@@ -158,9 +158,9 @@ class CycleMixin:
                 if around_stopping is None:
                     held = self._schedule(self._snapshot(live, hold_stopping=True))
                     around_stopping = {x.workload_id: x for x in held.starts}
-                alt = [around_stopping.get(x.workload_id) for x in placed]
-                if all(a is not None for a in alt) and self._check_all_fit(alt, used) is None:  # type: ignore[arg-type]
-                    placed, problem = alt, None  # type: ignore[assignment]
+                alt = [a for x in placed if (a := around_stopping.get(x.workload_id)) is not None]
+                if len(alt) == len(placed) and self._check_all_fit(alt, used) is None:
+                    placed, problem = alt, None
             if problem:
                 self._set_reason(rec, problem)
                 continue
@@ -228,7 +228,12 @@ class CycleMixin:
             self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
 
     def _check_all_fit(self, starts: list[Start], used: dict[str, int]) -> str | None:
-        """:meth:`_check_fits` for every replica of a job (one for a plain job): the first problem, or None."""
+        """:meth:`_check_fits` for every replica of a job (one for a plain job): the first problem, or None.
+
+        A gang's replicas are checked against each other too (on a copy of
+        ``used``: a few gang starts a cycle, so the copy is cheap next to the
+        policy run that decided them).
+        """
         if len(starts) == 1:
             return self._check_fits(starts[0], used)
         taken = dict(used)

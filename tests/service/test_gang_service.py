@@ -360,3 +360,31 @@ async def test_a_policy_that_places_part_of_a_gang_starts_nothing(tmp_path: Path
         assert done["attempts"] == 1 and len(core.executor.launches[-1].replicas) == 2
     finally:
         await core.stop()
+
+
+async def test_a_guaranteed_gang_reclaims_two_nodes_and_starts_once_both_victims_stopped(make_core, tmp_path: Path):
+    """A gang as claimant: both victims (one per node) take a second to checkpoint; the gang waits for them,
+    saying so, and then starts whole."""
+    from tests.service.helpers import SLOW_TO_STOP
+
+    core = await _gang_core(make_core, pause_grace_s=5.0)
+    core.set_project(ADMIN, "research", {"train_guarantee": 0})
+    core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+    victims = []
+    for k in range(2):
+        wd = tmp_path / f"victim{k}"
+        wd.mkdir()
+        job, _ = await core.submit(BOB, {"project": "research", "gpus": 8, "workdir": str(wd),
+                                         "command": [PY, "-c", SLOW_TO_STOP, "1.0"]})
+        victims.append(job["id"])
+        await wait_for(lambda wd=wd: (wd / "ready").exists(), 20, "a victim to be ready")
+    gang, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, command=[PY, "-c", "import time; time.sleep(30)"]))
+    running = await wait_for(lambda: (j := core.get_job(ADMIN, gang["id"]))["state"] == "running" and j, 30,
+                             "the gang to start")
+    assert all(core.get_job(ADMIN, v)["state"] == "paused" for v in victims)
+    seq = {(e["job_id"], e["state"]): e["seq"] for e in core.events_since(0) if e.get("type") == "job"}
+    assert max(seq[(v, "paused")] for v in victims) < seq[(gang["id"], "running")]  # no GPU was held twice
+    assert [r["node"] for r in running["assignment"]["replicas"]] == ["node-a", "node-b"]
+    launches = [x.job_id for x in core.executor.launches]
+    assert launches.count(gang["id"]) == 1  # started once, whole, after both victims released their GPUs
+    await core.cancel(ALICE, gang["id"])
