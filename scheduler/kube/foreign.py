@@ -127,10 +127,10 @@ def read_pod(pod: Any) -> KubectlPod:
     if len(config_map_name(meta.name)) > MAX_NAME:
         return refused(f"its name is too long for its ConfigMap {config_map_name(meta.name)[:40]}...")
     whole = gpus_asked(pod)
-    given = [n for n in (FRACTION_ANNOTATION, MEMORY_ANNOTATION) if n in ann] + ([f"{GPU_RESOURCE} limit"] if whole
-                                                                                 else [])
+    given = [f"annotation {n}" for n in (FRACTION_ANNOTATION, MEMORY_ANNOTATION) if n in ann]
+    given += [f"{GPU_RESOURCE} limit"] if whole else []
     if len(given) > 1:
-        return refused(f"give one of annotation {FRACTION_ANNOTATION}, annotation {MEMORY_ANNOTATION} and a "
+        return refused(f"give one of annotation {FRACTION_ANNOTATION}, annotation {MEMORY_ANNOTATION} and an "
                        f"{GPU_RESOURCE} limit, not {' and '.join(given)}")
     if FRACTION_ANNOTATION in ann:
         try:

@@ -351,3 +351,52 @@ async def test_a_refused_start_leaves_the_pod_pending_and_says_why(api: Any, nam
         await core.stop()
         rbac.delete_cluster_role_binding(cluster_role)
         rbac.delete_cluster_role(cluster_role)
+
+
+# ---------------------------------------------------------------- reading a pod (pure)
+def model_pod(name: str = "p", *, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+              gpus: int = 0, env_from: list[Any] | None = None, phase: str | None = None,
+              codes: list[int] | None = None) -> Any:
+    from kubernetes import client
+
+    res = client.V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus)}) if gpus else None
+    c = client.V1Container(name="main", image="img", command=["python"], args=["t.py"], resources=res,
+                           env_from=env_from)
+    statuses = [client.V1ContainerStatus(name="main", image="img", image_id="", ready=False, restart_count=0,
+                                         state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
+                                             exit_code=code))) for code in codes or []]
+    return client.V1Pod(metadata=client.V1ObjectMeta(name=name, namespace="ns", uid="u-1", labels=labels,
+                                                     annotations=annotations),
+                        spec=client.V1PodSpec(containers=[c], scheduler_name="gpupool"),
+                        status=client.V1PodStatus(phase=phase, container_statuses=statuses))
+
+
+def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
+    from kubernetes import client
+
+    from scheduler.kube.foreign import kubectl_pod_end, read_pod, reads_config_map
+
+    vision = {"gpupool.io/project": "vision"}
+    kp = read_pod(model_pod(labels=vision, annotations={"gpupool.io/gpu-memory": "20Gi"}))
+    assert kp.problem == "" and kp.user == "kubectl:ns" and kp.spec["gpu_memory"] == 20 * 2 ** 30
+    assert kp.spec["command"] == ["python", "t.py"] and kp.spec["labels"] == {"gpupool.io/pod": "ns/p",
+                                                                               "gpupool.io/pod-uid": "u-1"}
+    assert read_pod(model_pod(labels=vision, gpus=2)).spec["gpus"] == 2
+    assert read_pod(model_pod(labels={**vision, "gpupool.io/user": "bo"})).user == "bo"
+    for pod, says in (
+        (model_pod(), "no label gpupool.io/project"),
+        (model_pod(labels=vision, gpus=1, annotations={"gpupool.io/gpu-fraction": "0.5"}),
+         "not annotation gpupool.io/gpu-fraction and nvidia.com/gpu limit"),
+        (model_pod(labels=vision, annotations={"gpupool.io/gpu-memory": "lots"}), "is not a size"),
+        (model_pod(labels=vision, annotations={"gpupool.io/kind": "serve"}), "is not train or build"),
+    ):
+        assert says in read_pod(pod).problem, read_pod(pod).problem
+    ref = client.V1ConfigMapEnvSource(name="gpupool-p")
+    assert reads_config_map(model_pod(env_from=[client.V1EnvFromSource(config_map_ref=ref)]))
+    optional = client.V1ConfigMapEnvSource(name="gpupool-p", optional=True)  # could start without its GPUs
+    assert not reads_config_map(model_pod(env_from=[client.V1EnvFromSource(config_map_ref=optional)]))
+    assert not reads_config_map(model_pod())
+    assert kubectl_pod_end(model_pod(phase="Running")) is None
+    assert kubectl_pod_end(model_pod(phase="Succeeded", codes=[0])).exit_code == 0  # type: ignore[union-attr]
+    assert kubectl_pod_end(model_pod(phase="Failed", codes=[0, 3])).exit_code == 3  # type: ignore[union-attr]
+    assert kubectl_pod_end(model_pod(phase="Failed")).exit_code == 1  # type: ignore[union-attr]

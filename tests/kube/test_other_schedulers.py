@@ -62,3 +62,25 @@ async def test_another_schedulers_pod_holding_6_of_8_gpus_leaves_2(api: Any, nam
             assert held_by_others(core) == {}
     finally:
         await core.stop()
+
+
+def test_other_pods_take_the_highest_free_gpus_and_keep_them() -> None:
+    from scheduler.kube.other_pods import OtherPod, assign
+    from scheduler.policy.model import Gpu, Node
+
+    node = Node("n", 64000, 1 << 20, tuple(Gpu(f"n/gpu{i}", i, "A100-80GB", 81920) for i in range(8)),
+                frozenset({"train"}))
+    a = OtherPod("a", "x/a", "n", 2, 1.0)
+    b = OtherPod("b", "x/b", "n", 3, 2.0)
+    elsewhere = OtherPod("c", "x/c", "not-a-pool-node", 4, 0.5)
+    held = assign([node], [elsewhere, a, b], {})
+    assert [(h.pod.text, h.gpu_ids) for h in held] == [("x/a", ("n/gpu7", "n/gpu6")),
+                                                       ("x/b", ("n/gpu5", "n/gpu4", "n/gpu3"))]
+    # a ends: b keeps its GPUs (sticky); a newcomer takes the highest free ones
+    sticky = {h.pod.uid: h.gpu_ids for h in held}
+    d = OtherPod("d", "x/d", "n", 1, 3.0)
+    again = assign([node], [b, d], sticky)
+    assert [(h.pod.text, h.gpu_ids) for h in again] == [("x/b", ("n/gpu5", "n/gpu4", "n/gpu3")),
+                                                        ("x/d", ("n/gpu7",))]
+    too_many = assign([node], [OtherPod("e", "x/e", "n", 12, 0.0)], {})
+    assert len(too_many[0].gpu_ids) == 8  # never more GPUs than the node has
