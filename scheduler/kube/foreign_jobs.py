@@ -174,10 +174,6 @@ class KubectlPods:
             self._warned.add(key)
         self.calls.submit(post_event, self.api, ref, "Warning", reason, message)
 
-    def tell(self, ref: PodRef, reason: str, message: str) -> None:
-        """A Normal event on the pod (in the background)."""
-        self.calls.submit(post_event, self.api, ref, "Normal", reason, message)
-
     def delete_pod(self, ref: PodRef, grace_s: float, reason: str, message: str) -> None:
         """Record why, then delete the pod with the grace period (its job was cancelled before it ran)."""
         def go() -> None:
@@ -238,8 +234,9 @@ class KubectlPods:
             raise RuntimeError(f"could not bind pod {ref.text} to node {node}: {describe(e)}") from e
         gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")
         post_event(self.api, ref, "Normal", "Scheduled",
-                   f"gpupool assigned {ref.text} to {node} (GPUs {gpus or 'none'}, fraction "
-                   f"{env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in ConfigMap {config_map_name(ref.name)})")
+                   f"gpupool assigned {ref.text} to {node} as job {run.handle.job_id} (GPUs {gpus or 'none'}, "
+                   f"fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in ConfigMap "
+                   f"{config_map_name(ref.name)})")
         with self._lock:
             pod = self._pods.get(ref.uid)
         if pod is not None and not reads_config_map(pod):

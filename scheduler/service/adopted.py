@@ -168,7 +168,6 @@ class AdoptedPodsMixin:
         self._pod_jobs()[kp.ref.uid] = job_id
         kc.register(job_id, kp.ref)
         self._metrics.submitted.labels(js.kind).inc()
-        kc.tell(kp.ref, "GpupoolQueued", f"queued as gpupool job {job_id} of project {js.project} (user {kp.user})")
         return True
 
     # ================================================================ attempts of pod jobs
