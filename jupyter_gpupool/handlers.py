@@ -189,7 +189,10 @@ class JobLogsHandler(GpupoolHandler):
     async def get(self, job_id: str) -> None:
         client = await self.scheduler()
         offset = self.int_arg("offset", 0) or 0
-        self.reply(await client.logs(job_id, offset=offset, limit=self.int_arg("limit")))
+        replica = self.int_arg("replica")
+        # A gang's replica K alone (the scheduler answers 400 outside 0..N-1); without it, every replica's lines.
+        extra = {} if replica is None else {"replica": replica}
+        self.reply(await client.logs(job_id, offset=offset, limit=self.int_arg("limit"), **extra))
 
 
 class JobActionHandler(GpupoolHandler):

@@ -163,3 +163,12 @@ async def test_sixteen_gpu_promote_runs_on_both_nodes(
     assert current["replica_output_notebooks"][0] == current["output_notebook"]
     assert (run_dir / "job.log").exists() and (run_dir / "job.replica-1.log").exists()
     assert "papermill exited with status 0" in logs["data"]
+    assert "[0] " in logs["data"] and "[1] " in logs["data"]
+    # each replica's log alone, through the extension; a rank the job does not have is a 400
+    for rank in (0, 1):
+        alone = json.loads((await jp_fetch("gpupool", "api", "jobs", job["id"], "logs",
+                                           params={"offset": "0", "replica": str(rank)})).body)["data"]
+        assert f'"RANK": "{rank}"' in alone and f'"RANK": "{1 - rank}"' not in alone
+    with pytest.raises(HTTPClientError) as info:
+        await jp_fetch("gpupool", "api", "jobs", job["id"], "logs", params={"offset": "0", "replica": "2"})
+    assert info.value.code == 400 and "replica" in json.loads(info.value.response.body)["error"]
