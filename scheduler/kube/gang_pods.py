@@ -225,18 +225,34 @@ class GangPods:
             log.info("job %s attempt %d: %s; stopping the other replicas", g.job_id, g.attempt, why)
             for h, (st, _end) in zip(g.replicas, states, strict=True):
                 if st in ("starting", "running"):
-                    self.px.calls.submit(self._delete_after_start, h, grace)
+                    with self.px._lock:
+                        a = self.px._attempts.get(h.name)
+                    if a is not None:
+                        self.px.calls.submit(self._delete_after_start, a, grace)
         return any(st in ("starting", "running") for st, _ in states)
 
-    def _delete_after_start(self, h: PodHandle, grace: int) -> None:
-        with self.px._lock:
-            a = self.px._attempts.get(h.name)
-        if a is not None and a.start is not None:
+    def _delete_after_start(self, a: Any, grace: int) -> None:
+        if a.start is not None:
             try:
                 a.start.result()  # a delete before the create lands would be undone by the create
             except Exception:
                 return
-        self.px._delete_quietly(h.name, grace)
+        self._delete_pod(a.handle.name, a.uid, grace)
+
+    def _delete_pod(self, name: str, uid: str | None, grace: int) -> None:
+        """Delete this pod object only (uid precondition): a refused gang is tried again under the same names,
+        and a late delete of the earlier try must never take the next try's pod."""
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.px.calls.retrying("stop", lambda: self.px.api.delete_namespaced_pod(
+                name, self.px.settings.namespace, grace_period_seconds=grace, body=body), 60.0)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone already, or a newer pod of that name (not ours to delete)
+                log.warning("could not delete pod %s: %s", name, describe(e))
+        except Exception as e:
+            log.warning("could not delete pod %s: %s", name, describe(e))
 
     def exit_code(self, g: GangHandle) -> int | None:
         """The first failure's status; else, once every replica ended, the first non-zero one or 0."""
@@ -279,19 +295,21 @@ class GangPods:
         """Archive every replica's log (its own file, and the job's with ``[K] ``), delete its pods."""
         with self._lock:
             self._gangs.pop((g.job_id, g.attempt), None)
-        started = []
-        for h in g.replicas:
+        started: dict[int, str | None] = {}  # rank -> its pod's uid
+        for rank, h in enumerate(g.replicas):
             with self.px._lock:
-                a = self.px._attempts.pop(h.name, None)
-                ok = a is not None and self.px._start_error(a) is None
-            if ok:
-                started.append(h)
+                a = self.px._attempts.get(h.name)
+                if a is None or a.handle is not h:
+                    continue  # not ours (any more)
+                del self.px._attempts[h.name]
+                if self.px._start_error(a) is None:
+                    started[rank] = a.uid
         self.px.calls.submit(self._archive, g, started)
 
-    def _archive(self, g: GangHandle, started: list[PodHandle]) -> None:
+    def _archive(self, g: GangHandle, started: dict[int, str | None]) -> None:
         ns = self.px.settings.namespace
         for rank, h in enumerate(g.replicas):
-            if h not in started:
+            if rank not in started:
                 continue
             try:
                 text = self.px.api.read_namespaced_pod_log(h.name, ns, container="job")
@@ -306,7 +324,7 @@ class GangPods:
                 f.write(header + text)
             with open(self.px.log_path(g.job_id), "a") as f:
                 f.write(header + "".join(f"[{rank}] {line}\n" for line in text.splitlines()))
-            self.px._delete_quietly(h.name, 0)
+            self._delete_pod(h.name, started[rank], 0)
         self._drop_service(g.job_id)  # kept if the job already runs again (a resume)
 
     # ------------------------------------------------------------ recovery

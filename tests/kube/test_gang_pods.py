@@ -153,3 +153,45 @@ async def test_a_replica_deleted_while_the_scheduler_was_away_requeues_the_whole
             assert set(pods(api, namespace)) == second
     finally:
         await core.stop()
+
+
+async def test_one_replica_refused_takes_the_whole_gang_back_to_the_queue_uncounted(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """Replica 1's pod cannot be made (its name is taken): replica 0's pod goes too, the attempt is not counted."""
+    gpu_nodes(2, gpus=8)
+    core = await _core(tmp_path, kubeconfig, namespace)
+    blocker = "gpupool-j-000001-1-r1"  # the first job's id in a fresh store
+    api.create_namespaced_pod(namespace, {"metadata": {"name": blocker}, "spec": {
+        "schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]}})
+    try:
+        job, _ = await core.submit(ADMIN, GANG)
+        jid = job["id"]
+        assert f"gpupool-{jid}-1-r1" == blocker
+
+        def refusals() -> list[dict[str, Any]]:
+            return [e for e in core.events_since(0) if e.get("job_id") == jid and e.get("state") == "queued"
+                    and "replica 1" in (e.get("reason") or "")]
+
+        with Kubelet(api, namespace) as kubelet:
+            (back, *_) = await wait_for(refusals, what="the gang sent back to the queue")
+            assert "requeued" in back["reason"]
+            assert core.get_job(ADMIN, jid)["attempts"] <= 1  # never counted: each try is attempt 1 again
+            r0 = f"gpupool-{jid}-1-r0"
+
+            def r0_uid() -> str | None:
+                p = pods(api, namespace).get(r0)
+                return p.metadata.uid if p is not None else None
+
+            first = await wait_for(r0_uid, what="replica 0's pod made")
+            await wait_for(lambda: r0_uid() != first, what="replica 0's pod deleted (the gang never runs partly)")
+            api.delete_namespaced_pod(blocker, namespace, grace_period_seconds=0)
+            both = {f"gpupool-{jid}-1-r0", f"gpupool-{jid}-1-r1"}
+            await wait_for(lambda: both <= set(kubelet.started) and
+                           {p.metadata.name for p in api.list_namespaced_pod(namespace).items
+                            if p.spec.node_name} == both, 60, what="the whole gang running once its name is free")
+            got = core.get_job(ADMIN, jid)
+            assert got["state"] == "running" and got["attempts"] == 1
+            states = {e["state"] for e in core.events_since(0) if e.get("job_id") == jid and e.get("state")}
+            assert states <= {"queued", "running"}, states  # never paused, failed or lost on the way
+    finally:
+        await core.stop()
