@@ -41,6 +41,7 @@ class KubeBackend:
     """A cluster as the pool (a :class:`scheduler.service.backend.Backend`)."""
 
     simulated = False
+    elastic = True  # nodes join, drain and leave: what does not fit now may fit later
 
     def __init__(self, config: ServiceConfig, initial_sync_s: float = 10.0) -> None:
         """Connect, start the node and pod watches, and wait up to ``initial_sync_s`` for the first node list.

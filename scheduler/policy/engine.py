@@ -346,12 +346,25 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         self.train_pass(trains, first=True)
         return self.decisions()
 
+    def refuse_or_wait(self, workload_id: str, never: str, not_now: str) -> None:
+        """Refuse work the pool can never hold; on an elastic pool (a cluster) let it wait for a node that can.
+
+        A fixed machine will not grow, so waiting would be forever; a cluster's
+        nodes join and leave (autoscaling, a node drained for repair), and
+        refusing there would lose a paused job or a gang whose node left.
+        """
+        if self.cfg.elastic_pool:
+            self.waits.append(Wait(workload_id, f"{not_now}; it waits for such a node to join the pool"))
+        else:
+            self.rejects.append(Reject(workload_id, never))
+
     # ------------------------------------------------------------ build work
 
     def schedule_build(self, w: Workload, req: Request) -> None:
         p = self.projects[w.project]
         if not self.fits_empty(BUILD_POOL, req):
-            self.rejects.append(Reject(w.id, f"no node of the build pool can ever hold {txt.describe(req)}"))
+            self.refuse_or_wait(w.id, f"no node of the build pool can ever hold {txt.describe(req)}",
+                                f"no node of the build pool can hold {txt.describe(req)} now")
             return
         used = self.build_used[p.name]
         need = self.estimate(BUILD_POOL, req)
@@ -399,7 +412,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
                     self.estimate(TRAIN_POOL, req) if self.fits_empty(TRAIN_POOL, req) else None
                 )
             if need is None:
-                self.rejects.append(Reject(w.id, f"no node of the train pool can ever hold {txt.describe(req)}"))
+                self.refuse_or_wait(w.id, f"no node of the train pool can ever hold {txt.describe(req)}",
+                                    f"no node of the train pool can hold {txt.describe(req)} now")
                 continue
             limit = projects[w.project].train_limit_milli
             if limit is not None and need > limit:

@@ -241,6 +241,14 @@ class GangMixin:
             if why is not None:
                 self._reject_rest(gang, decided, refused, why)
                 continue
+            too_small = self._pool_too_small(gang)
+            if too_small is not None:
+                if self.cfg.elastic_pool:  # a cluster: nodes may join (or come back); never lose the gang
+                    self._wait_all(gang, f"{too_small[1]}; it waits for nodes to join the pool")
+                    decided.update(pending_ids)
+                else:
+                    self._reject_rest(gang, decided, refused, too_small[0])
+                continue
             self.gang_need[gang.leader.id] = gang.need
             self.gang_led_by[gang.leader.id] = gang
             kept_leaders.add(gang.leader.id)
@@ -279,22 +287,29 @@ class GangMixin:
             "together; it starts again in a later cycle"))
 
     def _never_fits(self, gang: Gang) -> str | None:
-        """Why no set of train nodes could ever hold the gang (even empty), or over its project's limit; or None."""
-        req = gang.request
+        """Why the gang can never run whatever the pool (no such project, over its project's limit); or None."""
         if gang.project not in self.projects:
             return f"project {gang.project!r} does not exist"
+        limit = self.projects[gang.project].train_limit_milli
+        if limit is not None and gang.need > limit:
+            return (f"{gang.text} asks for {txt.gpus(gang.need)} in all, more than project {gang.project}'s "
+                    f"training limit of {txt.gpus(limit)}")
+        return None
+
+    def _pool_too_small(self, gang: Gang) -> tuple[str, str] | None:
+        """Why the train pool as it is could not hold the gang even empty: (for good, for now); or None."""
+        req = gang.request
         if not self.fits_empty(TRAIN_POOL, req):
-            return f"no node of the train pool can ever hold one replica of {gang.text}"
+            return (f"no node of the train pool can ever hold one replica of {gang.text}",
+                    f"no node of the train pool can hold one replica of {gang.text} now")
         most = self.gang_most.get(id(req))
         if most is None:  # (per request shape: most gangs of a queue share a few)
             most = self.gang_most[id(req)] = int(self.cap.states[TRAIN_POOL].replicas_fit(req, empty=True).sum())
         if most < gang.size:
             return (f"the train pool could hold at most {most} replicas of {txt.describe(req)} even empty; "
+                    f"{gang.text} needs {gang.size}",
+                    f"the train pool can hold at most {most} replicas of {txt.describe(req)} now, even empty; "
                     f"{gang.text} needs {gang.size}")
-        limit = self.projects[gang.project].train_limit_milli
-        if limit is not None and gang.need > limit:
-            return (f"{gang.text} asks for {txt.gpus(gang.need)} in all, more than project {gang.project}'s "
-                    f"training limit of {txt.gpus(limit)}")
         return None
 
     def gang_pending_need(self, pending: dict[str, int]) -> None:

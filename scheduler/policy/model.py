@@ -146,6 +146,9 @@ class PolicyConfig:
     starvation_s: float = 300.0  # see docs/policy.md: head-of-line reservation rule
     placement: str = "default"  # placement policy name (see scheduler.policy.placement)
     max_reservations: int = 1  # at most this many starving gang jobs hold a node reservation per cycle
+    # The pool's nodes come and go (a cluster): work no node can hold *now* waits for one to join instead of
+    # being refused for good (a paused job, a gang whose node left, a model not up yet are never lost).
+    elastic_pool: bool = False
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class ApiMethodsMixin:
         self._check_open()
         if not actor.admin:
             raise Forbidden("only an admin may change projects")
-        changes = validate_project(name, fields, len(self._gpus))
+        changes = validate_project(name, fields, None if self._limits().elastic else len(self._gpus))
         cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)

@@ -27,6 +27,9 @@ class Backend(Protocol):
     """What the core needs of where it runs jobs."""
 
     simulated: bool
+    # Nodes come and go (a cluster): requests are not checked against the pool of the moment, and work no
+    # node can hold now waits for one instead of being refused (PolicyConfig.elastic_pool).
+    elastic: bool
     gpus: dict[str, GpuInfo]  # by GPU id
     nodes: tuple[Node, ...]  # the policy's view of the same GPUs
     executor: Executor
@@ -54,6 +57,8 @@ class LocalBackend:
     ``traversable``: jobs run as other Unix accounts (a root service), so the
     executor's job directories must let them in (see scheduler.executor.accounts).
     """
+
+    elastic = False  # one machine's GPUs never change while the service runs
 
     def __init__(self, config: ServiceConfig, inventory: Inventory | None = None, traversable: bool = False) -> None:
         self.inventory = inventory or detect(config.simulate, config.default_simulation, config.node_name)

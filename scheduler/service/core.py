@@ -346,12 +346,13 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         max_gpus = {p: max((len(n.gpus) for n in self._nodes if p in n.pools), default=0) for p in (BUILD_POOL, TRAIN_POOL)}
         train_nodes = tuple(len(n.gpus) for n in self._nodes if TRAIN_POOL in n.pools)
         return PoolLimits(models, max_gpus, self.config.host_cpu(), self.config.host_memory(), len(self._gpus),
-                          train_nodes)
+                          train_nodes, elastic=bool(getattr(self.backend, "elastic", False)))
 
     def _policy_config(self) -> PolicyConfig:
         c = self.config
         return PolicyConfig(min_runtime_s=c.min_runtime_s, resume_backoff_s=c.resume_backoff_s,
-                            starvation_s=c.starvation_s, placement=c.placement)
+                            starvation_s=c.starvation_s, placement=c.placement,
+                            elastic_pool=bool(getattr(self.backend, "elastic", False)))
 
     def _allocations(self, running: list[JobRecord]) -> dict[str, int]:
         used: dict[str, int] = {}

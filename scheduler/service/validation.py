@@ -36,6 +36,10 @@ MAX_MAP_VALUE = 65_536  # a value of env or labels
 MAX_MAP_ENTRIES = 256  # entries in env or labels
 MAX_PRIORITY = 1_000_000
 MAX_REPLICAS = 64  # JobSpec.replicas: processes (pods) of one multi-node gang
+MAX_QUOTA_GPUS = 1_000_000  # a quota, guarantee or limit in GPUs: bounds what an elastic pool accepts
+MAX_NODE_GPUS = 1024  # whole GPUs one replica may ask for when the pool's nodes are not known in advance
+MAX_NODE_CPU = 65_536  # cores, likewise
+MAX_NODE_MEMORY = 1 << 50  # bytes (1 PiB), likewise
 NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_PROJECT_NAME - 1}}}$")
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$"  # with at most MAX_USER_NAME characters; the schema's pattern too
 USER_RE = re.compile(USER_PATTERN)
@@ -62,6 +66,9 @@ class PoolLimits:
     # GPU count of each node serving the train pool: how many replicas of G GPUs the pool could ever hold
     # (() = not known: the replica count is then left to the policy, which refuses a gang that cannot fit).
     train_nodes: tuple[int, ...] = ()
+    # The pool's nodes come and go (a cluster): a request is not measured against the nodes of the moment
+    # (none may have joined yet, the big one may be drained); the policy makes such work wait instead.
+    elastic: bool = False
 
 
 @dataclass
@@ -229,10 +236,13 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         if not isinstance(model, str):
             raise InvalidRequest("gpu_model must be a string")
         match = [m for m in limits.models if m.lower() == model.lower()]
-        if not match:
+        if match:
+            model = match[0]
+        elif not limits.elastic:
             have = ", ".join(sorted(limits.models)) or "none"
             raise InvalidRequest(f"unknown GPU model {model!r}; this pool has: {have}")
-        model = match[0]
+        elif not model.strip() or len(model) > 256:
+            raise InvalidRequest("gpu_model must be 1-256 characters")
     pool = "build" if kind == "build" else "train"
     n_gpus = 0
     if gpus is not None:
@@ -241,7 +251,9 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         if gpus < 1:
             raise InvalidRequest(f"gpus must be at least 1, not {gpus}")
         most = limits.max_gpus.get(pool, 0)
-        if gpus > most:
+        if limits.elastic and gpus > MAX_NODE_GPUS:
+            raise InvalidRequest(f"gpus={str(gpus)[:20]} is more than any node has (at most {MAX_NODE_GPUS})")
+        if gpus > most and not limits.elastic:
             raise InvalidRequest(f"gpus={str(gpus)[:20]} is more than any node of the {pool} pool has ({most})")
         n_gpus = gpus
     if fraction is not None:
@@ -258,9 +270,9 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         if memory_req <= 0:
             raise InvalidRequest(f"gpu_memory must be positive, not {memory_req}")
         biggest = limits.models.get(model, 0) if model else max(limits.models.values(), default=0)
-        if memory_req > biggest:
+        if memory_req > biggest and not limits.elastic:
             raise InvalidRequest(f"gpu_memory={memory_req} bytes is more than any GPU here has ({biggest} bytes)")
-    if (gpus or fraction or memory_req) and limits.max_gpus.get(pool, 0) == 0:
+    if (gpus or fraction or memory_req) and limits.max_gpus.get(pool, 0) == 0 and not limits.elastic:
         raise InvalidRequest(f"the {pool} pool has no GPUs")
 
     priority = spec.get("priority", 0)
@@ -294,15 +306,18 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
     if cpu is not None:
         if not _is_num(cpu) or cpu <= 0:
             raise InvalidRequest(f"cpu must be a positive number of cores, not {cpu!r}")
-        if cpu > limits.cpu:
-            raise InvalidRequest(f"cpu={cpu} is more than this machine has ({limits.cpu:g})")
+        if cpu > (MAX_NODE_CPU if limits.elastic else limits.cpu):
+            where = f"any node has (at most {MAX_NODE_CPU})" if limits.elastic else f"this machine has ({limits.cpu:g})"
+            raise InvalidRequest(f"cpu={cpu} is more than {where}")
         cpu = float(cpu)
     memory = spec.get("memory")
     if memory is not None:
         if not _is_int(memory) or memory <= 0:
             raise InvalidRequest(f"memory must be a positive whole number of bytes, not {memory!r}")
-        if memory > limits.memory:
-            raise InvalidRequest(f"memory={memory} bytes is more than this machine has ({limits.memory})")
+        if memory > (MAX_NODE_MEMORY if limits.elastic else limits.memory):
+            where = (f"any node has (at most {MAX_NODE_MEMORY})" if limits.elastic
+                     else f"this machine has ({limits.memory})")
+            raise InvalidRequest(f"memory={memory} bytes is more than {where}")
 
     client_key = spec.get("client_key")
     if client_key is not None and (not isinstance(client_key, str) or not client_key
@@ -350,7 +365,7 @@ def _replicas(value: Any, kind: str, gpus: Any, fraction: Any, memory_req: Any, 
                              "a share of one GPU cannot be spread over several nodes")
     if gpus is None:
         raise InvalidRequest(f"replicas={value} needs gpus (whole GPUs per replica, at least 1)")
-    if limits.train_nodes:
+    if limits.train_nodes and not limits.elastic:
         room = sum(n // gpus for n in limits.train_nodes)
         if room < value:
             raise InvalidRequest(f"replicas={value} × gpus={gpus} does not fit this pool: its train nodes could "
@@ -375,18 +390,26 @@ def default_name(command: list[str] | None, kind: str, project: str) -> str:
     return prog[:80]
 
 
-def _gpus_to_milli(value: Any, what: str, total_gpus: int, allow_none: bool = False) -> int | None:
+def _gpus_to_milli(value: Any, what: str, total_gpus: int | None, allow_none: bool = False) -> int | None:
+    """GPUs on the wire to milli-GPU; more than the pool holds is refused unless the pool is elastic (None)."""
     if value is None and allow_none:
         return None
     if not _is_num(value) or value < 0:
         raise InvalidRequest(f"{what} must be a number of GPUs >= 0{' or null' if allow_none else ''}, not {value!r}")
-    if value > total_gpus:
+    if value > MAX_QUOTA_GPUS:
+        raise InvalidRequest(f"{what}={value:g} GPUs is more than any pool holds (at most {MAX_QUOTA_GPUS})")
+    if total_gpus is not None and value > total_gpus:
         raise InvalidRequest(f"{what}={value:g} GPUs is more than the whole pool ({total_gpus} GPUs)")
     return int(round(value * MILLI))
 
 
-def validate_project(name: Any, fields: Any, total_gpus: int) -> dict[str, Any]:
-    """Check ``PUT /projects/{name}`` input; returns the changes in milli-GPU."""
+def validate_project(name: Any, fields: Any, total_gpus: int | None) -> dict[str, Any]:
+    """Check ``PUT /projects/{name}`` input; returns the changes in milli-GPU.
+
+    ``total_gpus``: the pool's size, which no quota may exceed; None on an
+    elastic pool (a cluster), where an admin sets guarantees for the nodes
+    to come and the pool of the moment may be smaller (or empty).
+    """
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise InvalidRequest(f"project names are 1-{MAX_PROJECT_NAME} letters, digits, '.', '_' or '-', "
                              "starting with a letter or digit")
