@@ -130,13 +130,16 @@ async def arm(name: str, api: client.CoreV1Api, core: SchedulerCore, ns: str, po
     while len([n for n in started if n in watcher.bound]) < pods and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     watcher.stop()
+    held = {gid for h in core.backend.other_pods.holdings for gid in h.gpu_ids}
+    overlaps = sum(1 for j in core.list_jobs(ADMIN, {"state": "running", "limit": 100000})
+                   for g in (j["assignment"] or {}).get("gpus", []) if g["id"] in held)
     lat = [watcher.bound[n] - started[n] for n in started if n in watcher.bound]
     last = max((watcher.bound[n] for n in started if n in watcher.bound), default=t0)
     c1 = cycle_stats(core)
     cycles = c1[0] - c0[0]
     return {"arm": name, "bound": len(lat), "pods": pods, "binds_s": len(lat) / max(1e-9, last - t0),
             "p50_ms": 1000 * pct(lat, 0.5), "p99_ms": 1000 * pct(lat, 0.99),
-            "cycles": int(cycles), "cycle_ms": 1000 * (c1[1] - c0[1]) / cycles if cycles else float("nan")}
+            "cycles": int(cycles), "overlaps": overlaps, "cycle_ms": 1000 * (c1[1] - c0[1]) / cycles if cycles else float("nan")}
 
 
 async def main() -> None:
@@ -194,11 +197,13 @@ async def main() -> None:
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
         print(f"# {args.nodes} nodes x 8 GPUs, {args.others} other-scheduler pods x 2 GPUs, "
               f"{args.pods} pods of {args.fraction} GPU per arm; peak RSS {rss} MiB")
-        print("| arm | bound | binds/s | create->bound p50 | p99 | cycles | mean cycle | GPUs held by others |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| arm | bound | binds/s | create->bound p50 | p99 | cycles | mean cycle | GPUs held by others "
+              "| jobs on them |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             print(f"| {row['arm']} | {row['bound']}/{row['pods']} | {row['binds_s']:.0f} | {row['p50_ms']:.0f} ms | "
-                  f"{row['p99_ms']:.0f} ms | {row['cycles']} | {row['cycle_ms']:.1f} ms | {row['other_gpus']} |")
+                  f"{row['p99_ms']:.0f} ms | {row['cycles']} | {row['cycle_ms']:.1f} ms | {row['other_gpus']} | "
+                  f"{row['overlaps']} |")
     finally:
         for c in cores:
             await c.stop()
