@@ -67,7 +67,8 @@ class LocalBackend:
         self.nodes = _nodes(config, self.gpus, self.inventory)
         self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
                                       allow_root_jobs=config.allow_root_jobs,
-                                      account_template=config.job_account_template)
+                                      account_template=config.job_account_template,
+                                      gang_grace_s=config.pause_grace_s)  # a failed replica's peers checkpoint
 
     def sample(self) -> dict[str, GpuSample]:
         return self.inventory.sample()

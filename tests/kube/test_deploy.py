@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
+from scheduler.kube.gang_pods import gang_service_name
 from scheduler.service.actor import Actor
 from scheduler.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
@@ -92,6 +93,13 @@ async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, k
             await wait_for(lambda: name in kubelet.started, what="the pod bound by the service account")
             kubelet.finish(name, 0)
             await wait_for(lambda: core.get_job(ADMIN, j["id"])["state"] == "succeeded", what="success")
+            # a gang: one pod per replica and the headless Service through which they find rank 0
+            g, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "replicas": 2,
+                                             "command": ["python", "t.py"]})
+            await wait_for(lambda: sum(p.startswith(f"gpupool-{g['id']}-") for p in kubelet.started) == 2,
+                           what="both replica pods bound by the service account")
+            services = [s.metadata.name for s in api.list_namespaced_service("gpupool").items]
+            assert gang_service_name(g["id"]) in services
         assert core.status(ADMIN)["backend"]["ok"] is True
     finally:
         await core.stop()
