@@ -1,4 +1,4 @@
-"""kill -9 of the scheduler while it creates and binds pods: no pod twice, no job lost, no GPU given twice."""
+"""kill -9 of the scheduler while it creates and binds pods, 20 rounds: no pod twice, no job lost, no GPU given twice."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from scheduler.client import GpupoolClient
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.test_serve_cli import TOKEN
 
-ROUNDS = 6
+ROUNDS = 20  # the issue's count: each round is a service start (~2 s here), two submits and a kill -9
 JOBS_PER_ROUND = 2
+NODES = -(-ROUNDS * JOBS_PER_ROUND // 8)  # 8 GPUs each: room for every job at once (40 one-GPU jobs: 5 nodes)
 
 
 def serve(tmp_path: Path, kubeconfig: Path, namespace: str) -> tuple[subprocess.Popen[str], str]:
@@ -28,7 +29,7 @@ def serve(tmp_path: Path, kubeconfig: Path, namespace: str) -> tuple[subprocess.
                              str(tmp_path / "state"), "--config", str(cfg), "--backend", "kubernetes",
                              "--kubeconfig", str(kubeconfig), "--namespace", namespace],
                             env={**os.environ, "GPUPOOL_ADMIN_TOKEN": TOKEN}, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=open(tmp_path / "serve.log", "a"), text=True)  # kept for a failure's reader
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert "listening on" in line, line
@@ -37,15 +38,15 @@ def serve(tmp_path: Path, kubeconfig: Path, namespace: str) -> tuple[subprocess.
 
 def test_kill_9_during_binding_loses_nothing_and_duplicates_nothing(api: Any, namespace: str, gpu_nodes: Any,
                                                                     kubeconfig: Path, tmp_path: Path) -> None:
-    gpu_nodes(2, gpus=8)
+    gpu_nodes(NODES, gpus=8)
     rng = random.Random(14)
     ids: list[str] = []
     with Kubelet(api, namespace) as kubelet:
         for _ in range(ROUNDS):
             proc, url = serve(tmp_path, kubeconfig, namespace)
             c = GpupoolClient(url, TOKEN)
-            wait(lambda c=c: len(c.pool()["nodes"]) == 2, what="the nodes")
-            c.set_project("vision", train_guarantee=16)
+            wait(lambda c=c: len(c.pool()["nodes"]) == NODES, what="the nodes")
+            c.set_project("vision", train_guarantee=NODES * 8)
             for _ in range(JOBS_PER_ROUND):
                 ids.append(c.submit({"project": "vision", "gpus": 1, "command": ["python", "t.py"]})["id"])
             time.sleep(rng.uniform(0, 0.08))  # a random moment: creating, binding, or after
