@@ -142,7 +142,9 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--state-dir", help="where state lives (default: the user data dir)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--simulate", metavar="SPEC", help="simulate GPUs, e.g. 4xA100-80GB or 2xA100-80GB,2xT4")
+    p.add_argument("--simulate", metavar="SPEC",
+                   help="simulate GPUs, e.g. 4xA100-80GB or 2xA100-80GB,2xT4; several nodes: "
+                        "'node-a@rack1=8xA100-80GB;node-b@rack1=8xA100-80GB' (NAME[@GROUP]=SPEC;...)")
     p.add_argument("--admin-token-file", metavar="FILE",
                    help="file holding the admin token (default: $GPUPOOL_ADMIN_TOKEN, else generated into "
                         "<state-dir>/admin_token); never on the command line, which every user can read")
