@@ -334,7 +334,11 @@ class KubectlPods:
         with self._lock:
             run.stopping = True
         grace = max(0, int(round(grace_s)))
-        await asyncio.wrap_future(self.calls.submit(self._evict, run.ref, grace, note))
+        try:
+            await asyncio.wrap_future(self.calls.submit(self._evict, run.ref, grace, note))
+        except Exception as e:  # the worker pool is closing: the service is stopping
+            log.warning("could not evict pod %s: %s", run.ref.text, describe(e))
+            return False
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not self.alive(handle):
@@ -344,7 +348,10 @@ class KubectlPods:
         while self.alive(handle) and time.monotonic() < deadline + STOP_WAIT_AFTER_GRACE_S:
             if not forced and self.node_lost(handle.node):
                 log.warning("pod %s: node %s is lost; deleting the pod for good", run.ref.text, handle.node)
-                await asyncio.wrap_future(self.calls.submit(self._delete, run.ref, 0))
+                try:
+                    await asyncio.wrap_future(self.calls.submit(self._delete, run.ref, 0))
+                except Exception as e:
+                    log.warning("could not delete pod %s: %s", run.ref.text, describe(e))
                 forced = True
             await asyncio.sleep(0.1)
         return False

@@ -193,9 +193,9 @@ class AdoptedPodsMixin:
                 else:
                     self._finish_attempt(rec, found.exit_code, lost=found.exit_code is None)
 
-    def _start(self, rec: JobRecord, s: Any) -> None:
+    def _start(self, rec: JobRecord, starts: Any) -> None:
         """A pod's build share is bound like a training pod (a build job otherwise starts nothing)."""
-        super()._start(rec, s)  # type: ignore[misc]
+        super()._start(rec, starts)  # type: ignore[misc]
         if rec.kind != "build" or pod_of(rec) is None:
             return
         fresh = self._job(rec.id)  # type: ignore[attr-defined]

@@ -401,3 +401,29 @@ def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
     assert kubectl_pod_end(model_pod(phase="Succeeded", codes=[0])).exit_code == 0  # type: ignore[union-attr]
     assert kubectl_pod_end(model_pod(phase="Failed", codes=[0, 3])).exit_code == 3  # type: ignore[union-attr]
     assert kubectl_pod_end(model_pod(phase="Failed")).exit_code == 1  # type: ignore[union-attr]
+
+
+async def test_a_pod_whose_job_ended_is_not_queued_again_after_a_restart(api: Any, namespace: str, gpu_nodes: Any,
+                                                                          make_core: Any, tmp_path: Path) -> None:
+    """The store, not memory, says a pod has had its job: a pod still Pending after its job ended stays so."""
+    from scheduler.store import Store
+
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    kubectl_pod(api, namespace, "holder", gpus=8)
+    await wait_for(lambda: api.read_namespaced_pod("holder", namespace).spec.node_name, what="holder bound")
+    kubectl_pod(api, namespace, "pending", gpus=8)
+    (job,) = await wait_for(lambda: jobs_of(core, namespace, "pending"), what="the pending pod queued")
+    await core.stop()
+    store = Store(tmp_path / "state" / "state.db")
+    store.update_job(job["id"], state="rejected", reason="(ended while its pod stayed)", finished_at=1.0)
+    store.close()
+
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool again")
+    await asyncio.sleep(1.0)  # many monitor passes over the pending pod
+    assert [j["state"] for j in jobs_of(core, namespace, "pending")] == ["rejected"]
+    assert len(core.list_jobs(ADMIN)) == 2
+    assert not api.read_namespaced_pod("pending", namespace).spec.node_name
