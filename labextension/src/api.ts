@@ -287,8 +287,10 @@ export const api = {
   kernels: () => requestAPI<IKernelShare[]>('kernels'),
   jobs: (mine = false) => requestAPI<IJob[]>(mine ? 'jobs?mine=1' : 'jobs'),
   job: (id: string) => requestAPI<IJob>(`jobs/${encodeURIComponent(id)}`),
-  logs: (id: string, offset = 0) =>
-    requestAPI<ILogChunk>(`jobs/${encodeURIComponent(id)}/logs?offset=${offset}`),
+  logs: (id: string, offset = 0, replica: number | null = null) =>
+    requestAPI<ILogChunk>(
+      `jobs/${encodeURIComponent(id)}/logs?offset=${offset}` + (replica === null ? '' : `&replica=${replica}`)
+    ),
   action: (id: string, action: 'pause' | 'resume' | 'cancel') =>
     requestAPI<IJob>(`jobs/${encodeURIComponent(id)}/${action}`, jsonInit('POST', {})),
   parameters: (path: string) =>

@@ -138,7 +138,7 @@ export function jobShare(job: IJob): number {
   if (gpus.length > 0) {
     return gpus.reduce((sum, g) => sum + g.milli, 0) / 1000;
   }
-  return job.request?.gpu_fraction ?? job.request?.gpus ?? 0;
+  return job.request?.gpu_fraction ?? (job.request?.gpus ?? 0) * (job.request?.replicas ?? 1);
 }
 
 /** The GPU memory limit of a job, summed over its assigned GPUs (bytes), or null. */

@@ -17,7 +17,7 @@ import { EventStream } from './events';
 import { basename, formatBytes, formatDuration, formatGpuAmount, formatGpus, formatRequest, formatTime, jobShare } from './format';
 import { notifyError } from './notifications';
 import { editProject } from './quota';
-import { gangGpus, gangWhere, isGang, replicaList } from './replicas';
+import { gangGpus, gangWhere, isGang, logPicker, replicaList } from './replicas';
 
 const REFRESH_MS = 5000;
 const HISTORY_MS = 15000;
@@ -44,6 +44,8 @@ export class GpuPoolPanel extends Widget {
   private _log = '';
   private _logOffset = 0;
   private _logEof = false;
+  /** A gang's log shown: null for every replica's lines, else one replica's. */
+  private _logReplica: number | null = null;
   private _mineOnly = false;
   private _showKernels = false;
   private _hiddenLive = 0;
@@ -169,6 +171,7 @@ export class GpuPoolPanel extends Widget {
       this._log = '';
       this._logOffset = 0;
       this._logEof = false;
+      this._logReplica = null;
       replaceChildren(this._logPre);
       this._signatures.delete('detail');
     }
@@ -626,8 +629,12 @@ export class GpuPoolPanel extends Widget {
     if (!job || job.id !== this._selected || !this.isVisible) {
       return;
     }
+    const replica = this._logReplica;
     try {
-      const chunk = await api.logs(job.id, this._logOffset);
+      const chunk = await api.logs(job.id, this._logOffset, replica);
+      if (replica !== this._logReplica) {
+        return; // the user picked another replica's log meanwhile
+      }
       if (chunk.data) {
         this._log = (this._log + chunk.data).slice(-MAX_LOG_CHARS);
         const atBottom = this._logPre.scrollTop + this._logPre.clientHeight >= this._logPre.scrollHeight - 8;
@@ -736,12 +743,29 @@ export class GpuPoolPanel extends Widget {
         'dl',
         { class: 'jp-gpupool-dl' },
         ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
-        ...(isGang(job) ? [h('dt', {}, 'Replicas'), h('dd', {}, replicaList(job, isFinal(job)))] : []),
+        ...(isGang(job)
+          ? [h('dt', {}, 'Replicas'), h('dd', {}, replicaList(job, isFinal(job), this._options.openPath))]
+          : []),
         job.output_notebook ? h('dt', {}, 'Output') : null,
         job.output_notebook ? h('dd', { title: job.output_notebook }, basename(job.output_notebook)) : null
       ),
-      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? '')
+      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? ''),
+      isGang(job) ? logPicker(job, this._logReplica, replica => void this._switchLog(replica)) : ''
     );
+  }
+
+  /** Show another replica's log (or all of them) from its beginning. */
+  private async _switchLog(replica: number | null): Promise<void> {
+    this._logReplica = replica;
+    this._log = '';
+    this._logOffset = 0;
+    this._logEof = false;
+    this._logPre.textContent = '';
+    await this._pollLog();
+    window.clearInterval(this._logTimer);
+    if (!this._logEof || (this._detailJob && !isFinal(this._detailJob))) {
+      this._logTimer = window.setInterval(() => void this._pollLog(), LOG_MS);
+    }
   }
 }
 

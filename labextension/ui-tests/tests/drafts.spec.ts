@@ -16,6 +16,7 @@ import {
   formatReplicas,
   formatRequest,
   jobNodes,
+  jobShare,
   parseGpus,
   parseParameter
 } from '../../src/format';
@@ -160,6 +161,8 @@ test.describe('gang jobs (replicas)', () => {
       'replica 1 on node-b: GPUs 0, 1, 2, 4, 5, 6, 7 (A100-80GB)'
     ]);
     expect(jobNodes(job)).toBe('node-a, node-b');
+    // Finished: no GPUs held, the request still says what it was.
+    expect(jobShare({ ...job, assignment: null } as IJob)).toBe(16);
   });
 });
 

@@ -190,14 +190,15 @@ test.describe('multi-node gang jobs', () => {
       const row = panel.locator('.jp-gpupool-job.jp-mod-selected');
       await expect(row).toHaveAttribute('data-state', 'running', { timeout: 60000 });
       await expect(row).toContainText('2 × 8 GPUs · on node-');
-      const where = (await row.locator('.jp-gpupool-help').first().innerText()).split(' · on ')[1];
-      expect(where.split(', ').sort()).toEqual(['node-a', 'node-b']);
+      const rowNodes = (await row.locator('.jp-gpupool-help').first().innerText()).split(' · on ')[1];
+      expect(rowNodes.split(', ').sort()).toEqual(['node-a', 'node-b']);
       const detail = panel.locator('.jp-gpupool-detail');
       const items = detail.locator('.jp-gpupool-replicas li');
       await expect(items).toHaveCount(2);
-      await expect(items.nth(0)).toHaveText(/^replica 0 on node-[ab]: GPUs 0–7 \(A100-80GB\)$/);
-      await expect(items.nth(1)).toHaveText(/^replica 1 on node-[ab]: GPUs 0–7 \(A100-80GB\)$/);
-      const nodes = [await items.nth(0).innerText(), await items.nth(1).innerText()].map(t => t.split(' ')[3]);
+      const where = (rank: number) => items.nth(rank).locator('.jp-gpupool-replica-where');
+      await expect(where(0)).toHaveText(/^replica 0 on node-[ab]: GPUs 0–7 \(A100-80GB\)$/);
+      await expect(where(1)).toHaveText(/^replica 1 on node-[ab]: GPUs 0–7 \(A100-80GB\)$/);
+      const nodes = [await where(0).innerText(), await where(1).innerText()].map(t => t.split(' ')[3]);
       expect(nodes.sort()).toEqual(['node-a:', 'node-b:']);
       await expect(detail.locator('dd', { hasText: '16 GPUs on node-' })).toBeVisible();
       await expect(detail.locator('dt', { hasText: 'Share' }).locator('+ dd')).toHaveText('16 GPUs');
@@ -211,6 +212,12 @@ test.describe('multi-node gang jobs', () => {
       const log = detail.locator('.jp-gpupool-log');
       await expect(log).toContainText('done rank 0 of 2 with 8 GPUs', { timeout: 30000 });
       await expect(log).toContainText('done rank 1 of 2 with 8 GPUs');
+      // One replica's log alone, and its own output notebook next to its line.
+      await detail.getByLabel(/^Log of job /).selectOption({ label: 'Replica 1' });
+      await expect(log).toContainText('done rank 1 of 2 with 8 GPUs');
+      await expect(log).not.toContainText('rank 0 of 2');
+      await expect(items.nth(1).locator('.jp-gpupool-replica-output')).toHaveAttribute('title', /output\.replica-1\.ipynb$/);
+      await expect(items.nth(0).locator('.jp-gpupool-replica-output')).toHaveCount(0);
       await detail.locator('.jp-gpupool-open-output').click();
       const output = page.locator('.jp-NotebookPanel:visible .jp-OutputArea-output', {
         hasText: 'done rank 0 of 2 with 8 GPUs, master'
