@@ -7,6 +7,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU Feature Discovery, e.g. NVIDIA-A100-SXM4-80GB
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # GPU Feature Discovery: MiB per GPU
 POOL_LABEL = "gpupool.io/pool"  # build | train | both (default both: a label value cannot hold a comma)
+RACK_LABEL = "gpupool.io/rack"  # the node's rack or switch: a gang's replicas stay within one when they can
+ZONE_LABEL = "topology.kubernetes.io/zone"  # the node group when no rack label is set
 GPUS_ANNOTATION = "gpupool.io/gpus"  # JSON list written by `gpupool node-agent`: the node's exact GPUs
 
 JOB_LABEL = "gpupool.io/job"

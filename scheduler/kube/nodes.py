@@ -24,6 +24,8 @@ from scheduler.kube.names import (
     GPU_RESOURCE,
     GPUS_ANNOTATION,
     POOL_LABEL,
+    RACK_LABEL,
+    ZONE_LABEL,
 )
 from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
 
@@ -45,12 +47,13 @@ class PoolNode:
     cpu_milli: int
     memory_mib: int
     problem: str = ""
+    group: str = ""  # rack or switch (label gpupool.io/rack, else topology.kubernetes.io/zone); "" unknown
 
     def policy_node(self) -> Node:
         """The policy's Node (memory in MiB)."""
         return Node(self.name, self.cpu_milli, self.memory_mib,
                     tuple(Gpu(g.id, g.index, g.model, g.memory // MIB, g.topology_group) for g in self.gpus),
-                    self.pools)
+                    self.pools, self.group)
 
 
 def read_node(node: Any) -> PoolNode | None:
@@ -77,8 +80,9 @@ def read_node(node: Any) -> PoolNode | None:
     if pools is None:
         pools = POOLS["both"]
         problem = f"label {POOL_LABEL}={pool_value!r} is not build, train or both"
+    group = labels.get(RACK_LABEL) or labels.get(ZONE_LABEL) or ""
     return PoolNode(name, gpus, pools, _milli(alloc.get("cpu")), _mib(alloc.get("memory")),
-                    problem or _not_schedulable(node))
+                    problem or _not_schedulable(node), group)
 
 
 def _not_schedulable(node: Any) -> str:
