@@ -62,13 +62,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.cycle_state import CycleState
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import BUILD_POOL, Kind, Project, Request, Workload
-
-if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
-    from scheduler.policy.capacity import Capacity
-    from scheduler.policy.model import Assignment, PolicyConfig
-
 
 _Key = tuple[int, int, float, int, float, str]
 _Entry = tuple[_Key, Workload]
@@ -99,28 +95,11 @@ class _ClaimState:
         self.failed: FailureMemo[str] = FailureMemo()
 
 
-class BuildReclaimMixin:
+class BuildReclaimMixin(CycleState):
     """Pausing training jobs on build-pool nodes for build work within its quota."""
 
-    if TYPE_CHECKING:
-        cap: Capacity
-        cfg: PolicyConfig
-        now: float
-        projects: dict[str, Project]
-        usage: dict[str, int]
-        recent: dict[str, float]
-        milli: dict[str, int]
-        build_used: dict[str, int]
-        train_running: dict[str, list[Workload]]
-        train_capacity: int
-        train_nodes: set[str]
-        over_at_start: set[str]
-        preempted: dict[str, str]
-        touched: set[str]
-        pending: list[Workload]
-
+    if TYPE_CHECKING:  # beyond CycleState's
         def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]: ...
-        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
 
     _build_claims: _ClaimState | None = None  # made on the first build claim of the cycle
 

@@ -37,15 +37,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.cycle_state import CycleState
 from scheduler.policy.gang_nodes import choose_nodes, ledger_room
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import MILLI, TRAIN_POOL, Project, Request, Workload
 
-if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
-    from scheduler.policy.capacity import Capacity
+if TYPE_CHECKING:
     from scheduler.policy.gangs import Gang
-    from scheduler.policy.model import Assignment, PolicyConfig
-    from scheduler.policy.queue import FairQueue
 
 Unit = list[Workload]  # one single job, or every running replica of one gang
 
@@ -60,31 +58,15 @@ def _unit_key(members: Sequence[Workload]) -> tuple[int, float, str]:
     return (members[0].priority, -latest, min(v.id for v in members))
 
 
-class GangReclaimMixin:
+class GangReclaimMixin(CycleState):
     """Victim choice with gangs as units (see the module docstring)."""
 
-    if TYPE_CHECKING:
-        cap: Capacity
-        cfg: PolicyConfig
-        now: float
-        projects: dict[str, Project]
-        usage: dict[str, int]
-        recent: dict[str, float]
-        shares: dict[str, float]
-        milli: dict[str, int]
-        train_running: dict[str, list[Workload]]
-        preempted: dict[str, str]
-        touched: set[str]
-        reserved: dict[str, str]
-        queue: FairQueue | None
-        over_at_start: set[str]
+    if TYPE_CHECKING:  # beyond CycleState's
         _victims: dict[str, tuple[list[Workload], list[Workload], int]] | None
         gangs: dict[str, Gang]
 
         def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]: ...
 
-        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
-        def estimate(self, pool: str, req: Request) -> int: ...
         def reason(self, key: tuple, build) -> str: ...
         def _why_no_room(self, p: Project, within: bool, protected: int, tried: bool) -> str: ...
         def seat_gang(self, gang: Gang, plan: list[tuple[str, int]], note: str) -> None: ...

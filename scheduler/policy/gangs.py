@@ -47,15 +47,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.cycle_state import CycleState
 from scheduler.policy.gang_nodes import choose_nodes, group_ids
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import MILLI, TRAIN_POOL, Kind, Project, Reject, Request, Wait, Workload
 from scheduler.policy.nodecache import for_nodes
 from scheduler.policy.queue import job_order
-
-if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
-    from scheduler.policy.capacity import Capacity
-    from scheduler.policy.model import Assignment, PolicyConfig
 
 _gang_of = attrgetter("gang")
 
@@ -144,30 +141,10 @@ def flag_units(order: Sequence[tuple[Workload, int]], milli: dict[str, int], gua
     return over
 
 
-class GangMixin:
+class GangMixin(CycleState):
     """The engine's handling of multi-node gangs (see the module docstring)."""
 
-    if TYPE_CHECKING:
-        cap: Capacity
-        cfg: PolicyConfig
-        now: float
-        projects: dict[str, Project]
-        usage: dict[str, int]
-        recent: dict[str, float]
-        shares: dict[str, float]
-        milli: dict[str, int]
-        train_running: dict[str, list[Workload]]
-        preempted: dict[str, str]
-        touched: set[str]
-        waits: list[Wait]
-        rejects: list[Reject]
-        reserved: dict[str, str]
-        n_reservers: int
-        req_of: dict[str, Request]
-        started: list
-
-        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
-        def fits_empty(self, pool: str, req: Request) -> bool: ...
+    if TYPE_CHECKING:  # beyond CycleState's
         def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project,
                           within: bool, gang: Gang | None) -> str | None: ...
 

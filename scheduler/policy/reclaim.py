@@ -31,14 +31,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from scheduler.policy import reasons as txt
+from scheduler.policy.cycle_state import CycleState
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import Project, Request, Workload
-
-if TYPE_CHECKING:  # the attributes the mixin uses, provided by the engine's _Cycle
-    from scheduler.policy.capacity import Capacity
-    from scheduler.policy.model import Assignment, PolicyConfig
-    from scheduler.policy.queue import FairQueue
-
 
 _by_id = attrgetter("id")
 _by_start = attrgetter("started_at")
@@ -60,27 +55,10 @@ def sort_by_start(jobs: list[Workload], latest_first: bool = False) -> None:
     jobs.sort(key=key, reverse=latest_first)
 
 
-class ReclaimMixin:
+class ReclaimMixin(CycleState):
     """Victim selection and the pauses it decides."""
 
-    if TYPE_CHECKING:
-        cap: Capacity
-        cfg: PolicyConfig
-        now: float
-        projects: dict[str, Project]
-        usage: dict[str, int]
-        recent: dict[str, float]
-        shares: dict[str, float]
-        milli: dict[str, int]
-        train_running: dict[str, list[Workload]]
-        train_nodes: set[str]
-        over_at_start: set[str]
-        preempted: dict[str, str]
-        touched: set[str]
-        queue: FairQueue | None
-        running_gangs: bool
-
-        def start(self, w: Workload, req: Request, a: Assignment, note: str = "") -> None: ...
+    if TYPE_CHECKING:  # beyond CycleState's
         def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str: ...
 
     def __init__(self) -> None:
