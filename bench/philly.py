@@ -174,6 +174,7 @@ def run(argv: list[str] | None = None) -> int:
     team_violation: dict[str, dict[str, dict[str, float]]] = {}
     job_jct: dict[str, dict[str, float]] = {}  # policy -> job id -> JCT (s), jobs it ran
     large_jobs: dict[str, list[dict[str, object]]] = {}  # policy -> each large job's wait (who waited, how long)
+    episodes: dict[str, list[dict[str, object]]] = {}  # policy -> its 20 longest literal violation episodes
     failures: dict[str, str] = {}
     for name in args.policies:
         nodes = shared_cluster(gpus // gpn, gpn, args.rack_nodes)
@@ -207,11 +208,16 @@ def run(argv: list[str] | None = None) -> int:
              "queue_h": None if r.first_start is None else r.queueing / 3600, "pauses": r.pauses, "never": r.never}
             for r in result.jobs if r.trace.gpus >= args.large_gpus
         ]
+        longest = sorted(((p, e) for p, log in result.violation_log.items() for e in log), key=lambda pe: -pe[1].seconds)
+        episodes[name] = [{"project": p, "start": format_time(e.start), "seconds": e.seconds, "guarantee": e.guarantee,
+                           "held": e.held, "pending_job_gpus": {str(k): v for k, v in e.pending.items()}}
+                          for p, e in longest[:20]]
 
     context = _context(args, window, load, gpus, guarantees, load_s)
     vs_static = vs_static_same_jobs(job_jct)
     if args.json:
-        extra = {"vs_static_same_jobs": vs_static, "large_job_waits": large_jobs} if args.real_sizes else {}
+        extra = {"vs_static_same_jobs": vs_static, "large_job_waits": large_jobs,
+                 "longest_violations": episodes} if args.real_sizes else {}
         print(json.dumps({**context, "results": [s.as_dict() for s in summaries],
                           "avg_jct_h_per_team": team_jct, "violation_s_per_team": team_violation,
                           **extra, "failures": failures}, indent=1))

@@ -21,6 +21,7 @@ from bench import philly
 from bench.sim.baselines import pooled_fifo, static_partitions
 from bench.sim.cluster import partitioned_cluster, projects_for, shared_cluster
 from bench.sim.gangs import replica_ids, replica_shape
+from bench.sim.guarantees import Episode
 from bench.sim.metrics import summarize
 from bench.sim.simulator import InvalidDecision, SimConfig, SimResult, Simulator
 from scheduler.policy.model import MILLI, Assignment, Decisions, Preempt, Snapshot, Start
@@ -258,6 +259,7 @@ def test_violation_gpu_seconds_weigh_the_shortfall_beyond_one_cycle() -> None:
     assert result.violation_gpu_s["b"] == 2 * 930.0
     assert result.violation_gang_gpu_s["b"] == 2 * 930.0
     assert result.violation_episodes == result.violation_gang_episodes == 1
+    assert result.violation_log == {"b": [Episode(T0 + 30, 930.0, 2, 0, {1: 2})]}
 
 
 # ----------------------------------------------------------------- the command line

@@ -23,6 +23,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Episode:
+    """One literal violation that outlasted the grace: what a reader needs to find out why."""
+
+    start: float
+    seconds: float  # beyond the grace
+    guarantee: int
+    held: int  # GPUs the project held when it began
+    pending: dict[int, int]  # its pending jobs then: GPUs (all replicas) -> jobs
+
+
 @dataclass
 class Guard:
     """One project: what it holds and wants (in GPUs, jobs counted whole), and its open episodes."""
@@ -40,6 +51,8 @@ class Guard:
     gpu_s: float = 0.0
     gpu_s_gang: float = 0.0
     short_gpus: int = 0  # shortfall since the last check (constant between events)
+    opened_with: tuple[int, dict[int, int]] = (0, {})  # held GPUs and pending job sizes when the episode began
+    log: list[Episode] = field(default_factory=list)  # the literal episodes that outlasted the grace
 
     def add_pending(self, gpus: int) -> None:
         self.pending_gpus += gpus
@@ -80,11 +93,14 @@ class GuaranteeBook:
             guard.short_gpus = shortfall
             if short and guard.since is None:
                 guard.since = t
+                guard.opened_with = (guard.held, dict(sorted(guard.pending_sizes.items())))
             elif not short and guard.since is not None:
                 over = t - guard.since - grace
                 if over > 0:
                     guard.seconds += over
                     guard.episodes += 1
+                    held, pending = guard.opened_with
+                    guard.log.append(Episode(guard.since, over, guard.guarantee, held, pending))
                 guard.since = None
             if short_gang and guard.since_gang is None:
                 guard.since_gang = t

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.sim.gangs import replica_ids
+from bench.sim.guarantees import Episode
 from bench.sim.trace import TraceJob
 from scheduler.policy.model import Assignment, Decisions, PolicyConfig, Snapshot
 
@@ -109,6 +110,7 @@ class SimResult:
     violation_gpu_s: dict[str, float] = field(default_factory=dict)  # project -> shortfall GPU-seconds (issue's)
     violation_gang_gpu_s: dict[str, float] = field(default_factory=dict)  # the same, gang-aware
     violation_gang_episodes: int = 0
+    violation_log: dict[str, list[Episode]] = field(default_factory=dict)  # project -> its literal episodes
 
     @property
     def never_ran(self) -> list[JobRecord]:

@@ -412,4 +412,5 @@ class Simulator:
             violation_gpu_s={p: g.gpu_s for p, g in guards.items()},
             violation_gang_gpu_s={p: g.gpu_s_gang for p, g in guards.items()},
             violation_gang_episodes=sum(g.episodes_gang for g in guards.values()),
+            violation_log={p: list(g.log) for p, g in guards.items() if g.log},
         )
