@@ -70,7 +70,7 @@ export function replicaList(job: IJob, final: boolean, openPath: (path: string) 
                 title: out,
                 onclick: () => openPath(out)
               },
-              'output'
+              'Open output'
             )
           : null
       );

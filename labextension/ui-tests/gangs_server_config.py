@@ -28,6 +28,10 @@ c.ServerApp.allow_root = True  # CI runs as root in a container
 c.ServerApp.runtime_dir = str(root / ".runtime")
 c.ServerApp.jpserver_extensions = {"jupyter_gpupool": True}
 c.LabApp.user_settings_dir = str(root / ".lab-settings")
+# No "get notified about Jupyter news?" toast over the panel (Galata's own fixture mocks it away).
+news = root / ".lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+news.parent.mkdir(parents=True, exist_ok=True)
+news.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
 
 c.GPUPool.state_dir = str(root / ".gpupool-state")
 c.GPUPool.simulate = NODES

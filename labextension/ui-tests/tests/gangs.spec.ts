@@ -148,9 +148,6 @@ test.describe('multi-node gang jobs', () => {
     try {
       await page.goto(`${url}/lab`);
       await expect(page.locator('.jp-Launcher')).toBeVisible({ timeout: 60000 });
-      // JupyterLab asks about its news feed once; answer so the toast does not cover the panel.
-      const news = page.locator('.Toastify__toast', { hasText: 'notified about official Jupyter news' });
-      await news.getByRole('button', { name: 'No' }).click({ timeout: 15000 }).catch(() => undefined);
 
       // The pool view lists both nodes' GPUs, each named by its node.
       const panel = await openPanel(page);
@@ -205,6 +202,11 @@ test.describe('multi-node gang jobs', () => {
       // Every GPU of both nodes is the gang's.
       await expect(gpus.filter({ has: page.locator('.jp-gpupool-seg-train') })).toHaveCount(16);
       await expect(detail.locator('.jp-gpupool-log')).toContainText('rank 1 of 2 step', { timeout: 60000 });
+      // The toasts (promoted, started) would cover the panel's detail in the picture.
+      for (const close of await page.locator('.Toastify__toast .Toastify__close-button').all()) {
+        await close.click().catch(() => undefined);
+      }
+      await detail.scrollIntoViewIfNeeded();
       await page.screenshot({ path: path.join(SHOTS, 'gang-panel.png') });
 
       // Done: both replicas' lines in the job's log, rank 0's notebook is the output.
