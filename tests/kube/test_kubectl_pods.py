@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.cli_tables import jobs_table
 from scheduler.errors import Conflict
 from scheduler.service.actor import Actor
 from scheduler.service.core import SchedulerCore
@@ -80,6 +81,8 @@ async def test_a_quarter_gpu_kubectl_pod_is_bound_with_its_gpu_in_its_configmap(
         assert (job["project"], job["kind"], job["state"], job["user"]) == ("vision", "train", "running",
                                                                             f"kubectl:{namespace}")
         assert job["request"]["gpu_fraction"] == 0.25
+        (row,) = [line for line in jobs_table(core.list_jobs(ADMIN)).splitlines() if job["id"] in line]  # gpupool jobs
+        assert row.split()[1:6] == ["notebook-train", "vision", f"kubectl:{namespace}", "train", "running"], row
         (share,) = job["assignment"]["gpus"]
         assert job["assignment"]["node"] == bound.spec.node_name and share["milli"] == 250
         assert cm.data["CUDA_VISIBLE_DEVICES"] == "0"  # one GPU, as the container sees it
