@@ -31,6 +31,7 @@ from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.kube.calls import Calls, raw_json, raw_status
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
+from scheduler.kube.logs import LiveLogs
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
 from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodSettings, pod_end, pod_manifest
 from scheduler.kube.watcher import ListWatch
@@ -96,13 +97,17 @@ class PodExecutor:
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
+        # Running pods' output copied into their jobs' log files as it comes (logs.py).
+        self.live = LiveLogs(api, settings.namespace, self._log_file, self._live_pods, calls.submit)
         self.gangs = GangPods(self)  # multi-node gangs: a pod per replica, each one of ours (gang_pods.py)
 
     def start(self) -> None:
         self.watch.start()
+        self.live.start()
 
     def close(self) -> None:
         self.watch.stop()
+        self.live.stop()
 
     # ------------------------------------------------------------ the watch's view (watch thread)
     def _on_reset(self, pods: list[Any]) -> None:
@@ -127,7 +132,10 @@ class PodExecutor:
                 self._pods[name] = pod
             a = self._attempts.get(name)
             if a is not None and self._mine(a, pod):
+                running = a.end is None
                 self._observe(a, pod)
+                if running and a.end is not None and name == pod_name(a.handle.job_id, a.handle.attempt):
+                    self.live.ended(a.handle.job_id, a.handle.attempt, name)  # its last lines, now (logs.py)
                 if kind == "DELETED":
                     a.gone = True
 
@@ -322,17 +330,14 @@ class PodExecutor:
         self.calls.submit(self._archive_and_delete, handle.job_id, handle.attempt, handle.name)
 
     def _archive_and_delete(self, job_id: str, attempt: int, name: str) -> None:
-        try:
-            text = self.api.read_namespaced_pod_log(name, self.settings.namespace, container="job")
-        except Exception as e:
-            text = f"(the log of pod {name} could not be read: {describe(e)})\n"
-        path = self.log_path(job_id)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(path, "a") as f:
-            f.write(f"--- gpupool: attempt {attempt} of {job_id} (pod {name}) ---\n{text}")
-            if text and not text.endswith("\n"):
-                f.write("\n")
+        self.live.finish(job_id, attempt, name)  # what the live copy has not yet put in the job's log
         self._delete_quietly(name, 0)
+
+    def _live_pods(self) -> list[tuple[str, int, str]]:
+        """(job, attempt, pod) of each single-pod attempt still running, for live logs (a gang's are its own)."""
+        with self._lock:
+            return [(a.handle.job_id, a.handle.attempt, name) for name, a in self._attempts.items()
+                    if name == pod_name(a.handle.job_id, a.handle.attempt) and a.end is None and not a.gone]
 
     # ------------------------------------------------------------ recovery
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
@@ -393,6 +398,11 @@ class PodExecutor:
 
     # ------------------------------------------------------------ paths
     def log_path(self, job_id: str) -> Path:
+        """The job's log file; asked by ``read_log``, so someone reads it: its pod is followed closely."""
+        self.live.viewed(job_id)
+        return self._log_file(job_id)
+
+    def _log_file(self, job_id: str) -> Path:
         return self.jobs_dir / job_id / "job.log"
 
     def replica_log_path(self, job_id: str, replica: int) -> Path:

@@ -9,8 +9,15 @@ and, as a kubelet does, answers a graceful deletion by ending the container
 from __future__ import annotations
 
 import datetime as dt
+import http.server
+import shutil
+import ssl
+import subprocess
+import tempfile
 import threading
 import time
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -49,8 +56,97 @@ def pod_env(pod: Any) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env or []}
 
 
+def rfc3339_nano(ns: int) -> str:
+    """Go's time.RFC3339Nano in UTC, as a kubelet stamps log lines: trailing zeros of the fraction dropped."""
+    seconds, frac = divmod(ns, 1_000_000_000)
+    base = dt.datetime.fromtimestamp(seconds, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{frac:09d}".rstrip("0")
+    return f"{base}.{fraction}Z" if fraction else f"{base}Z"
+
+
+class LogServer:
+    """The kubelet's container log endpoint, which the API server proxies ``pods/log`` to.
+
+    A kubelet serves HTTPS on the port its Node's ``status.daemonEndpoints``
+    names; the API server (no ``--kubelet-certificate-authority`` here) does
+    not check its certificate, so a self-signed one serves. It answers
+    ``GET /containerLogs/NS/POD/CONTAINER`` with ``timestamps``, ``sinceTime``
+    (whole seconds, as the API server passes it on), ``sinceSeconds``,
+    ``tailLines`` and ``limitBytes`` as a kubelet does; ``follow`` is not
+    played (the answer ends with what was printed so far).
+    """
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[str, str], list[tuple[int, str]]] = {}  # (ns, pod) -> [(ns time, text)]
+        self._lock = threading.Lock()
+        self._dir = Path(tempfile.mkdtemp(prefix="test-kubelet-"))
+        cert, key = self._dir / "kubelet.crt", self._dir / "kubelet.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "1", "-subj", "/CN=test-kubelet", "-keyout", str(key), "-out", str(cert)],
+                       check=True, capture_output=True)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(cert), str(key))
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+                server._answer(self)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="test-kubelet-logs")
+        self._thread.start()
+
+    def print(self, namespace: str, pod: str, text: str) -> None:
+        """The container writes ``text`` (one line per line of it), stamped now."""
+        with self._lock:
+            lines = self._lines.setdefault((namespace, pod), [])
+            for line in text.splitlines():
+                lines.append((max(time.time_ns(), lines[-1][0] if lines else 0), line))
+
+    def _answer(self, req: http.server.BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlsplit(req.path)
+        parts = url.path.strip("/").split("/")
+        q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
+        if len(parts) != 4 or parts[0] != "containerLogs" or parts[3] != "job":
+            req.send_error(404, "no such container")
+            return
+        with self._lock:
+            lines = list(self._lines.get((parts[1], parts[2]), []))
+        if "sinceTime" in q:
+            since = dt.datetime.fromisoformat(q["sinceTime"].replace("Z", "+00:00")).timestamp()
+            lines = [x for x in lines if x[0] >= int(since * 1e9)]
+        elif "sinceSeconds" in q:
+            lines = [x for x in lines if x[0] >= time.time_ns() - int(q["sinceSeconds"]) * 1_000_000_000]
+        if "tailLines" in q:
+            lines = lines[-int(q["tailLines"]):] if int(q["tailLines"]) else []
+        stamp = q.get("timestamps") == "true"
+        body = "".join(f"{rfc3339_nano(t)} {text}\n" if stamp else f"{text}\n" for t, text in lines).encode()
+        if "limitBytes" in q:
+            body = body[:int(q["limitBytes"])]
+        req.send_response(200)
+        req.send_header("Content-Type", "text/plain")
+        req.send_header("Content-Length", str(len(body)))
+        req.end_headers()
+        req.wfile.write(body)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
 class Kubelet:
-    """Plays every node's kubelet for one namespace, in a thread polling the API server."""
+    """Plays every node's kubelet for one namespace, in a thread polling the API server.
+
+    Its :class:`LogServer` serves the pods' output (``print``): the first time
+    a pod is bound to a node, the node's status gets the server's address and
+    port, as a kubelet registers its endpoint.
+    """
 
     def __init__(self, api: client.CoreV1Api, namespace: str, stop_exit_code: int = 143) -> None:
         self.api = api
@@ -62,14 +158,32 @@ class Kubelet:
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="test-kubelet")
+        self.logs: LogServer | None = None
+        self._registered: set[str] = set()  # nodes whose status names our log server
 
     def __enter__(self) -> Kubelet:
+        self.logs = LogServer()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._halt.set()
         self._thread.join(5)
+        if self.logs is not None:
+            self.logs.close()
+
+    def print(self, pod: str, text: str) -> None:
+        """The pod's container prints ``text`` (served by the pod log API)."""
+        assert self.logs is not None, "print needs the kubelet started (with Kubelet(...) as kubelet)"
+        self.logs.print(self.ns, pod, text)
+
+    def _register(self, node: str) -> None:
+        if node in self._registered or self.logs is None:
+            return
+        self.api.patch_node_status(node, {"status": {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.logs.port}}}})
+        self._registered.add(node)
 
     def finish(self, pod: str, exit_code: int) -> None:
         """End the pod's container on its own with ``exit_code`` (at the next poll)."""
@@ -98,6 +212,7 @@ class Kubelet:
         name = pod.metadata.name
         if not pod.spec.node_name:
             return  # not bound: nothing runs it
+        self._register(pod.spec.node_name)
         statuses = pod.status.container_statuses or []
         done = any(s.state.terminated for s in statuses if s.state)
         if pod.metadata.deletion_timestamp is not None:
