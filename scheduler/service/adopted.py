@@ -51,9 +51,10 @@ def pod_of(rec: JobRecord) -> PodRef | None:
 
 def evicted_reason(reason: str) -> str:
     """The policy's pause reason, said of an eviction ("paused to give GPUs back" -> "evicted to give ...")."""
+    reason = reason.removesuffix("; requeued")  # a pod gpupool did not make is not requeued
     if reason.startswith("paused "):
         return "evicted " + reason[len("paused "):]
-    return f"evicted ({reason})" if reason else "evicted"
+    return f"evicted: {reason}" if reason else "evicted"
 
 
 class AdoptedPodsMixin:

@@ -430,3 +430,24 @@ async def test_a_pod_whose_job_ended_is_not_queued_again_after_a_restart(api: An
     assert [j["state"] for j in jobs_of(core, namespace, "pending")] == ["rejected"]
     assert len(core.list_jobs(ADMIN)) == 2
     assert not api.read_namespaced_pod("pending", namespace).spec.node_name
+
+
+async def test_a_cordoned_node_evicts_its_kubectl_pod_and_cancels_the_job(api: Any, namespace: str, gpu_nodes: Any,
+                                                                          make_core: Any) -> None:
+    gpu_nodes(2, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace, stop_exit_code=0) as kubelet:
+        kubectl_pod(api, namespace, "on-cordoned", gpus=4)
+        await wait_for(lambda: "on-cordoned" in kubelet.started, what="the pod running")
+        node = api.read_namespaced_pod("on-cordoned", namespace).spec.node_name
+        api.patch_node(node, {"spec": {"unschedulable": True}})  # kubectl cordon
+        await wait_for(lambda: "on-cordoned" in kubelet.stopped, what="the pod evicted")
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "on-cordoned") if j["state"] != "running"],
+                                what="its job settled")
+    assert job["state"] == "cancelled" and job["attempts"] == 1
+    assert job["reason"].startswith(f"evicted: node {node} left the pool") and "requeued" not in job["reason"]
+    (ev,) = [e for e in pod_events(api, namespace, "on-cordoned") if e.reason == "GpupoolPreempted"]
+    assert f"node {node} left the pool" in ev.message
+    assert len(jobs_of(core, namespace, "on-cordoned")) == 1  # not recreated, not requeued
