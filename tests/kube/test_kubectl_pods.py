@@ -451,3 +451,23 @@ async def test_a_cordoned_node_evicts_its_kubectl_pod_and_cancels_the_job(api: A
     (ev,) = [e for e in pod_events(api, namespace, "on-cordoned") if e.reason == "GpupoolPreempted"]
     assert f"node {node} left the pool" in ev.message
     assert len(jobs_of(core, namespace, "on-cordoned")) == 1  # not recreated, not requeued
+
+
+async def test_cancelling_a_queued_pod_job_deletes_the_pod(api: Any, namespace: str, gpu_nodes: Any,
+                                                           make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    kubectl_pod(api, namespace, "all-gpus", gpus=8)
+    await wait_for(lambda: api.read_namespaced_pod("all-gpus", namespace).spec.node_name, what="the first pod bound")
+    kubectl_pod(api, namespace, "in-queue", annotations={"gpupool.io/gpu-fraction": "0.5"})
+    (job,) = await wait_for(lambda: jobs_of(core, namespace, "in-queue"), what="the second pod queued")
+    assert job["state"] == "queued"
+    done = await core.cancel(ADMIN, job["id"])
+    assert done["state"] == "cancelled" and done["reason"] == "cancelled by admin"
+    await wait_for(lambda: "in-queue" not in {p.metadata.name for p in api.list_namespaced_pod(namespace).items},
+                   what="the queued pod deleted")
+    (ev,) = [e for e in pod_events(api, namespace, "in-queue") if e.reason == "GpupoolCancelled"]
+    assert f"job {job['id']} cancelled by admin" in ev.message
+    assert [j["state"] for j in jobs_of(core, namespace, "all-gpus")] == ["running"]
