@@ -689,6 +689,8 @@ export class GpuPoolPanel extends Widget {
       );
       return;
     }
+    // On a pool of several nodes a GPU index alone does not say which GPU: name the node too.
+    const onNode = (this._status?.pool.nodes ?? []).length > 1 && job.assignment ? `${job.assignment.node} · ` : '';
     const rows: [string, string][] = [
       ['State', job.state + (job.reason ? ` — ${job.reason}` : '')],
       ['Project', job.project],
@@ -698,8 +700,9 @@ export class GpuPoolPanel extends Widget {
         'GPUs',
         isGang(job)
           ? gangGpus(job, isFinal(job))
-          : (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`).join(', ') ||
-            (isFinal(job) ? '–' : 'none yet')
+          : (job.assignment?.gpus ?? [])
+              .map(g => `${onNode}GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`)
+              .join(', ') || (isFinal(job) ? '–' : 'none yet')
       ],
       ['Share', formatGpuAmount(jobShare(job))],
       ['Priority', String(job.priority)],

@@ -35,7 +35,7 @@ function distributedNotebook(steps = 6): string {
       cell(`steps = ${steps}`, ['parameters']),
       cell(
         'import os, time\n' +
-          "rank, world = os.environ['RANK'], os.environ['WORLD_SIZE']\n" +
+          "rank, world = os.environ.get('RANK', '0'), os.environ.get('WORLD_SIZE', '1')\n" +
           'for step in range(steps):\n' +
           '    print(f"rank {rank} of {world} step {step}", flush=True)\n' +
           '    time.sleep(1)\n' +
@@ -230,6 +230,27 @@ test.describe('multi-node gang jobs', () => {
       expect(fs.readdirSync(runDir).sort()).toEqual(
         expect.arrayContaining(['input.ipynb', 'job.log', 'job.replica-1.log', 'output.ipynb', 'output.replica-1.ipynb'])
       );
+
+      // A one-replica job on this pool of two nodes: its GPUs are named with their node.
+      const single = await page.evaluate(async () => {
+        const reply = await fetch('/gpupool/api/promote', {
+          method: 'POST',
+          headers: { 'Content-Type': 'application/json' },
+          body: JSON.stringify({ path: 'dist.ipynb', gpus: 2, parameters: { steps: 20 } })
+        });
+        return (await reply.json()).id as string;
+      });
+      const singleRow = panel.locator(`.jp-gpupool-job[data-job-id="${single}"]`);
+      await expect(singleRow).toContainText('2 GPUs');
+      await expect(singleRow).not.toContainText(' × ');
+      await singleRow.locator('.jp-gpupool-job-open').click();
+      await expect(detail.locator('dt', { hasText: 'GPUs' }).locator('+ dd')).toHaveText(
+        /^node-[ab] · GPU \d A100-80GB ×1, node-[ab] · GPU \d A100-80GB ×1$/
+      );
+      await expect(detail.locator('.jp-gpupool-replicas')).toHaveCount(0);
+      await expect(detail.getByLabel(/^Log of job /)).toHaveCount(0);
+      await singleRow.getByRole('button', { name: `Cancel job ${single}` }).click();
+      await expect(singleRow).toHaveAttribute('data-state', 'cancelled', { timeout: 30000 });
     } finally {
       await context.close();
     }
