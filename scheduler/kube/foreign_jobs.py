@@ -94,6 +94,7 @@ class KubectlPods:
         self.generation = 0
         """Bumped on every change the watch sees: the core re-reads the pending pods only then."""
         self._refs: dict[str, PodRef] = {}  # job id -> its pod
+        self._job_of_uid: dict[str, str] = {}  # pod uid -> job id (a watch event finds its attempt at once)
         self._runs: dict[str, _Run] = {}  # job id -> its current attempt
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._stop_notes: dict[str, tuple[str, str]] = {}  # job id -> (event reason, message) for its stop
@@ -129,11 +130,12 @@ class KubectlPods:
             else:
                 self._pods[uid] = pod
             self.generation += 1
-            for run in self._runs.values():
-                if run.ref.uid == uid:
-                    self._observe(run, pod)
-                    if kind == "DELETED":
-                        run.gone = True
+            job_id = self._job_of_uid.get(uid)
+            run = self._runs.get(job_id) if job_id is not None else None
+            if run is not None:
+                self._observe(run, pod)
+                if kind == "DELETED":
+                    run.gone = True
 
     @staticmethod
     def _observe(run: _Run, pod: Any) -> None:
@@ -156,7 +158,9 @@ class KubectlPods:
 
     def register(self, job_id: str, ref: PodRef) -> None:
         """``job_id`` stands for ``ref``: its attempts are this executor's."""
-        self._refs[job_id] = ref
+        with self._lock:
+            self._refs[job_id] = ref
+            self._job_of_uid[ref.uid] = job_id
 
     def owns(self, job_id: str) -> bool:
         return job_id in self._refs
