@@ -244,6 +244,14 @@ class AdoptedPodsMixin:
         else:
             super()._finish_attempt(rec, code, lost, lost_reason)  # type: ignore[misc]
 
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
+        """As for any job; a pod whose job the policy rejects is told why (it stays Pending, never bound)."""
+        super()._finish(rec, state, reason, exit_code=exit_code)  # type: ignore[misc]
+        kc = self._kubectl_pods()
+        ref = pod_of(rec)
+        if state == "rejected" and kc is not None and ref is not None:
+            kc.warn_once(ref, "GpupoolRejected", f"gpupool rejected job {rec.id} for this pod: {reason}")
+
     # ================================================================ what users may do to them
     async def pause(self, actor: Actor, job_id: str) -> dict[str, Any]:
         rec = self._owned(actor, job_id, "pause")  # type: ignore[attr-defined]

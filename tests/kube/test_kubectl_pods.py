@@ -471,3 +471,20 @@ async def test_cancelling_a_queued_pod_job_deletes_the_pod(api: Any, namespace: 
     (ev,) = [e for e in pod_events(api, namespace, "in-queue") if e.reason == "GpupoolCancelled"]
     assert f"job {job['id']} cancelled by admin" in ev.message
     assert [j["state"] for j in jobs_of(core, namespace, "all-gpus")] == ["running"]
+
+
+async def test_a_pod_whose_job_is_rejected_is_told_why_and_stays_pending(api: Any, namespace: str, gpu_nodes: Any,
+                                                                         make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "capped", {"train_guarantee": 0, "train_limit": 1})
+    kubectl_pod(api, namespace, "too-big", project="capped", gpus=2)
+    (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "too-big") if j["state"] == "rejected"],
+                            what="the job rejected")
+    (ev,) = await wait_for(lambda: [e for e in pod_events(api, namespace, "too-big") if e.reason == "GpupoolRejected"],
+                           what="the pod told why")
+    assert ev.type == "Warning" and job["reason"] in ev.message and job["id"] in ev.message
+    await asyncio.sleep(0.5)
+    assert not api.read_namespaced_pod("too-big", namespace).spec.node_name
+    assert len(jobs_of(core, namespace, "too-big")) == 1  # never queued again
