@@ -1,8 +1,8 @@
 """``%gpupool``: the pool from inside a notebook (``%load_ext jupyter_gpupool``).
 
 ``%gpupool status`` prints the pool and the projects, ``%gpupool list [--all]``
-the live jobs (yours unless --all), ``%gpupool promote [--gpus N] [--priority P]
-[--project X] [-p name value]...`` promotes the current notebook (as last
+the live jobs (yours unless --all), ``%gpupool promote [--gpus N] [--replicas R]
+[--priority P] [--project X] [-p name value]...`` promotes the current notebook (as last
 saved) to a training job, ``%gpupool monitor`` shows the live widgets.
 The kernel reaches the scheduler with the GPUPOOL_URL / GPUPOOL_TOKEN its
 provisioner set.
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--all", action="store_true")
     promote = sub.add_parser("promote")
     promote.add_argument("--gpus", type=float, default=None)
+    promote.add_argument("--replicas", type=int, default=None, help="a distributed run: R replicas x N GPUs")
     promote.add_argument("--priority", type=int, default=0)
     promote.add_argument("--project", default=None)
     promote.add_argument("--notebook", default=None, help="default: this kernel's notebook")
@@ -118,7 +119,7 @@ class GpupoolMagics(Magics):
         try:
             args = _parser().parse_args(shlex.split(line) or ["status"])
         except (argparse.ArgumentError, SystemExit) as err:
-            print(f"%gpupool: {err}. Usage: %gpupool status | list [--all] | promote [--gpus N] "
+            print(f"%gpupool: {err}. Usage: %gpupool status | list [--all] | promote [--gpus N] [--replicas R] "
                   "[--priority P] [--project X] [-p NAME VALUE]... | monitor")
             return None
         try:
@@ -148,6 +149,8 @@ class GpupoolMagics(Magics):
             body["project"] = args.project
         if args.gpus is not None:
             body["gpus"] = args.gpus
+        if args.replicas is not None:
+            body["replicas"] = args.replicas
         job = promote_notebook(self.client(), notebook, PromoteRequest.from_body(body))
         print(f"promoted {os.path.basename(notebook)} as job {job['id']} ({job['state']}); "
               f"output: {os.path.join(job['run_dir_abs'], 'output.ipynb')}")
