@@ -90,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "the replay of the first tables in docs/benchmarks.md)")
     p.add_argument("--rack-nodes", type=int, default=4,
                    help="with --real-sizes: nodes per rack (node group); 0 = no racks (default 4)")
+    p.add_argument("--max-reservations", type=int, default=PolicyConfig().max_reservations,
+                   help="the engine's PolicyConfig.max_reservations: starving jobs that may hold a node "
+                        "reservation per cycle (default: the policy's default)")
     p.add_argument("--large-gpus", type=int, default=16,
                    help="with --real-sizes: jobs of at least this many GPUs count as large (default 16)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -107,8 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--days, --cycle and --gpus-per-node must be positive, --checkpoint-interval >= 0")
     if args.gpus is not None and args.gpus < args.gpus_per_node:
         p.error("--gpus must be at least one node")
-    if args.rack_nodes < 0 or args.large_gpus < 1:
-        p.error("--rack-nodes must be >= 0 and --large-gpus >= 1")
+    if args.rack_nodes < 0 or args.large_gpus < 1 or args.max_reservations < 0:
+        p.error("--rack-nodes and --max-reservations must be >= 0, --large-gpus >= 1")
     if not args.real_sizes:
         args.rack_nodes = 0  # the one-node replay is measured without racks, as it was recorded
     return args
@@ -164,7 +167,7 @@ def run(argv: list[str] | None = None) -> int:
         checkpoint_interval_s=args.checkpoint_interval,
         measure_start=window.start,
         measure_end=window.end,
-        policy_config=PolicyConfig(),
+        policy_config=PolicyConfig(max_reservations=args.max_reservations),
         gang_width=gpn if args.real_sizes else 0,
     )
     projects = projects_for(guarantees)
@@ -305,6 +308,7 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
         "offered_load_fraction": load / gpus,
         "cycle_s": args.cycle,
         "half_life_h": args.half_life_h,
+        "max_reservations": args.max_reservations,
         "guaranteed_fraction": args.guaranteed,
         "checkpoint_interval_s": args.checkpoint_interval,
         "guarantee_gpus": guarantees,

@@ -311,3 +311,12 @@ def test_real_sizes_prints_the_gang_table(tmp_path: Path, capsys) -> None:
     assert "3 jobs wider than 8 GPUs run as gangs (1 x 2 x 8, 1 x 2 x 6, 1 x 8 x 8)" in text
     assert "never ran under engine: j000022 (64 GPUs, team a)" in text
     assert "engine vs static on the 22 jobs both ran" in text
+
+
+@pytest.mark.parametrize("flags", [["--rack-nodes", "-1"], ["--large-gpus", "0"], ["--max-reservations", "-2"]])
+def test_bad_real_size_flags_are_refused_with_a_message(tmp_path: Path, capsys, flags) -> None:
+    write_trace(tmp_path, WIDE_TRACE, {"a": 1, "b": 1})
+    with pytest.raises(SystemExit) as exc:
+        philly.run(["--trace-dir", str(tmp_path), "--real-sizes", *flags])
+    assert exc.value.code == 2
+    assert "must be" in capsys.readouterr().err
