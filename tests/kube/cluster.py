@@ -229,7 +229,7 @@ class Kubelet:
             self._terminated(pod, code, "Succeeded" if code == 0 else "Failed")
         elif not statuses:
             self.api.patch_namespaced_pod_status(name, self.ns, {"status": {
-                "phase": "Running", "startTime": now_text(),
+                "phase": "Running", "startTime": now_text(), "podIP": "127.0.0.1",
                 "containerStatuses": [{"name": "job", "ready": True, "restartCount": 0,
                                        "image": pod.spec.containers[0].image, "imageID": "",
                                        "state": {"running": {"startedAt": now_text()}}}]}})

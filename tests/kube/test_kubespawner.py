@@ -3,6 +3,7 @@ the API server takes them, and gpupool serve --backend kubernetes binding one wi
 
 from __future__ import annotations
 
+import asyncio
 import runpy
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from jupyterhub.utils import maybe_future
 from traitlets.config import Config
 
 from scheduler.service.hub_projects import HubProjectMap
-from tests.kube.cluster import wait
+from tests.kube.cluster import Kubelet, wait
 from tests.kube.test_serve_cli import gpupool, serve
 
 kubespawner = pytest.importorskip("kubespawner", reason="jupyterhub-kubespawner is in the test extra")
@@ -183,3 +184,80 @@ def test_the_hub_rbac_and_the_values_are_valid(api: Any) -> None:
     assert values["hub"]["extraFiles"]["gpupool"]["mountPath"].startswith(
         "/usr/local/etc/jupyterhub/jupyterhub_config.d/")
     assert values["scheduling"]["userScheduler"]["enabled"] is False
+
+
+async def test_kubespawner_starts_a_server_that_gpupool_places_and_stops_it(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """KubeSpawner.start() itself: its pod waits for gpupool, which binds it; stop() deletes it, the job ends."""
+    (node,) = gpu_nodes(1, gpus=4)
+    proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace)
+    try:
+        wait(lambda: gpupool(url, "status")["pool"]["nodes"], what="the node in the pool")
+        gpupool(url, "projects", "set", "nlp", "--build-quota", "2")
+        c, _ = hub_config(monkeypatch, namespace)
+        c.KubeSpawner.start_timeout = 60
+        spawner = kubespawner.KubeSpawner(config=c, user=User("bob", ["nlp"]), _mock=True)
+        spawner.user_options = {"profile": "one-gpu"}
+        await maybe_future(spawner.run_pre_spawn_hook())
+        with Kubelet(api, namespace) as kubelet:
+            started = await asyncio.wait_for(spawner.start(), 90)
+            assert "127.0.0.1" in str(started)  # the pod's IP, reported by its (stand-in) kubelet
+            assert spawner.pod_name in kubelet.started
+            pod = api.read_namespaced_pod(spawner.pod_name, namespace)
+            assert pod.spec.node_name == node and pod.spec.scheduler_name == "gpupool"
+            (job,) = [j for j in gpupool(url, "list") if j["name"] == spawner.pod_name]
+            assert (job["kind"], job["project"], job["user"], job["state"]) == ("build", "nlp", "bob", "running")
+            assert [g["milli"] for g in job["assignment"]["gpus"]] == [1000]
+            cm = api.read_namespaced_config_map(f"gpupool-{spawner.pod_name}", namespace)
+            assert cm.data["NVIDIA_VISIBLE_DEVICES"] == str(job["assignment"]["gpus"][0]["index"])
+            await asyncio.wait_for(spawner.stop(), 60)
+            done = wait(lambda: (j := gpupool(url, "describe", job["id"]))["state"] != "running" and j,
+                        what="the job ended with its pod")
+        assert done["state"] == "cancelled"
+        assert not gpupool(url, "list", "--state", "running")  # the GPU is free again
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def test_the_hub_rbac_is_enough_for_what_kubespawner_does(api: Any, namespace: str, kubeconfig: Path,
+                                                                tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the Hub's service account with only hub-rbac.yaml's rights: create, list, watch and delete a server."""
+    from kubernetes import client, config, utils
+
+    from tests.kube.test_node_agent import kubeconfig_as
+
+    hub_ns = f"{namespace}-hub"
+    api.create_namespace({"metadata": {"name": hub_ns}})
+    api.create_namespaced_service_account(hub_ns, {"metadata": {"name": "hub"}})
+    for doc in yaml.safe_load_all((CONFIG.parent / "hub-rbac.yaml").read_text()):
+        doc["metadata"]["namespace"] = namespace  # gpupool's namespace here: the test's
+        for s in doc.get("subjects", []):
+            s["namespace"] = hub_ns
+        utils.create_from_dict(api.api_client, doc)
+    token = api.create_namespaced_service_account_token("hub", hub_ns, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    as_hub = client.CoreV1Api(config.new_client_from_config(
+        config_file=str(kubeconfig_as(kubeconfig, tmp_path, token=token))))
+
+    def in_effect() -> bool:  # the API server's RBAC cache takes a moment to see new roles
+        try:
+            as_hub.list_namespaced_pod(namespace)
+        except client.ApiException:
+            return False
+        return True
+
+    wait(in_effect, what="the Hub's role in effect")
+    c, _ = hub_config(monkeypatch, namespace)
+    spawner, pod = await server_pod(c, User("alice", ["vision"]), "quarter-gpu")
+    as_hub.create_namespaced_pod(namespace, api.api_client.sanitize_for_serialization(pod))
+    listed = as_hub.list_namespaced_pod(namespace, label_selector="component=singleuser-server").items
+    assert [p.metadata.name for p in listed] == [spawner.pod_name]
+    as_hub.list_namespaced_event(namespace)
+    as_hub.list_namespaced_pod(namespace, watch=True, timeout_seconds=1, _preload_content=False).release_conn()
+    as_hub.delete_namespaced_pod(spawner.pod_name, namespace)
+    with pytest.raises(client.ApiException) as refused:  # and no more: gpupool's ConfigMaps are not the Hub's
+        as_hub.create_namespaced_config_map(namespace, {"metadata": {"name": f"gpupool-{spawner.pod_name}"}})
+    assert refused.value.status == 403
