@@ -180,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the agent for ``args`` (from :func:`add_parser`); the exit status."""
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s gpupool node-agent %(levelname)s %(message)s")
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # its per-try warnings: the agent says it once
     if not args.node:
         sys.stderr.write("gpupool: error: node-agent needs --node NAME or $NODE_NAME\n")
         return EXIT_USAGE

@@ -185,13 +185,25 @@ def test_an_unreachable_api_server_is_retried_with_backoff_until_stopped(kubecon
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     away = kubeconfig_as(kubeconfig, tmp_path, server=f"https://127.0.0.1:{port}")
-    proc = agent(away, "n1", "--simulate", "1xT4", "--interval", "0.2")
-    time.sleep(4)
-    assert proc.poll() is None, proc.communicate()[1]  # still waiting, not crashed
-    err = stop(proc)
-    delays = [float(line.split("retrying in ")[1].split()[0]) for line in err.splitlines() if "retrying in" in line]
-    assert len(delays) >= 2 and delays[:2] == [0.5, 1.0], err  # backing off, not hammering
-    assert "Traceback" not in err
+    log = tmp_path / "agent.err"
+    with open(log, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "node-agent", "--kubeconfig", str(away),
+                                 "--node", "n1", "--simulate", "1xT4", "--interval", "0.2"],
+                                stdout=subprocess.DEVNULL, stderr=err_file, text=True)
+
+    def delays() -> list[float]:
+        return [float(line.split("retrying in ")[1].split()[0]) for line in log.read_text().splitlines()
+                if "retrying in" in line]
+
+    try:
+        wait(lambda: len(delays()) >= 3, timeout=60, what="three retries")
+        assert proc.poll() is None, log.read_text()  # still waiting, not crashed
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert proc.returncode == 0, log.read_text()
+    assert delays()[:3] == [0.5, 1.0, 2.0], log.read_text()  # backing off, not hammering
+    assert "Traceback" not in log.read_text()
 
 
 def test_usage_mistakes_exit_2_with_a_message(kubeconfig: Path) -> None:
