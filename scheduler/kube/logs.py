@@ -61,6 +61,7 @@ log = logging.getLogger("scheduler.kube")
 CONTAINER = "job"
 CHUNK_BYTES = 1024 * 1024  # one request's most (limitBytes): a huge log is copied in steps, never at once
 VIEWED_FOR_S = 60.0  # a job whose log was read this recently is followed closely
+FINAL_RETRY_S = (1.0, 2.0)  # waits before the second and third try of an end's copy
 _STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d) ")
 
 
@@ -231,7 +232,7 @@ class LiveLogs:
         with pos.lock:
             pos.done = True
             try:
-                self._copy(pos, final=True)
+                self._copy_retrying(pos)
             except Exception as e:
                 gone = isinstance(e, _NotThere) and e.status == 404
                 note = (f"(gpupool: pod {pod} was gone before its last output was read; lines after the last "
@@ -241,6 +242,20 @@ class LiveLogs:
             if not pos.header:
                 self._append(pos, "")  # an attempt that printed nothing still shows in the log
             self._forget(pos)
+
+    def _copy_retrying(self, pos: _Position) -> None:
+        """The final copy; an API server that does not answer gets two more tries (the pod is deleted next)."""
+        for delay in (*FINAL_RETRY_S, None):
+            try:
+                self._copy(pos, final=True)
+                return
+            except _NotThere:
+                raise
+            except Exception as e:
+                if delay is None:
+                    raise
+                log.info("live logs: pod %s: final copy failed (%s); again in %g s", pos.pod, _describe(e), delay)
+                time.sleep(delay)
 
     # ------------------------------------------------------------ copying
     def _copy(self, pos: _Position, final: bool) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -174,3 +175,23 @@ def test_the_poller_spends_its_requests_where_someone_reads(api: Any, namespace:
     # 50 pods, 5 s apart at least: about 20 requests in the first 2 s (spread), never 50 x 10 polls.
     assert quiet <= 40, quiet
     assert busy >= 4, busy  # the read one, about every 0.2 s
+
+
+def test_an_api_server_away_at_the_end_is_tried_three_times_then_named(
+        namespace: str, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes import client, config
+
+    from tests.kube.test_node_agent import kubeconfig_as
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    away = client.CoreV1Api(config.new_client_from_config(
+        config_file=str(kubeconfig_as(kubeconfig, tmp_path, server=f"https://127.0.0.1:{port}"))))
+    monkeypatch.setattr(live_logs, "FINAL_RETRY_S", (0.1, 0.2))
+    logs = LiveLogs(away, namespace, lambda job: tmp_path / job / "job.log", lambda: [])
+    logs.finish("J1", 1, "p")
+    assert logs.requests == 3
+    lines = (tmp_path / "J1" / "job.log").read_text().splitlines()
+    assert lines[0] == "--- gpupool: attempt 1 of J1 (pod p) ---"
+    assert lines[1].startswith("(the log of pod p could not be read: ") and len(lines) == 2
