@@ -8,6 +8,7 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+import kubespawner  # jupyterhub-kubespawner, in the test extra
 import pytest
 import yaml
 from jupyterhub.utils import maybe_future
@@ -16,8 +17,6 @@ from traitlets.config import Config
 from scheduler.service.hub_projects import HubProjectMap
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.test_serve_cli import gpupool, serve
-
-kubespawner = pytest.importorskip("kubespawner", reason="jupyterhub-kubespawner is in the test extra")
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "jupyterhub" / "kubespawner_config.py"
 
