@@ -140,6 +140,14 @@ class Executor(Protocol):
         """The job's log file on this machine (what ``gpupool logs`` reads)."""
         ...
 
+    def log_settled(self, job_id: str) -> bool:
+        """Whether the log file already holds all the output of the job's ended attempts.
+
+        A local process writes its log itself (always True); a pod's output is
+        copied after its end, so a final job's log may still be growing.
+        """
+        ...
+
     def default_workdir(self, job_id: str) -> Path:
         """Where a job runs when its spec names no working directory."""
         ...

@@ -112,6 +112,10 @@ class LocalExecutor:
     def job_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
 
+    def log_settled(self, job_id: str) -> bool:
+        """A process writes its own log: once it has ended, nothing more comes."""
+        return True
+
     def log_path(self, job_id: str) -> Path:
         """The job's log (a gang: every replica's lines, each prefixed ``[K] ``)."""
         return self.job_dir(job_id) / "job.log"

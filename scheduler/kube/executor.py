@@ -95,6 +95,7 @@ class PodExecutor:
         self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
+        self._copying: dict[str, int] = {}  # job id -> final log copies still to land (see log_settled)
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
         # Running pods' output copied into their jobs' log files as it comes (logs.py).
@@ -327,11 +328,39 @@ class PodExecutor:
             a = self._attempts.pop(handle.name, None)
         if a is None or self._start_error(a) is not None:
             return
-        self.calls.submit(self._archive_and_delete, handle.job_id, handle.attempt, handle.name)
+        self._archive_later(handle.job_id, handle.attempt, handle.name)
+
+    def _archive_later(self, job_id: str, attempt: int, name: str) -> None:
+        """Queue the attempt's final log copy and its pod's deletion; until done the log is not settled."""
+        with self._lock:
+            self._copying[job_id] = self._copying.get(job_id, 0) + 1
+        try:
+            self.calls.submit(self._archive_and_delete, job_id, attempt, name)
+        except RuntimeError:  # the pool is shut down (the service is stopping): nothing more will be copied
+            self._copied(job_id)
+
+    def _copied(self, job_id: str) -> None:
+        with self._lock:
+            left = self._copying.pop(job_id, 1) - 1
+            if left > 0:
+                self._copying[job_id] = left
 
     def _archive_and_delete(self, job_id: str, attempt: int, name: str) -> None:
-        self.live.finish(job_id, attempt, name)  # what the live copy has not yet put in the job's log
+        try:
+            self.live.finish(job_id, attempt, name)  # what the live copy has not yet put in the job's log
+        finally:
+            self._copied(job_id)
         self._delete_quietly(name, 0)
+
+    def log_settled(self, job_id: str) -> bool:
+        """Whether the job's log file holds everything its ended pods printed (no final copy in flight).
+
+        A job turns final as soon as the watch sees its container end; the
+        last lines reach the file a moment later. ``gpupool logs -f`` stops at
+        end-of-file of a final job, so it must not be told "the end" before.
+        """
+        with self._lock:
+            return job_id not in self._copying
 
     def _live_pods(self) -> list[tuple[str, int, str]]:
         """(job, attempt, pod) of each single-pod attempt still running, for live logs (a gang's are its own)."""
@@ -369,7 +398,7 @@ class PodExecutor:
             self._observe(a, pod)
             if a.end is not None:
                 self._finished[(job_id, attempt)] = a.end
-                self.calls.submit(self._archive_and_delete, job_id, attempt, name)
+                self._archive_later(job_id, attempt, name)
                 return Recovered("gone", exit_code=a.end.exit_code)
             self._attempts[name] = a
         return Recovered("running", handle)

@@ -88,8 +88,9 @@ class ApiMethodsMixin:
             if n > 1:
                 path = self.executor.replica_log_path(rec.id, replica)
         data, nxt, size = read_log_chunk(path, offset, limit)
-        # A build job has no process, so no log will ever come: eof at once.
-        eof = nxt >= size and (not rec.live or rec.kind == "build")
+        # A build job has no process, so no log will ever come: eof at once. A final job's log is at its
+        # end once the executor has copied in its last output (a pod's comes after the pod ended).
+        eof = nxt >= size and (rec.kind == "build" or (not rec.live and self.executor.log_settled(rec.id)))
         return {"data": data, "offset": nxt, "eof": eof}
 
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
