@@ -280,7 +280,7 @@ def test_gang_reclaim_bound_only_skips_searches_that_would_fail(s: Snapshot) -> 
     with_bound = schedule(s)
     original = ReclaimMixin._gang_reachable
     try:
-        ReclaimMixin._gang_reachable = lambda self, gpus, own, names: True  # type: ignore[method-assign]
+        ReclaimMixin._gang_reachable = lambda self, gpus, own, names, wide=False: True  # type: ignore[method-assign]
         without = schedule(s)
     finally:
         ReclaimMixin._gang_reachable = original  # type: ignore[method-assign]

@@ -66,6 +66,7 @@ class ReclaimMixin(CycleState):
         self.reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
         self._victims: dict[str, tuple[list[Workload], list[Workload], int]] | None = None
         self.smallest_over: dict[str, int] = {}
+        self.smallest_any: dict[str, int] = {}  # the same over all of a project's pause candidates
         # per project: GPUs its candidates hold on each node (all of them, and the over-guarantee ones)
         self._gpus_on: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
 
@@ -103,6 +104,7 @@ class ReclaimMixin(CycleState):
                 lists[name] = (over, cand, len(young))
                 # a lower bound for the rest of the cycle: pausing only removes jobs from the list
                 self.smallest_over[name] = min((milli[v.id] for v in over), default=0)
+                self.smallest_any[name] = min((milli[v.id] for v in cand), default=0)
             self._victims = lists
         return self._victims
 
@@ -132,11 +134,25 @@ class ReclaimMixin(CycleState):
         outcome = self._reclaim(w, req, p, within)
         if outcome is None:
             return None
+        if within:
+            # the over-guarantee jobs, as flagged, are spread so that no node frees enough (each node also
+            # runs a job counted within its project's guarantee): any jobs of those projects may be paused
+            # then, as long as each keeps its guarantee
+            wide = self._reclaim(w, req, p, within, wide=True)
+            if wide is None:
+                return None
+            outcome = (outcome[0], outcome[1] or wide[1])
         self.reclaim_failed.add(context, req, generation, outcome)
         return self.no_room(req, p, within, *outcome)
 
-    def _reclaim(self, w: Workload, req: Request, p: Project, within: bool) -> tuple[int, bool] | None:
-        """Pause and start, returning None; or (jobs protected by min runtime, whether any victim was tried)."""
+    def _reclaim(self, w: Workload, req: Request, p: Project, within: bool,
+                 wide: bool = False) -> tuple[int, bool] | None:
+        """Pause and start, returning None; or (jobs protected by min runtime, whether any victim was tried).
+
+        ``wide``: other projects' victims are all their jobs past the minimum
+        run time, not only those flagged over the guarantee (the floor is kept
+        by the per-victim room and :meth:`victims_on_node`).
+        """
         ledger = self.cap.ledger
         lists = self.victim_lists()
         names = []
@@ -149,13 +165,18 @@ class ReclaimMixin(CycleState):
             elif within and self.usage[name] > self.projects[name].train_guarantee_milli:
                 # the smallest over-guarantee job must fit in what the project may lose
                 room = self.usage[name] - self.projects[name].train_guarantee_milli
-                if over and self.smallest_over[name] <= room:
+                if wide:
+                    if mine and self.smallest_any[name] <= room:
+                        names.append(name)
+                elif over and self.smallest_over[name] <= room:
                     names.append(name)
                 protected += young
         # the project most above its fair share first, its recent use counted (0 without history)
         recent = self.recent
         names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
-        if req.gpus > 1 and not self._gang_reachable(req.gpus, p.name, names):
+        if wide and not names:
+            return (protected, False)
+        if req.gpus > 1 and not self._gang_reachable(req.gpus, p.name, names, wide):
             return (protected, bool(names))
         node_ok: dict[str, bool] = {}
         room_on: dict[str, tuple[int, int, int, int]] = {}
@@ -166,7 +187,7 @@ class ReclaimMixin(CycleState):
             own = name == p.name
             room = self.usage[name] - self.projects[name].train_guarantee_milli  # may go without breaking the floor
             over, mine, _ = lists[name]
-            for v in mine if own else over:
+            for v in mine if own or wide else over:
                 if own and v.priority >= w.priority:
                     break
                 if v.id in preempted or (not own and milli[v.id] > room):
@@ -224,7 +245,7 @@ class ReclaimMixin(CycleState):
             counts = self._gpus_on[name] = (_gpus_per_node(cand), _gpus_per_node(over))
         return counts
 
-    def _gang_reachable(self, gpus: int, own: str, names: list[str]) -> bool:
+    def _gang_reachable(self, gpus: int, own: str, names: list[str], wide: bool = False) -> bool:
         """Upper bound: could pausing every candidate of ``names`` free ``gpus`` whole GPUs on one node?
 
         Counts, per node, the GPUs wholly free now plus every GPU a candidate
@@ -236,11 +257,11 @@ class ReclaimMixin(CycleState):
         """
         whole = self.cap.ledger.whole
         if len(names) == 1:
-            counts = self.gpus_on(names[0])[0 if names[0] == own else 1]
+            counts = self.gpus_on(names[0])[0 if wide or names[0] == own else 1]
             return any(n + whole[node] >= gpus for node, n in counts.items())
         total: dict[str, int] = {}
         for name in names:
-            for node, n in self.gpus_on(name)[0 if name == own else 1].items():
+            for node, n in self.gpus_on(name)[0 if wide or name == own else 1].items():
                 total[node] = total.get(node, 0) + n
         return any(n + whole[node] >= gpus for node, n in total.items())
 
