@@ -396,11 +396,14 @@ class PodExecutor:
                 self.calls.submit(self._delete_quietly, name, 0)  # created, never bound: nothing ran
                 return Recovered("not-started")
             self._observe(a, pod)
-            if a.end is not None:
-                self._finished[(job_id, attempt)] = a.end
-                self._archive_later(job_id, attempt, name)
-                return Recovered("gone", exit_code=a.end.exit_code)
-            self._attempts[name] = a
+            end = a.end
+            if end is not None:
+                self._finished[(job_id, attempt)] = end
+            else:
+                self._attempts[name] = a
+        if end is not None:  # (outside the lock: _archive_later takes it)
+            self._archive_later(job_id, attempt, name)
+            return Recovered("gone", exit_code=end.exit_code)
         return Recovered("running", handle)
 
     def recovered(self, live: set[tuple[str, int]]) -> None:
