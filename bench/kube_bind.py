@@ -17,8 +17,11 @@ first shows its ``spec.nodeName`` (the API server's view, both arms measured
 the same way). binds/s = pods / (first create or submit -> last bound).
 Submit->bound: from sending the job's submit to its pod seen bound. The
 cycle time comes from the service's ``gpupool_cycle_seconds`` histogram; the
-scheduler's peak RSS from /proc. Between rounds the namespace's pods are
-deleted (one deletecollection call), so every round meets the same etcd.
+scheduler's peak RSS from /proc; CPU seconds of the API server + etcd, the
+binder and this process from /proc; the API server's request counts from its
+/metrics. Each arm has a namespace of its own and its pods are left there
+(deleting 10,000 pods takes the API server minutes here): later arms meet a
+fuller etcd, so the order flips every round.
 
     .venv/bin/python bench/kube_bind.py [--nodes 1000] [--jobs 10000] [--rounds 2] [--gpu-fraction 0.5]
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import json
 import os
@@ -137,6 +141,13 @@ class BindWatch:
         self._ready.wait(30)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception:
+            if not self._stop.is_set():  # after stop() the API server may go first: nothing left to record
+                raise
+
+    def _watch(self) -> None:
         rv = self.api.list_namespaced_pod(self.ns, limit=1).metadata.resource_version
         while not self._stop.is_set():
             resp = self.api.list_namespaced_pod(self.ns, watch=True, resource_version=rv, timeout_seconds=60,
@@ -174,8 +185,20 @@ class BindWatch:
         self._stop.set()
 
 
-def clear_namespace(api: client.CoreV1Api, ns: str) -> None:
-    raw_status(api.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False))
+def request_counts(api: client.CoreV1Api) -> collections.Counter[str]:
+    """The API server's own count of requests by verb and resource (its /metrics), to see what each arm asked."""
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        req = api.api_client.param_serialize(method="GET", resource_path="/metrics", auth_settings=["BearerToken"])
+        text = api.api_client.call_api(*req).read().decode()
+    except Exception:
+        return counts
+    for m in re.finditer(r'^apiserver_request_total\{([^}]*)\} (\S+)', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if labels.get("resource") in ("pods", "nodes", "bindings") or labels.get("subresource"):
+            key = f"{labels.get('verb')} {labels.get('resource')}{'/' + labels['subresource'] if labels.get('subresource') else ''}"
+            counts[key] += int(float(m.group(2)))
+    return counts
 
 
 def new_namespace(api: client.CoreV1Api, name: str) -> str:
@@ -232,17 +255,18 @@ def run_ceiling(api: client.CoreV1Api, ns: str, jobs: int, nodes: int, workers: 
 class KubeServe:
     """`gpupool serve --backend kubernetes` of this checkout, in a child process."""
 
-    def __init__(self, work: Path, kubeconfig: Path, ns: str) -> None:
+    def __init__(self, work: Path, kubeconfig: Path, ns: str, root: Path = ROOT,
+                 settings: dict[str, Any] | None = None) -> None:
         self.state = work / f"state-{ns}"
         cfg = work / f"settings-{ns}.json"
-        cfg.write_text(json.dumps(SETTINGS))
-        env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+        cfg.write_text(json.dumps({**SETTINGS, **(settings or {})}))
+        env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(root))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "scheduler", "serve", "--port", "0", "--state-dir", str(self.state),
              "--config", str(cfg), "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", ns,
              "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=open(work / f"serve-{ns}.log", "w"), text=True,
-            start_new_session=True)
+            start_new_session=True, cwd=root)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if "listening on " not in line:
@@ -296,8 +320,9 @@ async def submit_all(url: str, jobs: int, concurrency: int, spec: dict[str, Any]
 
 
 def run_gpupool(api: client.CoreV1Api, work: Path, kubeconfig: Path, ns: str, jobs: int, nodes: int,
-                concurrency: int, fraction: float | None, kube_dir: Path | None) -> dict[str, Any]:
-    serve = KubeServe(work, kubeconfig, ns)
+                concurrency: int, fraction: float | None, kube_dir: Path | None, root: Path = ROOT,
+                settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    serve = KubeServe(work, kubeconfig, ns, root, settings)
     try:
         from scheduler.client import GpupoolClient
 
@@ -344,6 +369,11 @@ def main() -> None:
     ap.add_argument("--gpu-fraction", type=float, default=None)
     ap.add_argument("--kubeconfig", help="use this API server instead of starting one")
     ap.add_argument("--only", choices=("ceiling", "gpupool"))
+    ap.add_argument("--settings", default="{}", help="service settings (JSON) over the bench's own, e.g. "
+                    '\'{"cycle_min_interval_s": 0.5}\'')
+    ap.add_argument("--also", metavar="CHECKOUT", type=Path,
+                    help="also run gpupool serve from this checkout (e.g. a worktree of an older commit), "
+                         "in the same rounds: before/after")
     args = ap.parse_args()
     fraction = args.gpu_fraction
     if fraction is None and args.jobs > args.nodes * GPUS_PER_NODE:
@@ -361,19 +391,26 @@ def main() -> None:
               f"{milli / 1000} GPU; ceiling threads {args.workers}; API server work dir {work}", flush=True)
         results: list[dict[str, Any]] = []
         arms = ["ceiling", "gpupool"] if args.only is None else [args.only]
+        if args.also:
+            arms.append("other")
         for r in range(args.rounds):
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 ns = new_namespace(api, f"{arm[:4]}-{r}-{os.getpid()}")
                 load = os.getloadavg()[0]
+                before = request_counts(api)
                 if arm == "ceiling":
                     res = run_ceiling(api, ns, args.jobs, args.nodes, args.workers, milli, kube_dir)
                 else:
                     res = run_gpupool(api, work, kubeconfig, ns, args.jobs, args.nodes, args.concurrency, fraction,
-                                      kube_dir)
-                res.update(round=r, load=load)
+                                      kube_dir, args.also.resolve() if arm == "other" else ROOT,
+                                      json.loads(args.settings))
+                    if arm == "other":
+                        res["arm"] = f"gpupool @ {args.also.name}"
+                asked = request_counts(api)
+                asked.subtract(before)
+                res.update(round=r, load=load, requests={k: v for k, v in sorted(asked.items()) if v > 0})
                 print(json.dumps(res), flush=True)
                 results.append(res)
-                clear_namespace(api, ns)
         report(results, args, milli, kube_dir)
     finally:
         if not args.kubeconfig:
@@ -385,13 +422,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, milli: int, 
     ceil = [r["rate"] for r in results if r["arm"] == "ceiling"]
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; `bench/kube_bind.py --nodes {args.nodes} --jobs {args.jobs} "
-          f"--rounds {args.rounds}` ({milli / 1000} GPU a job)\n")
+          f"--rounds {args.rounds}{' --settings ' + repr(args.settings) if args.settings != '{}' else ''}` "
+          f"({milli / 1000} GPU a job)\n")
     print("| round | arm | pods bound | binds/s | / ceiling | submit->bound p50 / p99 | submits took | cycles, "
           "mean / p99 | scheduler RSS idle / end (peak) | CPU s: API server+etcd / binder / bench client | load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         same = [c["rate"] for c in results if c["arm"] == "ceiling" and c["round"] == r["round"]]
-        ratio = f"{r['rate'] / same[0]:.0%}" if r["arm"] == "gpupool" and same else ""
+        ratio = f"{r['rate'] / same[0]:.0%}" if r["arm"] != "ceiling" and same else ""
         if r["arm"] == "ceiling":
             extra = "| | | | |"
         else:
