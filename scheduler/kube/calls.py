@@ -19,7 +19,7 @@ from scheduler.kube.health import Health
 
 T = TypeVar("T")
 
-WORKERS = 4
+WORKERS = 12
 """Threads (and so connections) for API calls: creates and binds of pods, deletes, log reads."""
 
 
