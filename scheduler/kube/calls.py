@@ -19,6 +19,9 @@ from scheduler.kube.health import Health
 
 T = TypeVar("T")
 
+START_GIVE_UP_S = 30.0  # an API server away longer than this at a start: the job goes back to the queue
+STOP_WAIT_AFTER_GRACE_S = 60.0  # how long a stop task keeps watching past the grace (the monitor settles later)
+
 WORKERS = 12
 """Threads (and so connections) for API calls: creates and binds of pods, deletes, log reads."""
 

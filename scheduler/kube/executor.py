@@ -28,31 +28,15 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
-from scheduler.kube.calls import Calls, raw_json, raw_status
+from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, raw_json, raw_status
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
 from scheduler.kube.logs import LiveLogs
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
-from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodSettings, pod_end, pod_manifest
+from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodHandle, PodSettings, pod_end, pod_manifest
 from scheduler.kube.watcher import ListWatch
 
 log = logging.getLogger("scheduler.kube")
-
-START_GIVE_UP_S = 30.0  # an API server away longer than this at a start: the job goes back to the queue
-STOP_WAIT_AFTER_GRACE_S = 60.0  # how long a stop task keeps watching past the grace (the monitor settles later)
-
-
-@dataclass
-class PodHandle:
-    """A started attempt (the core's handle): its pod's name; no local process."""
-
-    job_id: str
-    attempt: int
-    name: str
-    node: str = ""
-    pid: int | None = None
-    start_time: int = 0
-
 
 @dataclass
 class _Attempt:

@@ -30,7 +30,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
-from scheduler.kube.calls import Calls
+from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
 from scheduler.kube.foreign import (
     FRACTION_ANNOTATION,
     MEMORY_ANNOTATION,
@@ -44,32 +44,16 @@ from scheduler.kube.gpu_env_configmap import gpu_config_map
 from scheduler.kube.health import Health, describe
 from scheduler.kube.names import MANAGED_BY, MANAGED_BY_LABEL
 from scheduler.kube.pod_events import post_event
-from scheduler.kube.pods import PodEnd, pod_environment
+from scheduler.kube.pods import PodEnd, PodHandle, pod_environment
 from scheduler.kube.watcher import ListWatch
 
 log = logging.getLogger("scheduler.kube")
-
-START_GIVE_UP_S = 30.0
-STOP_WAIT_AFTER_GRACE_S = 60.0
-
-
-@dataclass
-class KubectlHandle:
-    """A started attempt of a job standing for a kubectl pod (the core's handle)."""
-
-    job_id: str
-    attempt: int
-    name: str
-    node: str = ""
-    pid: int | None = None
-    start_time: int = 0
-
 
 @dataclass
 class _Run:
     """What we know of the current attempt's pod (guarded by the lock)."""
 
-    handle: KubectlHandle
+    handle: PodHandle
     ref: PodRef
     start: Any = None  # the ConfigMap+bind future (None when adopted after a restart)
     stopping: bool = False  # gpupool asked for the deletion
@@ -186,11 +170,11 @@ class KubectlPods:
         self.calls.submit(go)
 
     # ------------------------------------------------------------ start
-    def launch(self, launch: Launch) -> KubectlHandle:
+    def launch(self, launch: Launch) -> PodHandle:
         """Begin to write the pod's ConfigMap and bind it (on a worker thread); the handle at once."""
         ref = self._refs[launch.job_id]
         node = str(launch.assignment.get("node", ""))
-        handle = KubectlHandle(launch.job_id, launch.attempt, ref.name, node)
+        handle = PodHandle(launch.job_id, launch.attempt, ref.name, node)
         run = _Run(handle, ref)
         env = pod_environment(launch)
         env.pop("PYTHONPATH", None)
@@ -278,7 +262,7 @@ class KubectlPods:
         return None if e is None else str(e) if isinstance(e, RuntimeError) else describe(e)
 
     # ------------------------------------------------------------ watch
-    def alive(self, handle: KubectlHandle) -> bool:
+    def alive(self, handle: PodHandle) -> bool:
         with self._lock:
             run = self._runs.get(handle.job_id)
             if run is None or run.handle.attempt != handle.attempt:
@@ -304,7 +288,7 @@ class KubectlPods:
         end = self._end_of(job_id, attempt)
         return end is not None and end.on_its_own
 
-    def interrupted(self, handle: KubectlHandle) -> Interrupted | None:
+    def interrupted(self, handle: PodHandle) -> Interrupted | None:
         with self._lock:
             run = self._runs.get(handle.job_id)
             if run is None:
@@ -321,7 +305,7 @@ class KubectlPods:
             return None
 
     # ------------------------------------------------------------ stop
-    async def stop(self, handle: KubectlHandle, grace_s: float) -> bool:
+    async def stop(self, handle: PodHandle, grace_s: float) -> bool:
         """Record why on the pod, then delete it with the grace period; past it, for good if its node is lost."""
         with self._lock:
             run = self._runs.get(handle.job_id)
@@ -378,7 +362,7 @@ class KubectlPods:
             log.warning("could not delete pod %s: %s", ref.text, describe(e))
 
     # ------------------------------------------------------------ after the end
-    def release(self, handle: KubectlHandle) -> None:
+    def release(self, handle: PodHandle) -> None:
         """Keep what the pod printed in the job's log; the pod itself stays (it is its user's)."""
         with self._lock:
             run = self._runs.pop(handle.job_id, None)
@@ -387,7 +371,7 @@ class KubectlPods:
             return
         self.calls.submit(self._archive, handle, run.ref)
 
-    def _archive(self, handle: KubectlHandle, ref: PodRef) -> None:
+    def _archive(self, handle: PodHandle, ref: PodRef) -> None:
         try:
             text = self.api.read_namespaced_pod_log(ref.name, ref.namespace)
         except Exception as e:
@@ -403,7 +387,7 @@ class KubectlPods:
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
         """Find the job's pod by uid: bound and running (adopt), ended (its code), Pending (requeue), or gone."""
         ref = self._refs[job_id]
-        handle = KubectlHandle(job_id, attempt, ref.name)
+        handle = PodHandle(job_id, attempt, ref.name)
         run = _Run(handle, ref)
         if not self.watch.synced.wait(self.sync_timeout_s):
             with self._lock:

@@ -43,10 +43,10 @@ from scheduler.kube.names import (
     MANAGED_SELECTOR,
     pod_name,
 )
-from scheduler.kube.pods import PodEnd, PodSettings, label_value, pod_manifest
+from scheduler.kube.pods import PodEnd, PodHandle, PodSettings, label_value, pod_manifest
 
 if TYPE_CHECKING:
-    from scheduler.kube.executor import PodExecutor, PodHandle
+    from scheduler.kube.executor import PodExecutor
 
 log = logging.getLogger("scheduler.kube")
 
@@ -342,7 +342,7 @@ class GangPods:
             n = int((pods[0].metadata.annotations or {}).get(REPLICAS_ANNOTATION, ""))
         except ValueError:
             n = 1 + max(int(p.metadata.labels[REPLICA_LABEL]) for p in pods)
-        from scheduler.kube.executor import PodHandle, _Attempt
+        from scheduler.kube.executor import _Attempt
 
         g = GangHandle(job_id, attempt, pod_name(job_id, attempt), "", [])
         with px._lock:

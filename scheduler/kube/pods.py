@@ -24,6 +24,18 @@ WORKDIR_ROOT = "/gpupool/work"
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
+@dataclass
+class PodHandle:
+    """A started attempt run as a pod, gpupool's or a kubectl user's (the core's handle); no local process."""
+
+    job_id: str
+    attempt: int
+    name: str
+    node: str = ""
+    pid: int | None = None
+    start_time: int = 0
+
+
 @dataclass(frozen=True)
 class PodSettings:
     """What every job pod of this service shares (from ServiceConfig)."""

@@ -154,18 +154,12 @@ class AdoptedPodsMixin:
             kc.warn_once(kp.ref, "GpupoolNotQueued", f"gpupool cannot queue this pod: {e}")
             return False
         now = time.time()
-        with self._store.transaction():
-            num = self._store.next_job_number()
-            job_id = f"j-{num:06d}"
-            rec = JobRecord(
-                id=job_id, num=num, name=js.name, project=js.project, user=kp.user, kind=js.kind, state="queued",
-                request=js.request(), priority=js.priority, submitted_at=now,
-                reason=f"queued from pod {kp.ref.text}", workdir="", command=js.command, labels=js.labels,
-                client_key=job_key(kp.ref.uid), lease_expires_at=None,
-            )
-            self._store.insert_job(rec)
-            self._live[job_id] = rec
-            self._emit_job(job_id)  # type: ignore[attr-defined]
+        job_id = self._insert_new_job(lambda job_id, num: JobRecord(  # type: ignore[attr-defined]
+            id=job_id, num=num, name=js.name, project=js.project, user=kp.user, kind=js.kind, state="queued",
+            request=js.request(), priority=js.priority, submitted_at=now,
+            reason=f"queued from pod {kp.ref.text}", workdir="", command=js.command, labels=js.labels,
+            client_key=job_key(kp.ref.uid), lease_expires_at=None,
+        )).id
         self._pod_jobs()[kp.ref.uid] = job_id
         kc.register(job_id, kp.ref)
         self._metrics.submitted.labels(js.kind).inc()

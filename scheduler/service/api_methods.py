@@ -10,6 +10,7 @@ dicts in the wire shapes of docs/design.md and raise :mod:`scheduler.errors`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -92,6 +93,19 @@ class ApiMethodsMixin:
         # end once the executor has copied in its last output (a pod's comes after the pod ended).
         eof = nxt >= size and (rec.kind == "build" or (not rec.live and self.executor.log_settled(rec.id)))
         return {"data": data, "offset": nxt, "eof": eof}
+
+    def _insert_new_job(self, make: Callable[[str, int], JobRecord]) -> JobRecord:
+        """Number, store and announce a new queued job (``make(job_id, num)`` builds its record), in one transaction.
+
+        The event is written in the same transaction as the job: one disk sync per submit.
+        """
+        with self._store.transaction():
+            num = self._store.next_job_number()
+            rec = make(f"j-{num:06d}", num)
+            self._store.insert_job(rec)
+            self._live[rec.id] = rec
+            self._emit_job(rec.id)
+        return rec
 
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         usage: dict[str, dict[str, int]] = {}
@@ -220,20 +234,14 @@ class ApiMethodsMixin:
             job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
                         self.config.job_account_template)
         now = time.time()
-        with self._store.transaction():
-            num = self._store.next_job_number()
-            job_id = f"j-{num:06d}"
-            rec = JobRecord(
-                id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",
-                request=request, priority=js.priority, submitted_at=now, reason="queued",
-                workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
-                command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key, image=js.image,
-                replicas=js.replicas,
-                lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
-            )
-            self._store.insert_job(rec)
-            self._live[job_id] = rec
-            self._emit_job(job_id)  # same transaction: one disk sync per submit
+        job_id = self._insert_new_job(lambda job_id, num: JobRecord(
+            id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",
+            request=request, priority=js.priority, submitted_at=now, reason="queued",
+            workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
+            command=js.command, job_env=js.env, labels=js.labels, client_key=js.client_key, image=js.image,
+            replicas=js.replicas,
+            lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
+        )).id
         self._metrics.submitted.labels(js.kind).inc()
         # A kernel waits on its build share: decide now. A train submit returns at once
         # (queued) and the next loop iteration's cycle decides every train job submitted
