@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +84,21 @@ def kube_config(state_dir: Path, kubeconfig: Path, namespace: str, **overrides: 
     )
     base.update(overrides)
     return ServiceConfig(**base)
+
+
+@pytest.fixture
+async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[Callable[..., Any]]:
+    """``await make_core(**overrides)``: a started core on the test's namespace; stopped at the end."""
+    from scheduler.service.core import SchedulerCore
+
+    cores: list[SchedulerCore] = []
+
+    async def make(**overrides: Any) -> SchedulerCore:
+        core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
+        await core.start()
+        cores.append(core)
+        return core
+
+    yield make
+    for c in cores:
+        await c.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +44,6 @@ def pod_events(api: Any, ns: str, name: str) -> list[Any]:
 
 def jobs_of(core: SchedulerCore, ns: str, name: str) -> list[dict[str, Any]]:
     return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod") == f"{ns}/{name}"]
-
-
-@pytest.fixture
-async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[Callable[..., Any]]:
-    cores: list[SchedulerCore] = []
-
-    async def make(**overrides: Any) -> SchedulerCore:
-        core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
-        await core.start()
-        cores.append(core)
-        return core
-
-    yield make
-    for c in cores:
-        await c.stop()
 
 
 async def test_a_quarter_gpu_kubectl_pod_is_bound_with_its_gpu_in_its_configmap(api: Any, namespace: str,

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from scheduler.service.actor import Actor
 from scheduler.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, pod_env
-from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
 
 ADMIN = Actor("admin", True)
@@ -23,22 +18,6 @@ def pods(api: Any, ns: str) -> dict[str, Any]:
 
 def job(core: SchedulerCore, job_id: str) -> dict[str, Any]:
     return core.get_job(ADMIN, job_id)
-
-
-@pytest.fixture
-async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[Callable[..., Any]]:
-    """``await make_core(**overrides)``: a started core on the test's namespace; stopped at the end."""
-    cores: list[SchedulerCore] = []
-
-    async def make(**overrides: Any) -> SchedulerCore:
-        core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
-        await core.start()
-        cores.append(core)
-        return core
-
-    yield make
-    for c in cores:
-        await c.stop()
 
 
 async def submit(core: SchedulerCore, project: str, gpus: int, name: str = "") -> str:
