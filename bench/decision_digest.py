@@ -1,4 +1,4 @@
-"""A digest of the decisions of bench.scale's 14 cycles without gangs, and the steady cycle's CPU time.
+"""Digests of the decisions of bench.scale's cycles (14 without gangs, 4 with), and the steady cycle's CPU time.
 
 Run: ``python -m bench.decision_digest [REPEATS]`` in two checkouts (e.g. one
 from ``git archive`` of an older commit) to show that a change to the policy
@@ -19,6 +19,7 @@ from bench.scale import (
     MILLI,
     applied,
     fill,
+    gang_jobs,
     openb_nodes,
     openb_requests,
     pending_jobs,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         first = snapshot(snodes, sprojects, srunning + spending[:n])
         eat(applied(first, eat(first)))
     print("digest of 14 cycles' decisions", h.hexdigest()[:16])
+    print("digest of the 4 gang cycles' decisions", gang_digest())
     cpu = []
     for _ in range(repeats):
         c = time.process_time()
@@ -72,6 +74,28 @@ def main(argv: list[str] | None = None) -> int:
         cpu.append((time.process_time() - c) * 1000)
     print(f"steady synthetic 10k cycle: CPU p50 {statistics.median(cpu):.1f} ms, min {min(cpu):.1f} ms")
     return 0
+
+
+def gang_digest() -> str:
+    """The same for bench.scale's gang rows (first and next cycle of both readings), from their random stream."""
+    h = hashlib.sha256()
+    rng = random.Random(12)
+    snodes = synthetic_nodes()
+    srunning = synthetic_running(snodes, rng)
+    shapes = openb_requests(keep_models=False)
+    sprojects = projects(len(snodes) * 8 * MILLI)
+    first = snapshot(snodes, sprojects, srunning + gang_jobs(shapes, 10_000, rng))
+    mixed = gang_jobs(shapes, 9_000, rng, share=0.0, start=400_000)
+    replicas = gang_jobs(shapes, 300, rng, share=1.0, start=500_000)
+    while len(replicas) > 1_000:  # as bench.scale.gang_rows
+        last = replicas[-1].gang
+        replicas = [w for w in replicas if w.gang != last]
+    second = snapshot(snodes, sprojects, srunning + mixed + replicas)
+    for s in (first, second):
+        d = schedule(s)
+        h.update(repr(d).encode())
+        h.update(repr(schedule(applied(s, d))).encode())
+    return h.hexdigest()[:16]
 
 
 if __name__ == "__main__":
