@@ -27,6 +27,8 @@ from scheduler.kube.executor import PodExecutor
 from scheduler.kube.foreign_jobs import KubectlPods
 from scheduler.kube.health import Health
 from scheduler.kube.nodes import PoolNode, read_node
+from scheduler.kube.objects import Obj
+from scheduler.kube.objects import name as name_of
 from scheduler.kube.other_pods import OtherPods
 from scheduler.kube.pods import PodSettings
 from scheduler.kube.routing import KubeExecutor
@@ -80,7 +82,7 @@ class KubeBackend:
         self.refresh()
 
     # ------------------------------------------------------------ node watch (its thread)
-    def _on_reset(self, items: list[Any]) -> None:
+    def _on_reset(self, items: list[Obj]) -> None:
         seen = {}
         for n in items:
             pn = read_node(n)
@@ -90,11 +92,11 @@ class KubeBackend:
             self._seen = seen
             self._changed = True
 
-    def _on_event(self, kind: str, node: Any) -> None:
+    def _on_event(self, kind: str, node: Obj) -> None:
         pn = None if kind == "DELETED" else read_node(node)
         with self._lock:
             if pn is None:
-                if self._seen.pop(node.metadata.name, None) is None:
+                if self._seen.pop(name_of(node), None) is None:
                     return
             elif self._seen.get(pn.name) == pn:
                 return  # a heartbeat: nothing the pool sees changed

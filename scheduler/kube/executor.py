@@ -28,11 +28,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
+from scheduler.kube import objects as ob
 from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, raw_json, raw_status
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
 from scheduler.kube.logs import LiveLogs
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
+from scheduler.kube.objects import Obj
 from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodHandle, PodSettings, pod_end, pod_manifest
 from scheduler.kube.watcher import ListWatch
 
@@ -75,7 +77,7 @@ class PodExecutor:
         self.node_lost = node_lost
         self.sync_timeout_s = sync_timeout_s
         self._lock = threading.Lock()
-        self._pods: dict[str, Any] = {}  # the watch's view of our pods, by name
+        self._pods: dict[str, Obj] = {}  # the watch's view of our pods (their JSON), by name
         self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
@@ -95,21 +97,21 @@ class PodExecutor:
         self.live.stop()
 
     # ------------------------------------------------------------ the watch's view (watch thread)
-    def _on_reset(self, pods: list[Any]) -> None:
+    def _on_reset(self, pods: list[Obj]) -> None:
         with self._lock:
-            listed = {p.metadata.name: p for p in pods}
-            list_rv = max((_rv(p.metadata.resource_version) or 0 for p in pods), default=0)
+            listed = {ob.name(p): p for p in pods}
+            list_rv = max((_rv(ob.resource_version(p)) or 0 for p in pods), default=0)
             self._pods = listed
             for name, a in self._attempts.items():
                 pod = listed.get(name)
-                if pod is not None and self._mine(a, pod) and (pod.spec.node_name or not a.adopted):
+                if pod is not None and self._mine(a, pod) and (ob.node_name(pod) or not a.adopted):
                     self._observe(a, pod)
                 elif a.adopted or (a.start is not None and a.start.done() and a.created_rv is not None
                                    and list_rv >= a.created_rv):
                     a.gone = True  # listed after it existed and not there (or, adopted, never bound): it is gone
 
-    def _on_event(self, kind: str, pod: Any) -> None:
-        name = pod.metadata.name
+    def _on_event(self, kind: str, pod: Obj) -> None:
+        name = ob.name(pod)
         with self._lock:
             if kind == "DELETED":
                 self._pods.pop(name, None)
@@ -125,7 +127,7 @@ class PodExecutor:
                     a.gone = True
 
     @staticmethod
-    def _mine(a: _Attempt, pod: Any) -> bool:
+    def _mine(a: _Attempt, pod: Obj) -> bool:
         """Whether this pod object is the attempt's own, not an earlier pod of the same name.
 
         A start that was refused requeues the job with the same attempt number,
@@ -134,13 +136,13 @@ class PodExecutor:
         an attempt owns no pod (nothing of it can end before its bind anyway);
         an adopted attempt owns the first it is shown.
         """
-        uid = pod.metadata.uid
+        uid = ob.uid(pod)
         if a.uid is None and a.adopted:
             a.uid = uid
         return a.uid is not None and a.uid == uid
 
     @staticmethod
-    def _observe(a: _Attempt, pod: Any) -> None:
+    def _observe(a: _Attempt, pod: Obj) -> None:
         a.seen = True
         if a.end is None:
             a.end = pod_end(pod)
@@ -374,8 +376,8 @@ class PodExecutor:
             pod = self._pods.get(name)
             if pod is None:
                 return Recovered("gone")  # never created, or deleted while we were away: resume it
-            a.uid = pod.metadata.uid
-            handle.node = pod.spec.node_name or ""
+            a.uid = ob.uid(pod)
+            handle.node = ob.node_name(pod)
             if not handle.node:
                 self.calls.submit(self._delete_quietly, name, 0)  # created, never bound: nothing ran
                 return Recovered("not-started")
@@ -400,13 +402,12 @@ class PodExecutor:
         with self._lock:
             ours = {pod_name(j, n) for j, n in live} | set(self._attempts)
             ours |= {pod_name(j, n) for j, n in self._finished}
-            orphans = [p for p in self._pods.values() if p.metadata.name not in ours
-                       and p.metadata.deletion_timestamp is None]
+            orphans = [p for p in self._pods.values() if ob.name(p) not in ours and not ob.being_deleted(p)]
         for p in orphans:
-            labels = p.metadata.labels or {}
-            log.warning("deleting pod %s (job %s attempt %s): no running attempt of ours", p.metadata.name,
+            labels = ob.labels(p)
+            log.warning("deleting pod %s (job %s attempt %s): no running attempt of ours", ob.name(p),
                         labels.get(JOB_LABEL), labels.get(ATTEMPT_LABEL))
-            self._delete_quietly(p.metadata.name, self.settings_grace())
+            self._delete_quietly(ob.name(p), self.settings_grace())
         self.gangs.sweep_services(live)
 
     def settings_grace(self) -> int:

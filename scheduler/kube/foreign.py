@@ -15,7 +15,9 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from scheduler.kube import objects as ob
 from scheduler.kube.names import GPU_RESOURCE, PROJECT_LABEL
+from scheduler.kube.objects import Obj
 from scheduler.kube.pods import PodEnd
 
 USER_LABEL = "gpupool.io/user"
@@ -68,54 +70,52 @@ class KubectlPod:
     reads_env: bool = True  # a container has envFrom of its ConfigMap (not optional)
 
 
-def gpus_asked(pod: Any) -> int:
+def gpus_asked(pod: Obj) -> int:
     """Whole GPUs a pod asks for: its containers' ``nvidia.com/gpu`` limits (or requests), summed.
 
     Init containers run one at a time before the others, so the largest of
     them counts when it is more than the containers' sum (as the kubelet does).
     """
-    def one(c: Any) -> int:
-        res = c.resources
-        if res is None:
-            return 0
-        value = (res.limits or {}).get(GPU_RESOURCE) or (res.requests or {}).get(GPU_RESOURCE)
+    def one(c: Obj) -> int:
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
         try:
             return max(0, int(parse_quantity(value))) if value is not None else 0
         except (ValueError, TypeError):
             return 0
 
-    spec = pod.spec
-    main = sum(one(c) for c in spec.containers or [])
-    init = max((one(c) for c in spec.init_containers or []), default=0)
+    main = sum(one(c) for c in ob.containers(pod))
+    init = max((one(c) for c in ob.init_containers(pod)), default=0)
     return max(main, init)
 
 
-def reads_config_map(pod: Any) -> bool:
+def reads_config_map(pod: Obj) -> bool:
     """Whether a container of the pod takes its environment from its gpupool ConfigMap, not optionally."""
-    want = config_map_name(pod.metadata.name)
-    for c in pod.spec.containers or []:
-        for src in c.env_from or []:
-            ref = src.config_map_ref
-            if ref is not None and ref.name == want and not ref.optional:
+    want = config_map_name(ob.name(pod))
+    for c in ob.containers(pod):
+        for src in c.get("envFrom") or []:
+            ref = src.get("configMapRef")
+            if ref is not None and ref.get("name") == want and not ref.get("optional"):
                 return True
     return False
 
 
-def read_pod(pod: Any) -> KubectlPod:
-    """The job spec for a pending kubectl pod, or (``problem``) why it cannot be queued."""
-    meta = pod.metadata
-    labels = meta.labels or {}
-    ann = meta.annotations or {}
-    ref = PodRef(meta.namespace, meta.name, meta.uid)
+def read_pod(pod: Obj) -> KubectlPod:
+    """The job spec for a pending kubectl pod (its JSON), or (``problem``) why it cannot be queued."""
+    name = ob.name(pod)
+    labels = ob.labels(pod)
+    ann = ob.annotations(pod)
+    ref = PodRef(ob.namespace(pod), name, ob.uid(pod))
     project = labels.get(PROJECT_LABEL, "")
-    user = labels.get(USER_LABEL) or f"kubectl:{meta.namespace}"
+    user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"
     kind = ann.get(KIND_ANNOTATION, "train")
-    first = (pod.spec.containers or [None])[0]
-    command = [*(first.command or []), *(first.args or [])] if first is not None else []
-    spec: dict[str, Any] = {"project": project, "kind": kind, "name": meta.name[:200],
+    first = (ob.containers(pod) or [None])[0]
+    command = [*(first.get("command") or []), *(first.get("args") or [])] if first is not None else []
+    spec: dict[str, Any] = {"project": project, "kind": kind, "name": name[:200],
                             "labels": {POD_JOB_LABEL: ref.text, POD_UID_JOB_LABEL: ref.uid}}
     if kind == "train":
-        spec["command"] = command or [f"(pod {ref.text}, image {first.image if first is not None else '?'})"]
+        image = first.get("image") if first is not None else None
+        spec["command"] = command or [f"(pod {ref.text}, image {image or '?'})"]
 
     def refused(why: str) -> KubectlPod:
         return KubectlPod(ref, project, user, spec, f"gpupool cannot queue this pod: {why}", reads_config_map(pod))
@@ -124,8 +124,8 @@ def read_pod(pod: Any) -> KubectlPod:
         return refused(f"it has no label {PROJECT_LABEL} (the gpupool project it runs in)")
     if kind not in ("train", "build"):
         return refused(f"annotation {KIND_ANNOTATION}={kind!r} is not train or build")
-    if len(config_map_name(meta.name)) > MAX_NAME:
-        return refused(f"its name is too long for its ConfigMap {config_map_name(meta.name)[:40]}...")
+    if len(config_map_name(name)) > MAX_NAME:
+        return refused(f"its name is too long for its ConfigMap {config_map_name(name)[:40]}...")
     whole = gpus_asked(pod)
     given = [f"annotation {n}" for n in (FRACTION_ANNOTATION, MEMORY_ANNOTATION) if n in ann]
     given += [f"{GPU_RESOURCE} limit"] if whole else []
@@ -149,23 +149,24 @@ def read_pod(pod: Any) -> KubectlPod:
     return KubectlPod(ref, project, user, spec, "", reads_config_map(pod))
 
 
-def _exit_codes(pod: Any) -> list[int]:
+def _exit_codes(pod: Obj) -> list[int]:
     out = []
-    for cs in (pod.status.container_statuses if pod.status is not None else None) or []:
-        term = cs.state.terminated if cs.state is not None else None
-        if term is not None and term.exit_code is not None:
-            out.append(int(term.exit_code))
+    for cs in ob.container_statuses(pod):
+        term = ob.terminated(cs)
+        code = ob.exit_code(term) if term is not None else None
+        if code is not None:
+            out.append(code)
     return out
 
 
-def kubectl_pod_end(pod: Any) -> PodEnd | None:
+def kubectl_pod_end(pod: Obj) -> PodEnd | None:
     """How a kubectl pod ended (phase Succeeded or Failed, set by its kubelet), or None while it may run.
 
     Its exit code: 0 when it succeeded, else its first container's non-zero
     code (1 when the kubelet recorded none). Ended on its own: no deletion
     was asked for before the end (a watch delivers changes in order).
     """
-    phase = pod.status.phase if pod.status is not None else None
+    phase = ob.phase(pod)
     if phase not in ("Succeeded", "Failed"):
         return None
     codes = _exit_codes(pod)
@@ -173,13 +174,13 @@ def kubectl_pod_end(pod: Any) -> PodEnd | None:
         code = 0
     else:
         code = next((c for c in codes if c != 0), 1)
-    return PodEnd(code, pod.metadata.deletion_timestamp is None)
+    return PodEnd(code, not ob.being_deleted(pod))
 
 
-def deleted_end(pod: Any) -> PodEnd | None:
+def deleted_end(pod: Obj) -> PodEnd | None:
     """A pod being deleted whose containers all ended: the exit status they left (the kubelet's last word)."""
     codes = _exit_codes(pod)
-    n = len(pod.spec.containers or [])
+    n = len(ob.containers(pod))
     if not codes or len(codes) < n:
         return None
     return PodEnd(next((c for c in codes if c != 0), 0), False)

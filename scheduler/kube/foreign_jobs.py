@@ -30,6 +30,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
+from scheduler.kube import objects as ob
 from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
 from scheduler.kube.foreign import (
     FRACTION_ANNOTATION,
@@ -43,6 +44,7 @@ from scheduler.kube.foreign import (
 from scheduler.kube.gpu_env_configmap import gpu_config_map
 from scheduler.kube.health import Health, describe
 from scheduler.kube.names import MANAGED_BY, MANAGED_BY_LABEL
+from scheduler.kube.objects import Obj
 from scheduler.kube.pod_events import post_event
 from scheduler.kube.pods import PodEnd, PodHandle, pod_environment
 from scheduler.kube.watcher import ListWatch
@@ -74,7 +76,7 @@ class KubectlPods:
         self.node_lost = node_lost
         self.sync_timeout_s = sync_timeout_s
         self._lock = threading.Lock()
-        self._pods: dict[str, Any] = {}  # by uid
+        self._pods: dict[str, Obj] = {}  # their JSON, by uid
         self.generation = 0
         """Bumped on every change the watch sees: the core re-reads the pending pods only then."""
         self._refs: dict[str, PodRef] = {}  # job id -> its pod
@@ -95,9 +97,9 @@ class KubectlPods:
         self.watch.stop(wait_s=0.5)
 
     # ------------------------------------------------------------ the watch's view (watch thread)
-    def _on_reset(self, pods: list[Any]) -> None:
+    def _on_reset(self, pods: list[Obj]) -> None:
         with self._lock:
-            self._pods = {p.metadata.uid: p for p in pods}
+            self._pods = {ob.uid(p): p for p in pods}
             self.generation += 1
             for run in self._runs.values():
                 pod = self._pods.get(run.ref.uid)
@@ -106,8 +108,8 @@ class KubectlPods:
                 elif run.start is None or run.start.done():
                     run.gone = True
 
-    def _on_event(self, kind: str, pod: Any) -> None:
-        uid = pod.metadata.uid
+    def _on_event(self, kind: str, pod: Obj) -> None:
+        uid = ob.uid(pod)
         with self._lock:
             if kind == "DELETED":
                 self._pods.pop(uid, None)
@@ -122,12 +124,12 @@ class KubectlPods:
                     run.gone = True
 
     @staticmethod
-    def _observe(run: _Run, pod: Any) -> None:
-        if pod.metadata.deletion_timestamp is not None and not run.stopping:
+    def _observe(run: _Run, pod: Obj) -> None:
+        if ob.being_deleted(pod) and not run.stopping:
             run.deleted_by_other = True
         if run.end is None:
             run.end = kubectl_pod_end(pod)
-            if run.end is None and pod.metadata.deletion_timestamp is not None:
+            if run.end is None and ob.being_deleted(pod):
                 run.end = deleted_end(pod)
 
     # ------------------------------------------------------------ the core's reads (its loop)
@@ -135,8 +137,8 @@ class KubectlPods:
     def synced(self) -> bool:
         return self.watch.synced.is_set()
 
-    def pods(self) -> dict[str, Any]:
-        """Every kubectl pod now, by uid (a copy)."""
+    def pods(self) -> dict[str, Obj]:
+        """Every kubectl pod now (its JSON), by uid (a copy of the map)."""
         with self._lock:
             return dict(self._pods)
 
@@ -228,7 +230,7 @@ class KubectlPods:
         with self._lock:
             pod = self._pods.get(ref.uid)
         if pod is not None and not reads_config_map(pod):
-            ann = pod.metadata.annotations or {}
+            ann = ob.annotations(pod)
             if FRACTION_ANNOTATION in ann or MEMORY_ANNOTATION in ann:
                 post_event(self.api, ref, "Warning", "GpupoolNoGpuEnv",
                            f"this pod holds a share of one GPU but no container has envFrom: "
@@ -397,7 +399,7 @@ class KubectlPods:
             pod = self._pods.get(ref.uid)
             if pod is None:
                 return Recovered("gone")
-            handle.node = pod.spec.node_name or ""
+            handle.node = ob.node_name(pod)
             if not handle.node:
                 return Recovered("not-started")
             self._observe(run, pod)

@@ -34,6 +34,8 @@ from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.executor.rendezvous import rendezvous_env
+from scheduler.kube import objects as ob
+from scheduler.kube.calls import raw_json
 from scheduler.kube.health import describe
 from scheduler.kube.names import (
     ATTEMPT_LABEL,
@@ -333,15 +335,15 @@ class GangPods:
         px = self.px
         with px._lock:
             pods = [p for p in px._pods.values()
-                    if (p.metadata.labels or {}).get(JOB_LABEL) == label_value(job_id)
-                    and (p.metadata.labels or {}).get(ATTEMPT_LABEL) == str(attempt)
-                    and REPLICA_LABEL in (p.metadata.labels or {})]
+                    if ob.labels(p).get(JOB_LABEL) == label_value(job_id)
+                    and ob.labels(p).get(ATTEMPT_LABEL) == str(attempt)
+                    and REPLICA_LABEL in ob.labels(p)]
         if not pods:
             return None
         try:
-            n = int((pods[0].metadata.annotations or {}).get(REPLICAS_ANNOTATION, ""))
+            n = int(ob.annotations(pods[0]).get(REPLICAS_ANNOTATION, ""))
         except ValueError:
-            n = 1 + max(int(p.metadata.labels[REPLICA_LABEL]) for p in pods)
+            n = 1 + max(int(ob.labels(p)[REPLICA_LABEL]) for p in pods)
         from scheduler.kube.executor import _Attempt
 
         g = GangHandle(job_id, attempt, pod_name(job_id, attempt), "", [])
@@ -351,9 +353,9 @@ class GangPods:
                 h = PodHandle(job_id, attempt, name)
                 a = _Attempt(h, adopted=True)
                 pod = px._pods.get(name)
-                if pod is not None and pod.spec.node_name:
-                    a.uid = pod.metadata.uid
-                    h.node = pod.spec.node_name
+                if pod is not None and ob.node_name(pod):
+                    a.uid = ob.uid(pod)
+                    h.node = ob.node_name(pod)
                     px._observe(a, pod)
                 else:
                     a.gone = True  # deleted while we were away, or never bound: nothing of it runs
@@ -380,7 +382,8 @@ class GangPods:
         """After recovery: delete our Services whose job has no running attempt (left by a crash)."""
         ns = self.px.settings.namespace
         try:
-            services = self.px.api.list_namespaced_service(ns, label_selector=MANAGED_SELECTOR).items
+            services = raw_json(self.px.api.list_namespaced_service(ns, label_selector=MANAGED_SELECTOR,
+                                                                    _preload_content=False)).get("items") or []
         except Exception as e:
             log.warning("could not list our Services: %s", describe(e))
             return
@@ -388,11 +391,11 @@ class GangPods:
         with self._lock:
             running |= {label_value(j) for j, _ in self._gangs}
         for s in services:
-            job = (s.metadata.labels or {}).get(JOB_LABEL)
+            job, name = ob.labels(s).get(JOB_LABEL), ob.name(s)
             if job and job not in running:
-                log.info("deleting Service %s: no running attempt of job %s", s.metadata.name, job)
+                log.info("deleting Service %s: no running attempt of job %s", name, job)
                 with self._svc_lock:
                     try:
-                        _raw(self.px.api.delete_namespaced_service(s.metadata.name, ns, _preload_content=False))
+                        _raw(self.px.api.delete_namespaced_service(name, ns, _preload_content=False))
                     except Exception as e:
-                        log.warning("could not delete Service %s: %s", s.metadata.name, describe(e))
+                        log.warning("could not delete Service %s: %s", name, describe(e))

@@ -1,4 +1,4 @@
-"""A Kubernetes Node -> the pool's view of it (pure: no API calls).
+"""A Kubernetes Node (its JSON) -> the pool's view of it (pure: no API calls).
 
 A node is in the pool when its allocatable ``nvidia.com/gpu`` is above 0 and
 it may take work: Ready, not cordoned, without the node controller's
@@ -18,6 +18,7 @@ from kubernetes.utils import parse_quantity
 
 from scheduler.inventory import GpuInfo
 from scheduler.inventory.nvml import normalize_model
+from scheduler.kube import objects as ob
 from scheduler.kube.names import (
     GPU_MEMORY_LABEL,
     GPU_PRODUCT_LABEL,
@@ -27,6 +28,7 @@ from scheduler.kube.names import (
     RACK_LABEL,
     ZONE_LABEL,
 )
+from scheduler.kube.objects import Obj
 from scheduler.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
 
 log = logging.getLogger("scheduler.kube")
@@ -56,19 +58,18 @@ class PoolNode:
                     self.pools, self.group)
 
 
-def read_node(node: Any) -> PoolNode | None:
-    """The pool's view of a ``V1Node``, or None when it has no allocatable GPU (not ours to schedule)."""
-    status = node.status
-    alloc = (status.allocatable if status is not None else None) or {}
+def read_node(node: Obj) -> PoolNode | None:
+    """The pool's view of a Node (its JSON), or None when it has no allocatable GPU (not ours to schedule)."""
+    alloc = ob.allocatable(node)
     try:
         count = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
     except (ValueError, TypeError):
         count = 0
     if count <= 0:
         return None
-    name = node.metadata.name
-    labels = node.metadata.labels or {}
-    annotations = node.metadata.annotations or {}
+    name = ob.name(node)
+    labels = ob.labels(node)
+    annotations = ob.annotations(node)
     mem_mib = _int(labels.get(GPU_MEMORY_LABEL), 0)
     product = labels.get(GPU_PRODUCT_LABEL, "")
     model = normalize_model(product.replace("NVIDIA-", "NVIDIA ", 1), mem_mib * MIB) if product else "unknown"
@@ -85,16 +86,17 @@ def read_node(node: Any) -> PoolNode | None:
                     problem or _not_schedulable(node), group)
 
 
-def _not_schedulable(node: Any) -> str:
+def _not_schedulable(node: Obj) -> str:
     """Why the node may not take work now ("" when it may)."""
-    if node.spec is not None and node.spec.unschedulable:
+    if ob.unschedulable(node):
         return "cordoned"
-    ready = next((c for c in (node.status.conditions or []) if c.type == "Ready"), None)
-    if ready is None or ready.status != "True":
+    ready = next((c for c in ob.conditions(node) if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
         return "not ready"
-    for t in (node.spec.taints if node.spec is not None else None) or []:
-        if t.key.startswith(_CONTROLLER_TAINT) and t.effect in ("NoSchedule", "NoExecute"):
-            return f"tainted {t.key}:{t.effect}"
+    for t in ob.taints(node):
+        key, effect = str(t.get("key") or ""), t.get("effect")
+        if key.startswith(_CONTROLLER_TAINT) and effect in ("NoSchedule", "NoExecute"):
+            return f"tainted {key}:{effect}"
     return ""
 
 

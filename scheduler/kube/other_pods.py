@@ -17,12 +17,13 @@ import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from kubernetes import client
 
+from scheduler.kube import objects as ob
 from scheduler.kube.foreign import gpus_asked
 from scheduler.kube.health import Health
+from scheduler.kube.objects import Obj
 from scheduler.kube.watcher import ListWatch
 from scheduler.policy.model import MILLI, Assignment, Kind, Node, Request, Workload
 
@@ -53,13 +54,14 @@ class Holding:
     gpu_ids: tuple[str, ...]
 
 
-def read_other(pod: Any) -> OtherPod | None:
-    """An other scheduler's pod as a GPU holder, or None when it asks for no GPU."""
+def read_other(pod: Obj) -> OtherPod | None:
+    """An other scheduler's pod (its JSON) as a GPU holder, or None when it asks for no GPU."""
     n = gpus_asked(pod)
-    if n <= 0 or not pod.spec.node_name:
+    node = ob.node_name(pod)
+    if n <= 0 or not node:
         return None
-    created = pod.metadata.creation_timestamp
-    return OtherPod(pod.metadata.uid, f"{pod.metadata.namespace}/{pod.metadata.name}", pod.spec.node_name, n,
+    created = ob.creation_time(pod)
+    return OtherPod(ob.uid(pod), f"{ob.namespace(pod)}/{ob.name(pod)}", node, n,
                     created.timestamp() if created is not None else 0.0)
 
 
@@ -84,7 +86,7 @@ class OtherPods:
     def close(self) -> None:
         self.watch.stop(wait_s=0.5)
 
-    def _on_reset(self, items: list[Any]) -> None:
+    def _on_reset(self, items: list[Obj]) -> None:
         seen = {}
         for p in items:
             o = read_other(p)
@@ -95,9 +97,9 @@ class OtherPods:
                 self._pods = seen
                 self._changed = True
 
-    def _on_event(self, kind: str, pod: Any) -> None:
+    def _on_event(self, kind: str, pod: Obj) -> None:
         o = None if kind == "DELETED" else read_other(pod)
-        uid = pod.metadata.uid
+        uid = ob.uid(pod)
         with self._lock:
             if o is None:
                 if self._pods.pop(uid, None) is not None:

@@ -1,4 +1,4 @@
-"""A launch -> the Pod manifest of its attempt, and a Pod -> how its attempt ended (pure: no API calls)."""
+"""A launch -> the Pod manifest of its attempt, and a Pod (its JSON) -> how its attempt ended (pure: no API calls)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.executor.base import Launch
+from scheduler.kube import objects as ob
 from scheduler.kube.names import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -18,6 +19,7 @@ from scheduler.kube.names import (
     PROJECT_LABEL,
     pod_name,
 )
+from scheduler.kube.objects import Obj
 
 WORKDIR_ROOT = "/gpupool/work"
 """A job's default working directory inside its pod (the PVC, when configured, is mounted here)."""
@@ -125,15 +127,15 @@ class PodEnd:
     on_its_own: bool
 
 
-def _terminated(pod: Any) -> Any | None:
-    for cs in (pod.status.container_statuses if pod.status is not None else None) or []:
-        if cs.name == CONTAINER and cs.state is not None and cs.state.terminated is not None:
-            return cs.state.terminated
+def _terminated(pod: Obj) -> Obj | None:
+    for cs in ob.container_statuses(pod):
+        if cs.get("name") == CONTAINER and (term := ob.terminated(cs)) is not None:
+            return term
     return None
 
 
-def pod_end(pod: Any) -> PodEnd | None:
-    """The attempt's end as this Pod object shows it, or None while it may still run.
+def pod_end(pod: Obj) -> PodEnd | None:
+    """The attempt's end as this Pod (its JSON) shows it, or None while it may still run.
 
     Ended on its own: the Pod reached its end with no deletion requested (a
     watch delivers changes in order, so the terminal status came first), or
@@ -142,13 +144,13 @@ def pod_end(pod: Any) -> PodEnd | None:
     very second of a stop counts as stopped: it resumes, from its checkpoint.
     """
     term = _terminated(pod)
-    phase = pod.status.phase if pod.status is not None else None
+    phase = ob.phase(pod)
     if term is None and phase not in ("Succeeded", "Failed"):
         return None
-    code = term.exit_code if term is not None else (0 if phase == "Succeeded" else None)
-    deleted = pod.metadata.deletion_timestamp
+    code = ob.exit_code(term) if term is not None else (0 if phase == "Succeeded" else None)
+    deleted = ob.deletion_time(pod)
     if deleted is None:
         return PodEnd(code, True)
-    asked = deleted - dt.timedelta(seconds=pod.metadata.deletion_grace_period_seconds or 0)
-    finished = term.finished_at if term is not None else None
+    asked = deleted - dt.timedelta(seconds=ob.deletion_grace_s(pod))
+    finished = ob.parse_time(term.get("finishedAt")) if term is not None else None
     return PodEnd(code, finished is not None and finished.replace(microsecond=0) < asked.replace(microsecond=0))

@@ -26,6 +26,7 @@ from typing import Any
 
 from scheduler.errors import Conflict, InvalidRequest
 from scheduler.executor.base import Launch
+from scheduler.kube import objects as ob
 from scheduler.kube.foreign import POD_JOB_LABEL, POD_UID_JOB_LABEL, PodRef, job_key, read_pod
 from scheduler.policy.model import Snapshot
 from scheduler.service.actor import Actor
@@ -122,21 +123,24 @@ class AdoptedPodsMixin:
             if rec is None or ref is None:
                 continue
             pod = pods.get(ref.uid)
-            if pod is None or pod.metadata.deletion_timestamp is not None:
+            if pod is None or ob.being_deleted(pod):
                 self._finish(rec, "cancelled",  # type: ignore[attr-defined]
                              f"its pod {ref.text} was deleted before gpupool bound it")
-            elif pod.spec.node_name:
+            elif ob.node_name(pod):
                 self._finish(rec, "cancelled",  # type: ignore[attr-defined]
-                             f"its pod {ref.text} was bound to {pod.spec.node_name} by someone else")
+                             f"its pod {ref.text} was bound to {ob.node_name(pod)} by someone else")
         index = self._pod_jobs()
         for uid in [u for u, j in index.items() if u not in pods and (not j or j not in self._live)]:
             del index[uid]  # a deleted pod's uid never comes back: forget it
         queued = False
-        for pod in sorted(pods.values(), key=lambda p: (p.metadata.creation_timestamp is None,
-                                                         p.metadata.creation_timestamp, p.metadata.name)):
-            if pod.spec.node_name or pod.metadata.deletion_timestamp is not None:
+        def oldest_first(p: Any) -> tuple[bool, float, str]:
+            created = ob.creation_time(p)
+            return created is None, created.timestamp() if created is not None else 0.0, ob.name(p)
+
+        for pod in sorted(pods.values(), key=oldest_first):
+            if ob.node_name(pod) or ob.being_deleted(pod):
                 continue
-            if self._job_for_pod(pod.metadata.uid):
+            if self._job_for_pod(ob.uid(pod)):
                 continue
             queued = self._queue_pod(kc, pod, projects) or queued
         if queued:

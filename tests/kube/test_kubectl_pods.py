@@ -344,24 +344,28 @@ async def test_a_refused_start_leaves_the_pod_pending_and_says_why(api: Any, nam
 # ---------------------------------------------------------------- reading a pod (pure)
 def model_pod(name: str = "p", *, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
               gpus: int = 0, env_from: list[Any] | None = None, phase: str | None = None,
-              codes: list[int] | None = None) -> Any:
-    from kubernetes import client
-
-    res = client.V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus)}) if gpus else None
-    c = client.V1Container(name="main", image="img", command=["python"], args=["t.py"], resources=res,
-                           env_from=env_from)
-    statuses = [client.V1ContainerStatus(name="main", image="img", image_id="", ready=False, restart_count=0,
-                                         state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
-                                             exit_code=code))) for code in codes or []]
-    return client.V1Pod(metadata=client.V1ObjectMeta(name=name, namespace="ns", uid="u-1", labels=labels,
-                                                     annotations=annotations),
-                        spec=client.V1PodSpec(containers=[c], scheduler_name="gpupool"),
-                        status=client.V1PodStatus(phase=phase, container_statuses=statuses))
+              codes: list[int] | None = None) -> dict[str, Any]:
+    """A kubectl pod as the API server sends it (JSON: camelCase keys, absent fields left out)."""
+    c: dict[str, Any] = {"name": "main", "image": "img", "command": ["python"], "args": ["t.py"]}
+    if gpus:
+        c["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    if env_from is not None:
+        c["envFrom"] = env_from
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": "u-1"}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    status: dict[str, Any] = {"phase": phase} if phase else {}
+    if codes:
+        status["containerStatuses"] = [{"name": "main", "image": "img", "imageID": "", "ready": False,
+                                        "restartCount": 0, "state": {"terminated": {"exitCode": code}}}
+                                       for code in codes]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [c], "schedulerName": "gpupool"}, "status": status}
 
 
 def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
-    from kubernetes import client
-
     from scheduler.kube.foreign import kubectl_pod_end, read_pod, reads_config_map
 
     vision = {"gpupool.io/project": "vision"}
@@ -379,10 +383,10 @@ def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
         (model_pod(labels=vision, annotations={"gpupool.io/kind": "serve"}), "is not train or build"),
     ):
         assert says in read_pod(pod).problem, read_pod(pod).problem
-    ref = client.V1ConfigMapEnvSource(name="gpupool-p")
-    assert reads_config_map(model_pod(env_from=[client.V1EnvFromSource(config_map_ref=ref)]))
-    optional = client.V1ConfigMapEnvSource(name="gpupool-p", optional=True)  # could start without its GPUs
-    assert not reads_config_map(model_pod(env_from=[client.V1EnvFromSource(config_map_ref=optional)]))
+    assert reads_config_map(model_pod(env_from=[{"configMapRef": {"name": "gpupool-p"}}]))
+    optional = {"name": "gpupool-p", "optional": True}  # could start without its GPUs
+    assert not reads_config_map(model_pod(env_from=[{"configMapRef": optional}]))
+    assert not reads_config_map(model_pod(env_from=[{"secretRef": {"name": "gpupool-p"}}]))
     assert not reads_config_map(model_pod())
     assert kubectl_pod_end(model_pod(phase="Running")) is None
     assert kubectl_pod_end(model_pod(phase="Succeeded", codes=[0])).exit_code == 0  # type: ignore[union-attr]

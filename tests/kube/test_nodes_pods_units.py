@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-
-from kubernetes import client
+from typing import Any
 
 from scheduler.executor.base import Launch
 from scheduler.kube.nodes import read_node
@@ -14,13 +13,18 @@ from scheduler.policy.model import BUILD_POOL, TRAIN_POOL
 
 
 def node(name: str = "n1", gpus: str = "4", labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-         ready: str = "True", unschedulable: bool = False, taints: list[client.V1Taint] | None = None) -> client.V1Node:
+         ready: str = "True", unschedulable: bool = False, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """A Node as the API server sends it (JSON: camelCase, absent fields left out)."""
     base = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920"}
-    return client.V1Node(
-        metadata=client.V1ObjectMeta(name=name, labels={**base, **(labels or {})}, annotations=annotations),
-        spec=client.V1NodeSpec(unschedulable=unschedulable, taints=taints),
-        status=client.V1NodeStatus(allocatable={"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": gpus},
-                                   conditions=[client.V1NodeCondition(type="Ready", status=ready)]))
+    meta: dict[str, Any] = {"name": name, "labels": {**base, **(labels or {})}}
+    if annotations:
+        meta["annotations"] = annotations
+    spec: dict[str, Any] = {"unschedulable": True} if unschedulable else {}
+    if taints:
+        spec["taints"] = taints
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec,
+            "status": {"allocatable": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": gpus},
+                       "conditions": [{"type": "Ready", "status": ready}]}}
 
 
 def test_a_gpu_node_is_in_both_pools_with_named_gpus() -> None:
@@ -42,9 +46,9 @@ def test_pool_label_and_problems() -> None:
     assert "not build, train or both" in read_node(node(labels={"gpupool.io/pool": "b,t"})).problem  # type: ignore[union-attr]
     assert read_node(node(unschedulable=True)).problem == "cordoned"  # type: ignore[union-attr]
     assert read_node(node(ready="Unknown")).problem == "not ready"  # type: ignore[union-attr]
-    tainted = node(taints=[client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")])
+    tainted = node(taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
     assert read_node(tainted).problem.startswith("tainted")  # type: ignore[union-attr]
-    gpu_taint = node(taints=[client.V1Taint(key="nvidia.com/gpu", effect="NoSchedule")])
+    gpu_taint = node(taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
     assert read_node(gpu_taint).problem == ""  # type: ignore[union-attr]  # our pods tolerate it
 
 
@@ -89,16 +93,21 @@ def test_pod_manifest() -> None:
     assert label_value("-x" * 40).startswith("x") and len(label_value("y" * 80)) == 63
 
 
+def stamp(t: dt.datetime) -> str:
+    """A time as the API server writes it (RFC 3339, whole seconds, UTC)."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def pod(phase: str, code: int | None, finished: dt.datetime | None = None, deleted: dt.datetime | None = None,
-        grace: int | None = None) -> client.V1Pod:
-    state = client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code,
-                                                                                  finished_at=finished)
-                                    if code is not None else None,
-                                    running=client.V1ContainerStateRunning() if code is None else None)
-    cs = client.V1ContainerStatus(name="job", image="i", image_id="", ready=False, restart_count=0, state=state)
-    return client.V1Pod(metadata=client.V1ObjectMeta(name="p", deletion_timestamp=deleted,
-                                                     deletion_grace_period_seconds=grace),
-                        status=client.V1PodStatus(phase=phase, container_statuses=[cs]))
+        grace: int | None = None) -> dict[str, Any]:
+    """A job pod's JSON with one container status (running, or terminated with ``code`` at ``finished``)."""
+    state: dict[str, Any] = {"running": {"startedAt": "2026-01-01T11:00:00Z"}} if code is None else {
+        "terminated": {"exitCode": code, **({"finishedAt": stamp(finished)} if finished else {})}}
+    meta: dict[str, Any] = {"name": "p"}
+    if deleted is not None:
+        meta.update(deletionTimestamp=stamp(deleted), deletionGracePeriodSeconds=grace)
+    return {"metadata": meta, "status": {"phase": phase, "containerStatuses": [
+        {"name": "job", "image": "i", "imageID": "", "ready": False, "restartCount": 0, "state": state}]}}
 
 
 def test_pod_end_tells_ended_on_its_own_from_stopped() -> None:
@@ -111,5 +120,5 @@ def test_pod_end_tells_ended_on_its_own_from_stopped() -> None:
     assert before is not None and before.on_its_own and before.exit_code == 0
     same = pod_end(pod("Running", 143, t + dt.timedelta(seconds=0.5), t + dt.timedelta(seconds=30), 30))
     assert same is not None and not same.on_its_own and same.exit_code == 143
-    no_status = pod_end(client.V1Pod(metadata=client.V1ObjectMeta(name="p"), status=client.V1PodStatus(phase="Failed")))
+    no_status = pod_end({"metadata": {"name": "p"}, "status": {"phase": "Failed"}})
     assert no_status is not None and no_status.exit_code is None

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
+import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,18 +51,19 @@ def test_an_expired_watch_re_lists(compacting_api: Any) -> None:
     events: list[str] = []
     calls = {"n": 0}
 
-    @functools.wraps(api.list_namespaced_config_map)  # the watch reads the item type from its signature
     def list_fn(**kw: Any) -> Any:
         out = api.list_namespaced_config_map(**kw)
-        if not kw.get("watch") and calls["n"] == 0:
-            out.metadata.resource_version = stale  # as if this list were from long ago
+        if not kw.get("watch") and calls["n"] == 0:  # as if this list were from long ago
+            listed = json.loads(out.read())
+            out.release_conn()
+            listed["metadata"]["resourceVersion"] = stale
+            out = _Body(json.dumps(listed).encode())
         if not kw.get("watch"):
             calls["n"] += 1
         return out
 
-    done = threading.Event()
     lw = ListWatch("configmaps", list_fn, lambda items: lists.append(len(items)),
-                   lambda kind, obj: (events.append(obj.data["n"]), done.set()), Health(),
+                   lambda kind, obj: events.append(obj["data"]["n"]), Health(),
                    namespace=namespace, watch_timeout_s=5)
     lw.start()
     try:
@@ -75,6 +75,41 @@ def test_an_expired_watch_re_lists(compacting_api: Any) -> None:
         wait(lambda: "after" in events, what="the watch going on after the re-list")
     finally:
         lw.stop()
+
+
+class _Body:
+    """A list reply whose body the test rewrote (read as the watcher reads a raw reply)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self) -> bytes:
+        return self.data
+
+    def release_conn(self) -> None:
+        pass
+
+
+def test_the_watch_hands_on_each_object_whole_as_json_and_stops_at_once(api: Any, namespace: str) -> None:
+    """Events far larger than one read (100 KiB objects, back to back) arrive whole, one each, in order;
+    stop() ends a watch in flight without waiting for its timeout."""
+    seen: list[tuple[str, str, int]] = []
+    listed: list[list[Any]] = []
+    lw = ListWatch("configmaps", api.list_namespaced_config_map, listed.append,
+                   lambda kind, obj: seen.append((kind, obj["metadata"]["name"], len(obj["data"]["blob"]))),
+                   Health(), namespace=namespace, watch_timeout_s=300, label_selector="test=big")
+    lw.start()
+    try:
+        assert lw.synced.wait(30) and listed == [[]]
+        for i in range(12):
+            api.create_namespaced_config_map(namespace, {"metadata": {"name": f"big-{i}", "labels": {"test": "big"}},
+                                                         "data": {"blob": str(i % 10) * 100_000}})
+        api.delete_namespaced_config_map("big-3", namespace)
+        wait(lambda: len(seen) == 13, what="13 events")
+        assert seen == [("ADDED", f"big-{i}", 100_000) for i in range(12)] + [("DELETED", "big-3", 100_000)]
+    finally:
+        lw.stop(wait_s=10)
+    assert not lw._thread.is_alive(), "stop() left the watch thread running"
 
 
 async def test_a_pause_that_lands_after_the_pod_ended_does_not_win(api: Any, namespace: str, gpu_nodes: Any,
