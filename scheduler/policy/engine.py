@@ -302,7 +302,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
     def sort_pending(self) -> tuple[list[Workload], list[Workload], dict[str, list[Request]]]:
         """Intern the pending jobs' requests and reject what cannot be read.
 
-        Returns (build jobs, training jobs, per pool the distinct requests of all its pending jobs).
+        Returns (build jobs, training jobs, per pool the distinct requests of all its pending jobs); replicas
+        of multi-node gangs are left out of the first two (:meth:`setup_gangs` sees to them).
         """
         builds: list[Workload] = []
         trains: list[Workload] = []
@@ -311,9 +312,12 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         # before hashing the dataclass (the snapshot keeps every request alive, so ids are stable).
         # One table per kind, so that its values are also each pool's distinct requests.
         by_kind: dict[Kind, dict[int, Request]] = {Kind.BUILD: {}, Kind.TRAIN: {}}
+        # (this loop runs once per pending workload, replicas of gangs included: locals only)
+        projects, build, rejects, to_build, to_train = self.projects, Kind.BUILD, self.rejects, builds.append, trains.append
         for w in self.pending:
             r = w.request
-            by_obj = by_kind[w.kind]
+            kind = w.kind
+            by_obj = by_kind[kind]
             req = by_obj.get(id(r))
             if req is None:
                 req = canon.get(r)
@@ -322,14 +326,16 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
                     problems[id(req)] = request_problem(req)
                 by_obj[id(r)] = req
             req_of[w.id] = req
-            if w.project not in self.projects:
-                self.rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
+            if w.project not in projects:
+                rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
             elif (problem := problems[id(req)]) is not None:
-                self.rejects.append(Reject(w.id, problem))
-            elif w.kind is Kind.BUILD:
-                builds.append(w)
+                rejects.append(Reject(w.id, problem))
+            elif w.gang:
+                pass  # a replica of a multi-node gang: setup_gangs decides it, or queues its gang as one entry
+            elif kind is build:
+                to_build(w)
             else:
-                trains.append(w)
+                to_train(w)
         asked = {pool: list({id(req): req for req in by_kind[kind].values()}.values())
                  for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))}
         return builds, trains, asked

@@ -133,13 +133,16 @@ class GangReclaimMixin(CycleState):
             state = self.cap.states[TRAIN_POOL]
             over, cand, _ = self.gang_units()[name]
             arrays = []
+            index = state.node_index
             for units in (over, cand):
+                # (node index, GPUs) of every member, summed per node in one numpy call
+                pairs = [(index.get(a.node, -1), len(a.gpus)) for m in units for v in m
+                         if (a := v.assignment) is not None]
                 count = np.zeros(len(state.names), dtype=np.int64)
-                for m in units:
-                    for v in m:
-                        i = state.node_index.get(v.assignment.node)  # type: ignore[union-attr]
-                        if i is not None:
-                            count[i] += len(v.assignment.gpus)  # type: ignore[union-attr]
+                if pairs:
+                    at, gpus = np.array(pairs, dtype=np.int64).T
+                    known = at >= 0
+                    count += np.bincount(at[known], weights=gpus[known], minlength=len(count)).astype(np.int64)
                 arrays.append(count)
             known = self._unit_gpus[name] = (arrays[0], arrays[1])
         return known

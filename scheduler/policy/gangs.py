@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -52,9 +52,10 @@ from scheduler.policy.gang_nodes import choose_nodes, group_ids
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import MILLI, TRAIN_POOL, Kind, Project, Reject, Request, Wait, Workload
 from scheduler.policy.nodecache import for_nodes
-from scheduler.policy.queue import job_order
 
 _gang_of = attrgetter("gang")
+_by_submission = attrgetter("submitted_at")
+_by_priority = attrgetter("priority")
 
 
 @dataclass
@@ -78,21 +79,44 @@ class Gang:
     def need(self) -> int:
         return self.size * self.request.gpus * MILLI
 
-    @cached_property
+    _text: str | None = None
+
+    @property
     def text(self) -> str:
-        """:meth:`describe`, built once (a waiting gang's reasons name it several times a cycle)."""
-        return self.describe()
+        """:meth:`describe`, built once (a waiting gang's reasons name it several times a cycle).
+
+        (A plain attribute filled on first use: ``functools.cached_property``
+        takes a lock on every read in Python 3.11, a cost paid by each of a
+        queue's gangs each cycle.)
+        """
+        text = self._text
+        if text is None:
+            text = self._text = self.describe()
+        return text
 
     def describe(self) -> str:
         """E.g. "gang g7 of 2 × 8 GPUs" (models, CPU and memory per replica added when asked)."""
-        r = self.request
-        per = txt.describe(Request(gpus=1, gpu_models=r.gpu_models, cpu_milli=r.cpu_milli, memory_mib=r.memory_mib))
-        return f"gang {self.id} of {self.size} × {txt.gpus(r.gpus * MILLI)}" + per[len("1 whole GPU"):]
+        return f"gang {self.id} of {_replicas_text(self.size, self.request)}"
+
+
+@lru_cache(maxsize=1024)
+def _replicas_text(size: int, r: Request) -> str:
+    """"2 × 8 GPUs" and what each replica asks beyond GPUs (a queue's gangs share a few shapes: built once each)."""
+    per = txt.describe(Request(gpus=1, gpu_models=r.gpu_models, cpu_milli=r.cpu_milli, memory_mib=r.memory_mib))
+    return f"{size} × {txt.gpus(r.gpus * MILLI)}" + per[len("1 whole GPU"):]
+
+
+_agreed = attrgetter("kind", "project", "gang_size", "priority")
+_request = attrgetter("request")
 
 
 def _problem(members: Sequence[Workload]) -> str | None:
     """Why the replicas do not form a gang the engine can run, or None."""
     first = members[0]
+    # The common case in one C-level pass: the replicas agree on everything and share one request object.
+    if (first.kind is Kind.TRAIN and first.gang_size >= len(members) and first.request.gpus >= 1
+            and len(set(map(_agreed, members))) == 1 and len(set(map(id, map(_request, members)))) == 1):
+        return None
     if any(w.kind is not Kind.TRAIN for w in members):
         return "only training jobs can be multi-node gangs"
     if first.gang_size < 1:
@@ -158,7 +182,12 @@ class GangMixin(CycleState):
     def setup_gangs(self, workloads: Sequence[Workload], builds: list[Workload],
                     trains: list[Workload]) -> tuple[list[Workload], list[Workload]]:
         """Find the gangs; deal with those that cannot run whole; return (``builds``, ``trains``) with
-        every replica decided here left out, and one entry (its first replica) per schedulable gang.
+        one entry (its first replica) per schedulable gang added to ``trains``.
+
+        ``builds`` and ``trains`` (from :meth:`sort_pending`) hold no replica.
+        The order of ``trains`` decides nothing: the fair queue orders its
+        jobs fully, and a gang left here passes every check that could refuse
+        a job there.
 
         Called once the capacity and use are counted. Pending replicas of a
         gang that cannot be scheduled this cycle get their decision here;
@@ -176,73 +205,66 @@ class GangMixin(CycleState):
         if not any(map(_gang_of, workloads)):
             return builds, trains
         by_gang: dict[str, list[Workload]] = {}
-        for w in workloads:
-            if w.gang:
-                by_gang.setdefault(w.gang, []).append(w)
-        decided: set[str] = set()  # pending replicas decided here
-        kept_leaders: set[str] = set()
+        for w in filter(_gang_of, workloads):
+            by_gang.setdefault(w.gang, []).append(w)
+        leaders: list[Workload] = []  # the first replica of each gang left to take its turn
         refused = {r.workload_id: r.reason for r in self.rejects}
         for gid in sorted(by_gang):
-            members = sorted(by_gang[gid], key=job_order)
+            # job order (priority, submission, id) as two stable C-level sorts of the id-ordered replicas
+            members = by_gang[gid]
+            members.sort(key=_by_submission)
+            members.sort(key=_by_priority, reverse=True)
             running = [w for w in members if w.assignment is not None]
-            pending = [w for w in members if w.assignment is None]
+            pending = [w for w in members if w.assignment is None] if running else members
             first = members[0]
             req = self.req_of.get(pending[0].id, first.request) if pending else first.request
             gang = self.gangs[gid] = Gang(gid, first.project, first.gang_size, req, members, running, pending)
             self.gang_projects.add(first.project)
             self.running_gangs = self.running_gangs or bool(running)
-            pending_ids = [w.id for w in pending]
-            why = next((refused[i] for i in pending_ids if i in refused), None)
+            why = next((refused[w.id] for w in pending if w.id in refused), None) if refused else None
             if why is not None:
                 # a replica already refused (unknown project, malformed request): the gang cannot run
-                self._reject_rest(gang, decided, refused,
+                self._reject_rest(gang, refused,
                                   f"{why} (a replica of gang {gid}; the gang starts whole or not at all)")
                 continue
             problem = _problem(members)
             if problem is not None:
-                self._reject_rest(gang, decided, refused, problem)
+                self._reject_rest(gang, refused, problem)
                 continue
             if not pending:
                 continue
             if running:
                 self._restart_whole(gang)
-                decided.update(pending_ids)
                 continue
             if len(pending) < gang.size:
                 self._wait_all(gang, (
                     f"{gang.text}: only {len(pending)} of its {gang.size} replicas are known to the scheduler; "
                     "all replicas start together or none"))
-                decided.update(pending_ids)
                 continue
             why = self._never_fits(gang)
             if why is not None:
-                self._reject_rest(gang, decided, refused, why)
+                self._reject_rest(gang, refused, why)
                 continue
             too_small = self._pool_too_small(gang)
             if too_small is not None:
                 if self.cfg.elastic_pool:  # a cluster: nodes may join (or come back); never lose the gang
                     self._wait_all(gang, f"{too_small[1]}; it waits for nodes to join the pool")
-                    decided.update(pending_ids)
                 else:
-                    self._reject_rest(gang, decided, refused, too_small[0])
+                    self._reject_rest(gang, refused, too_small[0])
                 continue
             self.gang_need[gang.leader.id] = gang.need
             self.gang_led_by[gang.leader.id] = gang
-            kept_leaders.add(gang.leader.id)
-            decided.update(pending_ids)
-        return ([w for w in builds if w.id not in decided],
-                [w for w in trains if not w.gang or w.id in kept_leaders or w.id not in decided])
+            leaders.append(gang.leader)
+        return builds, trains + leaders
 
-    def _reject_rest(self, gang: Gang, decided: set[str], refused: dict[str, str], why: str) -> None:
+    def _reject_rest(self, gang: Gang, refused: dict[str, str], why: str) -> None:
         """Refuse every pending replica not refused already (``refused``: those, by id)."""
         for w in gang.pending:
             if w.id not in refused:
                 self.rejects.append(Reject(w.id, why))
-            decided.add(w.id)
 
     def _wait_all(self, gang: Gang, why: str) -> None:
-        for w in gang.pending:
-            self.waits.append(Wait(w.id, why))
+        self.waits += [Wait(w.id, why) for w in gang.pending]
 
     def _restart_whole(self, gang: Gang) -> None:
         """Part of the gang runs, part is pending: pause the running part so the gang restarts whole."""
