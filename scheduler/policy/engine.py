@@ -42,6 +42,7 @@ import gc
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 from operator import attrgetter
 
 from scheduler.policy import reasons as txt
@@ -98,6 +99,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
 
 
 _by_id = attrgetter("id")
+_assignment_of = attrgetter("assignment")
 
 
 def _new_then_priority(item: tuple[Workload, int]) -> tuple[int, int]:
@@ -158,8 +160,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         self.nodes = snap.nodes
         self.projects: dict[str, Project] = {p.name: p for p in snap.projects}
         workloads = sorted(snap.workloads, key=_by_id)
-        self.running = [w for w in workloads if w.assignment is not None]
-        self.pending = [w for w in workloads if w.assignment is None]
+        # (C-level filters: an Assignment is always true, a missing one None)
+        self.running = list(filter(_assignment_of, workloads))
+        self.pending = list(filterfalse(_assignment_of, workloads))
         self.rejects: list[Reject] = []
         # Requests are interned (one hash per distinct object); the per-cycle memos are keyed by id()
         # of the interned request, so equal shapes share memos and no lookup rehashes a dataclass.
@@ -498,8 +501,9 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         while (w := pop()) is not None:
             name = w.project
             if gang_need and w.id in gang_need:
+                used = usage[name]
                 self.gang_turn(w, first, deferred, starving_from)  # all replicas at once (gangs.py)
-                touch(name)
+                touch(name, usage[name] == used)
                 continue
             req = req_of[w.id]
             need = needs[id(req)]
@@ -513,7 +517,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
             since = paused if paused is not None else w.submitted_at
             if first and not within and since > starving_from:
                 deferred.append(w)
-                touch(name)
+                touch(name, True)
                 continue
             # (a starving job is served at its place in the order even beyond its guarantee, so that
             # within-guarantee jobs behind it cannot keep taking the room it waits for)
@@ -533,7 +537,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
                 self.schedule_train(w, req, projects[name], need, within)
                 if len(waits) > before and self.n_reservers == n_reserved and settled:
                     verdicts[key] = (cap.generation, usage[name], n_reserved, waits[-1].reason)
-            touch(name)
+            touch(name, usage[name] == used)  # (a job that waited changed nothing: its ratio stands)
         if first:
             # pass 2 starts push projects above their guarantee, which changes who may be paused
             self.reclaim_failed = FailureMemo()

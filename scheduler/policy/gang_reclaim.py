@@ -76,6 +76,7 @@ class GangReclaimMixin(CycleState):
     _gang_owners: set[str] = set()  # projects with a running gang that may be paused (no replica too young)
     _gang_over_owners: set[str] = set()  # those with such a gang beyond their guarantee
     _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    _held_sums: dict[tuple, np.ndarray] | None = None
     _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
 
     def gang_units(self) -> dict[str, tuple[list[Unit], list[Unit], int]]:
@@ -147,6 +148,18 @@ class GangReclaimMixin(CycleState):
             known = self._unit_gpus[name] = (arrays[0], arrays[1])
         return known
 
+    def _held_by(self, names: list[str], claimant: str) -> np.ndarray:
+        """GPUs per train node of the candidate units of projects ``names`` (all of the claimant's own, the
+        others' beyond their guarantee): the per-project counts summed, once per set of projects in a cycle
+        (claimants of one cycle mostly see the same victim projects)."""
+        if self._held_sums is None:
+            self._held_sums = {}
+        key = (frozenset(names), claimant if claimant in names else None)
+        held = self._held_sums.get(key)
+        if held is None:
+            held = self._held_sums[key] = sum(self._gpus_per_node(n)[1 if n == claimant else 0] for n in names)
+        return held
+
     def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,
                       gang: Gang | None) -> str | None:
         """Pause whole units so that ``size`` copies of ``req`` fit, and start the claimants (None); or say why not.
@@ -212,7 +225,7 @@ class GangReclaimMixin(CycleState):
         ledger = self.cap.ledger
         state = self.cap.states[TRAIN_POOL]
         # upper bound: every candidate's GPUs as if free, as replicas per node (CPU, memory, models ignored)
-        held = sum(self._gpus_per_node(n)[1 if n == p.name else 0] for n in names)
+        held = self._held_by(names, p.name)
         if req.gpus:
             free_now = state.replicas_fit(req)
             potential = (state.whole_free + held) // req.gpus

@@ -165,7 +165,7 @@ class Snapshot:
 # ---------------------------------------------------------------- decisions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a cycle makes one per pending job)
 class Start:
     """Start (or resume) a pending workload at ``assignment``."""
 
@@ -175,7 +175,7 @@ class Start:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a cycle makes one per pending job)
 class Preempt:
     """Pause a running training job (checkpoint signal, requeue)."""
 
@@ -183,7 +183,7 @@ class Preempt:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a cycle makes one per pending job)
 class Reject:
     """Refuse a build workload for good (over its project's fixed quota)."""
 
@@ -191,7 +191,7 @@ class Reject:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a cycle makes one per pending job)
 class Wait:
     """Leave a workload pending, and say why."""
 

@@ -49,6 +49,7 @@ class FairQueue:
         # The last touched project's entry is held back: most of the time it is still the smallest
         # (its usage did not change), and heappushpop then hands it back without touching the heap.
         self._carry: tuple[int, float, float, str, str, int] | None = None
+        self._popped_ratio = 0.0  # the ratio in the last popped job's entry
         for name in sorted(per_project):
             self._push(name)
 
@@ -84,10 +85,16 @@ class FairQueue:
             version[name] += 1
             pos = self._pos[name]
             self._pos[name] = pos + 1
+            self._popped_ratio = entry[1]
             return self._jobs[name][pos]
 
-    def touch(self, name: str) -> None:
-        """The project's usage changed (or its head was taken): re-rank it."""
+    def touch(self, name: str, same: bool = False) -> None:
+        """The project's usage changed (or its head was taken): re-rank it.
+
+        ``same``: the caller knows the project's ratio is what it was when its
+        job was last popped (its usage did not change: the job waited), so it
+        is not computed again (this runs once per pending job).
+        """
         version = self._version
         v = version.get(name)
         if v is None:
@@ -102,4 +109,5 @@ class FairQueue:
             self._carry = None
             return
         head = queue[pos]
-        self._carry = (-head.priority, self._ratio(name), head.submitted_at, head.id, name, v)
+        ratio = self._popped_ratio if same else self._ratio(name)
+        self._carry = (-head.priority, ratio, head.submitted_at, head.id, name, v)
