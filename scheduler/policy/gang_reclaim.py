@@ -77,6 +77,7 @@ class GangReclaimMixin(CycleState):
     _gang_over_owners: set[str] = set()  # those with such a gang beyond their guarantee
     _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
     _held_sums: dict[tuple, np.ndarray] | None = None
+    _bounds: dict[tuple, int] | None = None  # see _reclaim_units
     _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
 
     def gang_units(self) -> dict[str, tuple[list[Unit], list[Unit], int]]:
@@ -224,7 +225,15 @@ class GangReclaimMixin(CycleState):
         names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
         ledger = self.cap.ledger
         state = self.cap.states[TRAIN_POOL]
-        # upper bound: every candidate's GPUs as if free, as replicas per node (CPU, memory, models ignored)
+        # upper bound: every candidate's GPUs as if free, as replicas per node (CPU, memory, models ignored);
+        # remembered while nothing is started, paused or reserved (claimants of many sizes ask it in turn)
+        bound_key = (frozenset(names), p.name if p.name in names else None, id(req), self.cap.generation,
+                     len(self.started), len(self.preempted), len(self.reserved))
+        if self._bounds is None:
+            self._bounds = {}
+        reachable = self._bounds.get(bound_key)
+        if reachable is not None and reachable < size:
+            return (protected, True)
         held = self._held_by(names, p.name)
         if req.gpus:
             free_now = state.replicas_fit(req)
@@ -236,7 +245,8 @@ class GangReclaimMixin(CycleState):
             i = state.node_index.get(name)
             if i is not None:
                 potential[i] = free_now[i] = 0
-        if int(np.maximum(potential, free_now).sum()) < size:
+        reachable = self._bounds[bound_key] = int(np.maximum(potential, free_now).sum())
+        if reachable < size:
             return (protected, True)
         # the candidates, in victim order, and the train nodes they touch
         cand: list[Unit] = []
