@@ -163,6 +163,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         self._metrics = Metrics()
         self.registry = self._metrics.registry
         self._metrics.simulated.set(1 if self.simulated else 0)
+        self._metrics.follow(lambda: (self._live.values(), self._gpus))  # read at each scrape, not per cycle
         self._policy_override = policy
         self._gpus: dict[str, GpuInfo] = self.backend.gpus
         self._nodes = self.backend.nodes
@@ -451,9 +452,6 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         sample = history_sample(now, list(self._projects()), self._gpus,
                                 self._live_jobs(("running",)), self._sample)
         self._store.add_history(now, sample, self.config.history_max_rows)
-
-    def _update_gauges(self) -> None:
-        self._metrics.update(self._live.values(), self._gpus)  # order-free: no sorted copy of the live jobs
 
     # ================================================================ events
     def _emit(self, type_: str, **fields: Any) -> int:

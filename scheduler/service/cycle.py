@@ -190,7 +190,6 @@ class CycleMixin:
                     self._update(rec.id, preemptible=rec.id in over)
         self._last_cycle_s = time.perf_counter() - t0
         self._metrics.cycle.observe(self._last_cycle_s)
-        self._update_gauges()
 
     def _request_cycle(self, urgent: bool = False) -> None:
         """Run a cycle now (``urgent``), else soon: one deferred cycle covers every request made before it.
