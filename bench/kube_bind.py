@@ -319,10 +319,38 @@ async def submit_all(url: str, jobs: int, concurrency: int, spec: dict[str, Any]
     return sent, first
 
 
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` (the thread holding the GIL) into ``out`` as collapsed stacks; None without
+    py-spy. Measuring only: it takes some CPU itself, so profiled runs are not the ones whose rates we report."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("no py-spy: --profile ignored", file=sys.stderr)
+        return None
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "50", "--format", "raw",
+                             "--output", str(out), "--nonblocking", "--gil"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def summarize_profile(path: Path, top: int = 25) -> str:
+    """The heaviest functions of a collapsed-stacks file: share of samples that pass through each (inclusive)."""
+    total = 0
+    inclusive: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        for frame in set(stack.split(";")):
+            inclusive[re.sub(r"\((?:.*/)?([^/:]+):\d+\)", r"(\1)", frame)] += int(n)
+    rows = [f"{100 * c / max(total, 1):5.1f} %  {f}" for f, c in inclusive.most_common(top)]
+    return f"{total} samples\n" + "\n".join(rows)
+
+
 def run_gpupool(api: client.CoreV1Api, work: Path, kubeconfig: Path, ns: str, jobs: int, nodes: int,
                 concurrency: int, fraction: float | None, kube_dir: Path | None, root: Path = ROOT,
-                settings: dict[str, Any] | None = None) -> dict[str, Any]:
+                settings: dict[str, Any] | None = None, profile: Path | None = None) -> dict[str, Any]:
     serve = KubeServe(work, kubeconfig, ns, root, settings)
+    spy = None
     try:
         from scheduler.client import GpupoolClient
 
@@ -339,6 +367,8 @@ def run_gpupool(api: client.CoreV1Api, work: Path, kubeconfig: Path, ns: str, jo
         spec: dict[str, Any] = {"project": "bench", "command": ["python", "train.py"]}
         spec.update({"gpu_fraction": fraction} if fraction else {"gpus": 1})
         meter = CpuMeter(kube_dir, serve.proc.pid)
+        if profile is not None:
+            spy = start_profile(serve.proc.pid, profile)
         sent, t0 = asyncio.run(submit_all(serve.url, jobs, concurrency, spec))
         t_submitted = time.perf_counter()
         pods = {f"gpupool-{j.lower()}-1": j for j in sent}
@@ -348,6 +378,11 @@ def run_gpupool(api: client.CoreV1Api, work: Path, kubeconfig: Path, ns: str, jo
         end = max(watch.bound[n] for n in seen)
         lat = sorted(watch.bound[n] - sent[pods[n]] for n in seen)
         cpu = meter.used()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(60)
+            if profile is not None and profile.exists():
+                print(f"profile of {ns} ({profile}):\n{summarize_profile(profile)}", flush=True)
         count, mean, p99 = cycle_stats(sync.metrics())
         rss, hwm = serve.rss_mib()
         return {"arm": "gpupool", "bound": len(seen), "all": ok, "wall": end - t0, "rate": len(seen) / (end - t0),
@@ -374,7 +409,12 @@ def main() -> None:
     ap.add_argument("--also", metavar="CHECKOUT", type=Path,
                     help="also run gpupool serve from this checkout (e.g. a worktree of an older commit), "
                          "in the same rounds: before/after")
+    ap.add_argument("--profile", metavar="DIR", type=Path,
+                    help="py-spy each gpupool arm from first submit to last bind (collapsed stacks in DIR, the "
+                         "heaviest frames printed); the profiler's own CPU makes those runs' rates not comparable")
     args = ap.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     fraction = args.gpu_fraction
     if fraction is None and args.jobs > args.nodes * GPUS_PER_NODE:
         fraction = 0.5
@@ -403,7 +443,8 @@ def main() -> None:
                 else:
                     res = run_gpupool(api, work, kubeconfig, ns, args.jobs, args.nodes, args.concurrency, fraction,
                                       kube_dir, args.also.resolve() if arm == "other" else ROOT,
-                                      json.loads(args.settings))
+                                      json.loads(args.settings),
+                                      args.profile / f"{ns}.txt" if args.profile else None)
                     if arm == "other":
                         res["arm"] = f"gpupool @ {args.also.name}"
                 asked = request_counts(api)
