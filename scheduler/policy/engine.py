@@ -185,20 +185,24 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         self.build_holders: dict[str, list[tuple[str, int]]] = {p: [] for p in self.projects}
         self.train_running: dict[str, list[Workload]] = {p: [] for p in self.projects}
         self.milli: dict[str, int] = {}  # running or started workload id -> milli-GPU it holds
+        # (once per running job: locals, and the common case first: training of a known project)
+        milli_of, projects, usage, train_running = self.milli, self.projects, self.usage, self.train_running
+        train = Kind.TRAIN
         for w in self.running:
-            assert w.assignment is not None
-            milli = self.milli[w.id] = w.assignment.total_milli
-            if w.project not in self.projects or w.kind is Kind.BUILD:
-                if w.assignment.node in self.train_nodes:
-                    self.train_capacity -= milli
-                if w.project not in self.projects:
-                    continue
-            if w.kind is Kind.BUILD:
-                self.build_used[w.project] += milli
-                self.build_holders[w.project].append((w.id, milli))
-            else:
-                self.usage[w.project] += milli
-                self.train_running[w.project].append(w)
+            a = w.assignment
+            assert a is not None
+            gpus = a.gpus
+            milli = milli_of[w.id] = gpus[0][1] if len(gpus) == 1 else a.total_milli
+            name = w.project
+            if w.kind is train and name in projects:
+                usage[name] += milli
+                train_running[name].append(w)
+                continue
+            if a.node in self.train_nodes:  # build work, or work of an unknown project, on a train node
+                self.train_capacity -= milli
+            if name in projects:  # (build work)
+                self.build_used[name] += milli
+                self.build_holders[name].append((w.id, milli))
 
         # largest GPU memory per model and pool (read-only: shared by cycles over the same nodes)
         facts = for_nodes("engine node facts", snap.nodes, _node_facts)
@@ -314,24 +318,26 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         # Callers often share one Request object among many workloads: look those up by identity
         # before hashing the dataclass (the snapshot keeps every request alive, so ids are stable).
         # One table per kind, so that its values are also each pool's distinct requests.
-        by_kind: dict[Kind, dict[int, Request]] = {Kind.BUILD: {}, Kind.TRAIN: {}}
+        # id(request object) -> (its interned request, what is wrong with it or None)
+        by_kind: dict[Kind, dict[int, tuple[Request, str | None]]] = {Kind.BUILD: {}, Kind.TRAIN: {}}
         # (this loop runs once per pending workload, replicas of gangs included: locals only)
         projects, build, rejects, to_build, to_train = self.projects, Kind.BUILD, self.rejects, builds.append, trains.append
         for w in self.pending:
             r = w.request
             kind = w.kind
             by_obj = by_kind[kind]
-            req = by_obj.get(id(r))
-            if req is None:
+            known = by_obj.get(id(r))
+            if known is None:
                 req = canon.get(r)
                 if req is None:
                     req = canon[r] = r
                     problems[id(req)] = request_problem(req)
-                by_obj[id(r)] = req
+                known = by_obj[id(r)] = (req, problems[id(req)])
+            req, problem = known
             req_of[w.id] = req
             if w.project not in projects:
                 rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
-            elif (problem := problems[id(req)]) is not None:
+            elif problem is not None:
                 rejects.append(Reject(w.id, problem))
             elif w.gang:
                 pass  # a replica of a multi-node gang: setup_gangs decides it, or queues its gang as one entry
@@ -339,7 +345,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
                 to_build(w)
             else:
                 to_train(w)
-        asked = {pool: list({id(req): req for req in by_kind[kind].values()}.values())
+        asked = {pool: list({id(req): req for req, _ in by_kind[kind].values()}.values())
                  for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))}
         return builds, trains, asked
 

@@ -56,6 +56,7 @@ from scheduler.policy.nodecache import for_nodes
 _gang_of = attrgetter("gang")
 _by_submission = attrgetter("submitted_at")
 _by_priority = attrgetter("priority")
+_assignment_of = attrgetter("assignment")
 
 
 @dataclass
@@ -214,8 +215,11 @@ class GangMixin(CycleState):
             members = by_gang[gid]
             members.sort(key=_by_submission)
             members.sort(key=_by_priority, reverse=True)
-            running = [w for w in members if w.assignment is not None]
-            pending = [w for w in members if w.assignment is None] if running else members
+            if any(map(_assignment_of, members)):
+                running = [w for w in members if w.assignment is not None]
+                pending = [w for w in members if w.assignment is None]
+            else:  # (the common case, checked in C: the whole gang is pending)
+                running, pending = [], members
             first = members[0]
             req = self.req_of.get(pending[0].id, first.request) if pending else first.request
             gang = self.gangs[gid] = Gang(gid, first.project, first.gang_size, req, members, running, pending)
