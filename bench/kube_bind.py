@@ -58,7 +58,7 @@ from kubernetes import client, config  # noqa: E402
 from scheduler.client import AsyncGpupoolClient  # noqa: E402
 from scheduler.envbuilder import gpu_environment  # noqa: E402
 from scheduler.executor.base import Launch  # noqa: E402
-from scheduler.kube.calls import WORKERS, raw_json, raw_status  # noqa: E402
+from scheduler.kube.calls import WORKERS, pods_path, post_json, raw_json, raw_status  # noqa: E402
 from scheduler.kube.pods import PodSettings, pod_manifest  # noqa: E402
 
 KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
@@ -229,10 +229,10 @@ def run_ceiling(api: client.CoreV1Api, ns: str, jobs: int, nodes: int, workers: 
 
     def create_and_bind(m: dict[str, Any]) -> None:
         name = m["metadata"]["name"]
-        raw_json(api.create_namespaced_pod(ns, m, _preload_content=False))
+        raw_json(post_json(api, pods_path(ns), m))
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": m["metadata"]["annotations"]["gpupool.io/node"]}}
-        status = raw_status(api.create_namespaced_pod_binding(name, ns, body, _preload_content=False))
+        status = raw_status(post_json(api, pods_path(ns, name, "binding"), body))
         if status != 201:
             raise RuntimeError(f"bind {name}: HTTP {status}")
 

@@ -16,6 +16,7 @@ job's log file (what ``gpupool logs`` reads), then the finished pod is deleted.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -29,7 +30,15 @@ from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.kube import objects as ob
-from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, raw_json, raw_status
+from scheduler.kube.calls import (
+    START_GIVE_UP_S,
+    STOP_WAIT_AFTER_GRACE_S,
+    Calls,
+    pods_path,
+    post_json,
+    raw_json,
+    raw_status,
+)
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
 from scheduler.kube.logs import LiveLogs
@@ -53,6 +62,10 @@ class _Attempt:
     gone: bool = False
     end: PodEnd | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    main: bool = field(init=False)  # the attempt's own pod, not a gang replica's (live logs follow these)
+
+    def __post_init__(self) -> None:
+        self.main = self.handle.name == pod_name(self.handle.job_id, self.handle.attempt)
 
 
 def _rv(text: str | None) -> int | None:
@@ -82,6 +95,10 @@ class PodExecutor:
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
         self._copying: dict[str, int] = {}  # job id -> final log copies still to land (see log_settled)
+        self._marks = itertools.count(1)
+        self.changes = 0
+        """Moves (to a value it never had) whenever an attempt may have stopped being alive: its end seen,
+        its pod gone, its start refused. The core skips its liveness scan while it stands still."""
         self.watch = ListWatch("pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
         # Running pods' output copied into their jobs' log files as it comes (logs.py).
@@ -109,6 +126,7 @@ class PodExecutor:
                 elif a.adopted or (a.start is not None and a.start.done() and a.created_rv is not None
                                    and list_rv >= a.created_rv):
                     a.gone = True  # listed after it existed and not there (or, adopted, never bound): it is gone
+                    self._changed()
 
     def _on_event(self, kind: str, pod: Obj) -> None:
         name = ob.name(pod)
@@ -121,10 +139,14 @@ class PodExecutor:
             if a is not None and self._mine(a, pod):
                 running = a.end is None
                 self._observe(a, pod)
-                if running and a.end is not None and name == pod_name(a.handle.job_id, a.handle.attempt):
+                if running and a.end is not None and a.main:
                     self.live.ended(a.handle.job_id, a.handle.attempt, name)  # its last lines, now (logs.py)
                 if kind == "DELETED":
                     a.gone = True
+                    self._changed()
+
+    def _changed(self) -> None:
+        self.changes = next(self._marks)
 
     @staticmethod
     def _mine(a: _Attempt, pod: Obj) -> bool:
@@ -141,11 +163,12 @@ class PodExecutor:
             a.uid = uid
         return a.uid is not None and a.uid == uid
 
-    @staticmethod
-    def _observe(a: _Attempt, pod: Obj) -> None:
+    def _observe(self, a: _Attempt, pod: Obj) -> None:
         a.seen = True
         if a.end is None:
             a.end = pod_end(pod)
+            if a.end is not None:
+                self._changed()
 
     # ------------------------------------------------------------ start
     def launch(self, launch: Launch) -> PodHandle | GangHandle:
@@ -161,9 +184,14 @@ class PodExecutor:
         handle = PodHandle(job_id, attempt, name, node)
         a = _Attempt(handle)
         a.start = self.calls.submit(self._create_and_bind, a, manifest, node)
+        a.start.add_done_callback(self._start_done)
         with self._lock:
             self._attempts[handle.name] = a
         return handle
+
+    def _start_done(self, f: Any) -> None:
+        if f.cancelled() or f.exception() is not None:
+            self._changed()  # a refused start ends the attempt
 
     def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
         ns, name = self.settings.namespace, a.handle.name
@@ -181,10 +209,11 @@ class PodExecutor:
             self._failed_starts = 0
 
     def _create_and_bind_now(self, a: _Attempt, ns: str, name: str, manifest: dict[str, Any], node: str) -> None:
-        # Both replies are taken raw: the created Pod is read for two fields with json (not turned into
-        # a V1Pod), and the binding's reply is a Status the client cannot read as a V1Binding anyway.
-        created = self.calls.retrying("start", lambda: raw_json(self.api.create_namespaced_pod(
-            ns, manifest, _preload_content=False)), START_GIVE_UP_S)
+        # Both posted as plain JSON (post_json: no per-call argument checks) and both replies taken raw:
+        # the created Pod is read for two fields (not turned into a V1Pod), and the binding's reply is a
+        # Status the client cannot read as a V1Binding anyway.
+        created = self.calls.retrying("start", lambda: raw_json(post_json(self.api, pods_path(ns), manifest)),
+                                      START_GIVE_UP_S)
         meta = created.get("metadata") or {}
         with self._lock:
             a.created_rv = _rv(meta.get("resourceVersion"))
@@ -192,8 +221,8 @@ class PodExecutor:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            status = self.calls.retrying("start", lambda: raw_status(self.api.create_namespaced_pod_binding(
-                name, ns, body, _preload_content=False)), START_GIVE_UP_S)
+            status = self.calls.retrying("start", lambda: raw_status(post_json(
+                self.api, pods_path(ns, name, "binding"), body)), START_GIVE_UP_S)
             if status != 201:
                 raise RuntimeError(f"binding {name} to {node} answered HTTP {status}")
         except Exception as e:
@@ -352,7 +381,7 @@ class PodExecutor:
         """(job, attempt, pod) of each single-pod attempt still running, for live logs (a gang's are its own)."""
         with self._lock:
             return [(a.handle.job_id, a.handle.attempt, name) for name, a in self._attempts.items()
-                    if name == pod_name(a.handle.job_id, a.handle.attempt) and a.end is None and not a.gone]
+                    if a.main and a.end is None and not a.gone]
 
     # ------------------------------------------------------------ recovery
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:

@@ -18,6 +18,7 @@ not labelled ``app.kubernetes.io/managed-by: gpupool``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -86,6 +87,9 @@ class KubectlPods:
         self._stop_notes: dict[str, tuple[str, str]] = {}  # job id -> (event reason, message) for its stop
         self._warned: set[tuple[str, str]] = set()  # (pod uid, message): each warning once per pod
         self._failed_starts = 0  # starts refused in a row: the next one waits
+        self._marks = itertools.count(1)
+        self.changes = 0
+        """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
         self.watch = ListWatch("kubectl-pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
                                namespace=namespace, field_selector=f"spec.schedulerName={scheduler_name}",
                                label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
@@ -107,6 +111,7 @@ class KubectlPods:
                     self._observe(run, pod)
                 elif run.start is None or run.start.done():
                     run.gone = True
+                    self._changed()
 
     def _on_event(self, kind: str, pod: Obj) -> None:
         uid = ob.uid(pod)
@@ -122,9 +127,13 @@ class KubectlPods:
                 self._observe(run, pod)
                 if kind == "DELETED":
                     run.gone = True
+                    self._changed()
 
-    @staticmethod
-    def _observe(run: _Run, pod: Obj) -> None:
+    def _changed(self) -> None:
+        self.changes = next(self._marks)
+
+    def _observe(self, run: _Run, pod: Obj) -> None:
+        self._changed()  # deleted by someone, or ended: kubectl pods are few, so any look counts as a change
         if ob.being_deleted(pod) and not run.stopping:
             run.deleted_by_other = True
         if run.end is None:
@@ -183,7 +192,12 @@ class KubectlPods:
         with self._lock:
             self._runs[launch.job_id] = run
             run.start = self.calls.submit(self._configure_and_bind, run, env, node)
+            run.start.add_done_callback(self._start_done)
         return handle
+
+    def _start_done(self, f: Any) -> None:
+        if f.cancelled() or f.exception() is not None:
+            self._changed()  # a refused start ends the attempt
 
     def _configure_and_bind(self, run: _Run, env: dict[str, str], node: str) -> None:
         """Back off after refused starts (0.2 s doubling to 30 s), then write the ConfigMap and bind.

@@ -359,6 +359,7 @@ class GangPods:
                     px._observe(a, pod)
                 else:
                     a.gone = True  # deleted while we were away, or never bound: nothing of it runs
+                    px._changed()
                     if pod is not None:
                         px.calls.submit(px._delete_quietly, name, 0)
                 px._attempts[name] = a

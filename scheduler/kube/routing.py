@@ -23,6 +23,11 @@ class KubeExecutor:
         self.pods = pods
         self.kubectl = kubectl
 
+    @property
+    def changes(self) -> tuple[int, int]:
+        """Moves whenever an attempt of either executor may have stopped being alive (the core's scan mark)."""
+        return self.pods.changes, self.kubectl.changes
+
     def _for(self, job_id: str) -> Any:
         return self.kubectl if self.kubectl.owns(job_id) else self.pods
 

@@ -21,6 +21,9 @@ from scheduler.policy.model import MILLI, Start
 from scheduler.service.jobs import assigned_gpus, job_reason
 from scheduler.store import JobRecord
 
+FULL_SCAN_S = 2.0
+"""The longest an executor's ``changes`` mark spares the liveness scan of every running attempt."""
+
 log = logging.getLogger("scheduler.service")
 
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
@@ -154,9 +157,24 @@ class AttemptsMixin:
         self._stop_tasks[key] = task
         task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
 
+    _alive_mark: Any = None  # the executor's change mark at the last liveness scan
+    _alive_scanned_at = 0.0
+
     def _check_processes(self) -> None:
-        """Monitor: follow the pool's changes, and settle every attempt whose wrapper has ended."""
+        """Monitor: follow the pool's changes, and settle every attempt whose wrapper has ended.
+
+        An executor with a ``changes`` mark (the Kubernetes one: it moves
+        whenever an attempt may have stopped being alive) spares the scan of
+        every running attempt while the mark stands still; one runs at least
+        every ``FULL_SCAN_S`` all the same. Executors without it (local
+        processes, which end unannounced) are scanned every time.
+        """
         self._follow_pool()
+        mark = getattr(self.executor, "changes", None)
+        now = time.monotonic()
+        if mark is not None and mark == self._alive_mark and now - self._alive_scanned_at < FULL_SCAN_S:
+            return
+        self._alive_mark, self._alive_scanned_at = mark, now  # read before the scan: a change during it rescans
         ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
         for jid, h in ended:
             self._settle_ended(jid, h)

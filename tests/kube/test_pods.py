@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -74,5 +75,33 @@ async def test_a_failing_command_fails_the_job_with_its_code(api: Any, namespace
                                   what="the job settled")
         assert (done["state"], done["exit_code"]) == ("failed", 3)
         assert done["reason"] == "exited with code 3"
+    finally:
+        await core.stop()
+
+
+async def test_the_liveness_mark_stands_while_pods_run_and_moves_when_one_ends(api: Any, namespace: str,
+                                                                              gpu_nodes: Any, kubeconfig: Path,
+                                                                              tmp_path: Path) -> None:
+    """The core skips scanning every running pod while the executor's mark stands: it must move on an end."""
+    gpu_nodes(1, gpus=4)
+    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    await core.start()
+    try:
+        core.set_project(ADMIN, "nlp", {"train_guarantee": 4})
+        jobs = [(await core.submit(ADMIN, {"project": "nlp", "gpu_fraction": 0.25, "command": ["sleep", "60"]}))[0]
+                for _ in range(3)]
+        names = [f"gpupool-{j['id']}-1" for j in jobs]
+        with Kubelet(api, namespace) as kubelet:
+            await wait_for(lambda: all(n in kubelet.started for n in names), what="3 pods running")
+            await asyncio.sleep(0.5)  # the Running status updates reach the watch
+            mark = core.executor.changes
+            await asyncio.sleep(1.0)
+            assert core.executor.changes == mark, "running pods moved the mark"
+            kubelet.finish(names[1], 7)
+            done = await wait_for(lambda: (j := core.get_job(ADMIN, jobs[1]["id"]))["state"] != "running" and j,
+                                  what="the ended pod's job settled")
+            assert (done["state"], done["exit_code"]) == ("failed", 7)
+            assert core.executor.changes != mark
+            assert [core.get_job(ADMIN, j["id"])["state"] for j in (jobs[0], jobs[2])] == ["running", "running"]
     finally:
         await core.stop()
