@@ -51,6 +51,7 @@ from scheduler.policy.capacity import Capacity
 from scheduler.policy.fairshare import ShareInput, fair_shares
 from scheduler.policy.gang_reclaim import GangReclaimMixin
 from scheduler.policy.gangs import GangMixin, flag_units
+from scheduler.policy.interning import Interner
 from scheduler.policy.memo import FailureMemo
 from scheduler.policy.model import (
     BUILD_POOL,
@@ -99,6 +100,7 @@ def schedule(snapshot: Snapshot) -> Decisions:
 
 
 _by_id = attrgetter("id")
+_UNREAD = "(not read yet)"  # a request not yet checked by request_problem (None means: nothing wrong)
 _assignment_of = attrgetter("assignment")
 
 
@@ -166,7 +168,8 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         self.rejects: list[Reject] = []
         # Requests are interned (one hash per distinct object); the per-cycle memos are keyed by id()
         # of the interned request, so equal shapes share memos and no lookup rehashes a dataclass.
-        self.canon: dict[Request, Request] = {}
+        self.interner = Interner()  # (helped by the last cycle's answers: scheduler/policy/interning.py)
+        self.canon: dict[Request, Request] = self.interner.canon
         self.req_of: dict[str, Request] = {}
         self.builds, self.trains, asked = self.sort_pending()
         self.cap = Capacity(
@@ -314,7 +317,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
         """
         builds: list[Workload] = []
         trains: list[Workload] = []
-        canon, req_of, problems = self.canon, self.req_of, {}
+        intern, req_of, problems = self.interner.intern, self.req_of, {}
         # Callers often share one Request object among many workloads: look those up by identity
         # before hashing the dataclass (the snapshot keeps every request alive, so ids are stable).
         # One table per kind, so that its values are also each pool's distinct requests.
@@ -328,11 +331,11 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
             by_obj = by_kind[kind]
             known = by_obj.get(id(r))
             if known is None:
-                req = canon.get(r)
-                if req is None:
-                    req = canon[r] = r
-                    problems[id(req)] = request_problem(req)
-                known = by_obj[id(r)] = (req, problems[id(req)])
+                req = intern(r)
+                problem = problems.get(id(req), _UNREAD)
+                if problem is _UNREAD:
+                    problem = problems[id(req)] = request_problem(req)
+                known = by_obj[id(r)] = (req, problem)
             req, problem = known
             req_of[w.id] = req
             if w.project not in projects:
@@ -345,6 +348,7 @@ class _Cycle(ReclaimMixin, BuildReclaimMixin, GangMixin, GangReclaimMixin):
                 to_build(w)
             else:
                 to_train(w)
+        self.interner.keep()
         asked = {pool: list({id(req): req for req, _ in by_kind[kind].values()}.values())
                  for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))}
         return builds, trains, asked

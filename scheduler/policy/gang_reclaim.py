@@ -75,7 +75,7 @@ class GangReclaimMixin(CycleState):
     _units: dict[str, tuple[list[Unit], list[Unit], int]] | None = None
     _gang_owners: set[str] = set()  # projects with a running gang that may be paused (no replica too young)
     _gang_over_owners: set[str] = set()  # those with such a gang beyond their guarantee
-    _unit_gpus: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+    _unit_gpus: dict[tuple[str, bool], np.ndarray] | None = None
     _held_sums: dict[tuple, np.ndarray] | None = None
     _bounds: dict[tuple, int] | None = None  # see _reclaim_units
     _gang_reclaim_failed: FailureMemo[tuple[int, bool]] | None = None
@@ -122,31 +122,32 @@ class GangReclaimMixin(CycleState):
         self._units = out
         return out
 
-    def _gpus_per_node(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """GPUs project ``name``'s candidate units hold per train node: (beyond the guarantee, all).
+    def _gpus_per_node(self, name: str, everything: bool) -> np.ndarray:
+        """GPUs project ``name``'s candidate units hold per train node: all of them (``everything``: what
+        its own higher-priority claimant may pause), or those beyond the guarantee (what others may pause).
 
-        Counted once per cycle; units only leave the candidates (and the GPUs
-        of paused ones count as free), so these stay upper bounds.
+        Counted once per cycle and list, on first use (other projects' claimants
+        ask only for the short list beyond the guarantee); units only leave the
+        candidates (and the GPUs of paused ones count as free), so these stay
+        upper bounds.
         """
         if self._unit_gpus is None:
             self._unit_gpus = {}
-        known = self._unit_gpus.get(name)
+        key = (name, everything)
+        known = self._unit_gpus.get(key)
         if known is None:
             state = self.cap.states[TRAIN_POOL]
             over, cand, _ = self.gang_units()[name]
-            arrays = []
             index = state.node_index
-            for units in (over, cand):
-                # (node index, GPUs) of every member, summed per node in one numpy call
-                pairs = [(index.get(a.node, -1), len(a.gpus)) for m in units for v in m
-                         if (a := v.assignment) is not None]
-                count = np.zeros(len(state.names), dtype=np.int64)
-                if pairs:
-                    at, gpus = np.array(pairs, dtype=np.int64).T
-                    known = at >= 0
-                    count += np.bincount(at[known], weights=gpus[known], minlength=len(count)).astype(np.int64)
-                arrays.append(count)
-            known = self._unit_gpus[name] = (arrays[0], arrays[1])
+            # (node index, GPUs) of every member, summed per node in one numpy call
+            pairs = [(index.get(a.node, -1), len(a.gpus)) for m in (cand if everything else over) for v in m
+                     if (a := v.assignment) is not None]
+            known = np.zeros(len(state.names), dtype=np.int64)
+            if pairs:
+                at, gpus = np.array(pairs, dtype=np.int64).T
+                ok = at >= 0
+                known += np.bincount(at[ok], weights=gpus[ok], minlength=len(known)).astype(np.int64)
+            self._unit_gpus[key] = known
         return known
 
     def _held_by(self, names: list[str], claimant: str) -> np.ndarray:
@@ -158,7 +159,7 @@ class GangReclaimMixin(CycleState):
         key = (frozenset(names), claimant if claimant in names else None)
         held = self._held_sums.get(key)
         if held is None:
-            held = self._held_sums[key] = sum(self._gpus_per_node(n)[1 if n == claimant else 0] for n in names)
+            held = self._held_sums[key] = sum(self._gpus_per_node(n, n == claimant) for n in names)
         return held
 
     def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project, within: bool,

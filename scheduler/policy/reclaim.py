@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import filterfalse
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from scheduler.policy.model import Project, Request, Workload
 _by_id = attrgetter("id")
 _by_start = attrgetter("started_at")
 _by_priority = attrgetter("priority")
+_gang_of = attrgetter("gang")
 
 
 def _started_or_never(w: Workload) -> float:
@@ -90,7 +92,7 @@ class ReclaimMixin(CycleState):
                     v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
                 if self.running_gangs:
                     # a gang is paused whole or not at all: scheduler/policy/gangs.py treats gangs as units
-                    cand = [v for v in cand if not v.gang]
+                    cand = list(filterfalse(_gang_of, cand))  # (C-level: this runs on every running job)
                 # pause order as stable C-level sorts, last key first (this runs on every running job):
                 # id, then least run time (latest start first; no start time counts as the longest run),
                 # then lowest priority
