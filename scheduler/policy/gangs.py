@@ -200,6 +200,7 @@ class GangMixin(CycleState):
         self.gang_failed_sizes: list[int] = []
         self.gang_smallest_failed: dict[int, tuple[Request, int]] = {}  # id(request) -> (it, smallest failed size)
         self.gang_texts: dict[tuple, str] = {}
+        self.gang_fit_total: dict[tuple, int] = {}  # see place_gang
         self.gang_verdicts: dict[tuple, tuple[tuple, str]] = {}  # see gang_turn
         self.gang_most: dict[int, int] = {}  # id(interned replica request) -> replicas the empty pool holds
         self.running_gangs = False
@@ -402,9 +403,18 @@ class GangMixin(CycleState):
         for size in self.gang_failed_sizes:
             if size <= gang.size and memo.get(size, req, generation):
                 return None
+        # replicas of this shape that fit anywhere now, remembered while nothing starts, is paused or reserved:
+        # most gangs of a full cluster fail on it, whatever their size, without a pass over the nodes
+        room_key = (id(req), generation, len(self.started), len(self.preempted), len(self.reserved))
+        fit_total = self.gang_fit_total.get(room_key)
         state = self.cap.states[TRAIN_POOL]
-        room = state.replicas_fit(req)
-        picks = choose_nodes(room, gang.size, self.gang_groups(), state.whole_free)
+        picks = None
+        if fit_total is None or fit_total >= gang.size:
+            room = state.replicas_fit(req)
+            if fit_total is None:
+                fit_total = self.gang_fit_total[room_key] = int(room.sum())
+            if fit_total >= gang.size:
+                picks = choose_nodes(room, gang.size, self.gang_groups(), state.whole_free)
         if picks is None:
             memo.add(gang.size, req, generation, True)
             if smallest is None or smallest[0] is not req or gang.size < smallest[1]:
