@@ -14,6 +14,7 @@ the core counts as used capacity.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from typing import Any
@@ -80,6 +81,7 @@ class KubeBackend:
         if not self.node_watch.synced.wait(initial_sync_s):
             log.warning("no node list from the API server yet; starting with an empty pool")
         self.refresh()
+        tune_gc()
 
     # ------------------------------------------------------------ node watch (its thread)
     def _on_reset(self, items: list[Obj]) -> None:
@@ -146,3 +148,21 @@ class KubeBackend:
         self.kubectl.close()
         self.pod_executor.close()
         self.calls.close()
+
+
+def tune_gc() -> None:
+    """Fewer full garbage collections in a service whose heap grows to hundreds of MiB.
+
+    A cluster's scheduler holds every node, pod and live job: at 1,000 nodes
+    and 10,000 jobs, 4.5 s of its 33 s of CPU went to the cyclic collector,
+    mostly in full collections (up to 0.4 s each, the loop frozen meanwhile)
+    that rescan the whole heap each time it has grown by a quarter. What is
+    loaded by now (modules, the client, the first node list) lives as long as
+    the process: frozen, later full collections skip it. The oldest
+    generation is collected after 100 younger collections instead of 10;
+    nearly all of the service's garbage is freed by reference counting anyway
+    (plain JSON, records), the collector only finds cycles.
+    """
+    gc.freeze()
+    young, middle, _old = gc.get_threshold()
+    gc.set_threshold(max(young, 7000), middle, 100)
