@@ -360,3 +360,21 @@ def test_gangs_like_one_that_waited_get_its_reason_under_their_own_name() -> Non
     assert waits["g-0"].reason.startswith("gang g of 2 × 8 GPUs: only 1 node has room for a replica")
     assert waits["h-2"].reason.startswith("gang h of 3 × 8 GPUs: only 1 node has room for a replica")
     assert waits["g-0"].reason.split(":", 1)[1] == waits["h-0"].reason.split(":", 1)[1]
+
+
+def test_replicas_of_an_unknown_project_or_a_bad_request_are_each_refused_with_the_reason() -> None:
+    """A gang is read once when its replicas agree, replica by replica when not: every replica gets its answer."""
+    ghost = gang("x", "nobody", 3, 2)  # all replicas agree: read once
+    bad = [dataclasses.replace(w, request=dataclasses.replace(w.request, cpu_milli=-1)) for w in gang("b", "A", 2, 2)]
+    bad[1] = dataclasses.replace(bad[1], request=bad[0].request)  # one request object for both
+    split = gang("s", "A", 2, 2)
+    split[1] = dataclasses.replace(split[1], project="nobody")  # replicas disagree: read one by one
+    s = snap([node("n1", 8), node("n2", 8)], [project("A", 16)], ghost + bad + split + gang("ok", "A", 2, 2))
+    d = schedule(s)
+    rejects = _by_id(d.rejects)
+    assert {i for i in rejects if i.startswith("x-")} == {"x-0", "x-1", "x-2"}
+    assert all("project 'nobody' does not exist" in rejects[f"x-{k}"].reason for k in range(3))
+    assert all("cannot be negative" in rejects[f"b-{k}"].reason for k in range(2))
+    assert "project 'nobody' does not exist" in rejects["s-1"].reason
+    assert "gang s" in rejects["s-0"].reason  # refused because its peer is
+    assert {st.workload_id for st in d.starts} == {"ok-0", "ok-1"}

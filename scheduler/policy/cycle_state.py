@@ -27,6 +27,8 @@ class CycleState:
         now: float
         projects: dict[str, Project]
         pending: list[Workload]
+        running: list[Workload]
+        pending_replicas: dict[str, list[Workload]]  # gang id -> its pending replicas (from sort_pending)
         req_of: dict[str, Request]
         usage: dict[str, int]  # training milli-GPU in use, per project
         recent: dict[str, float]  # recent training use, per project

@@ -102,6 +102,8 @@ def schedule(snapshot: Snapshot) -> Decisions:
 _by_id = attrgetter("id")
 _UNREAD = "(not read yet)"  # a request not yet checked by request_problem (None means: nothing wrong)
 _assignment_of = attrgetter("assignment")
+_read_alike = attrgetter("kind", "project")
+_request_of = attrgetter("request")
 
 
 def _new_then_priority(item: tuple[Workload, int]) -> tuple[int, int]:
@@ -233,7 +235,7 @@ class _Cycle(TrainingMixin, ReclaimMixin, BuildReclaimMixin, GangMixin, GangRecl
         self.queue: FairQueue | None = None
         # multi-node gangs (scheduler/policy/gangs.py): one queue entry per gang; those that cannot run
         # whole are decided here (nothing happens when no workload is in a gang)
-        self.builds, self.trains = self.setup_gangs(workloads, self.builds, self.trains)
+        self.builds, self.trains = self.setup_gangs(self.builds, self.trains)
         # per project: running training jobs beyond the guarantee now (the only ones another
         # project's reclaim may pause)
         self.flags_at_start = {
@@ -312,8 +314,10 @@ class _Cycle(TrainingMixin, ReclaimMixin, BuildReclaimMixin, GangMixin, GangRecl
     def sort_pending(self) -> tuple[list[Workload], list[Workload], dict[str, list[Request]]]:
         """Intern the pending jobs' requests and reject what cannot be read.
 
-        Returns (build jobs, training jobs, per pool the distinct requests of all its pending jobs); replicas
-        of multi-node gangs are left out of the first two (:meth:`setup_gangs` sees to them).
+        Returns (build jobs, training jobs, per pool the distinct requests of all its pending jobs). Replicas
+        of multi-node gangs are left out of the first two and grouped per gang in ``pending_replicas``
+        (:meth:`setup_gangs` sees to them); a gang whose replicas agree (one request object, one project,
+        one kind: the service's gangs) is read once, not once per replica.
         """
         builds: list[Workload] = []
         trains: list[Workload] = []
@@ -323,12 +327,13 @@ class _Cycle(TrainingMixin, ReclaimMixin, BuildReclaimMixin, GangMixin, GangRecl
         # One table per kind, so that its values are also each pool's distinct requests.
         # id(request object) -> (its interned request, what is wrong with it or None)
         by_kind: dict[Kind, dict[int, tuple[Request, str | None]]] = {Kind.BUILD: {}, Kind.TRAIN: {}}
-        # (this loop runs once per pending workload, replicas of gangs included: locals only)
-        projects, build, rejects, to_build, to_train = self.projects, Kind.BUILD, self.rejects, builds.append, trains.append
-        for w in self.pending:
+        groups: dict[str, list[Workload]] = {}  # gang id -> its pending replicas, in id order
+        self.pending_replicas = groups
+
+        def read(w: Workload) -> str | None:
+            """Intern ``w``'s request; why it is refused, or None."""
             r = w.request
-            kind = w.kind
-            by_obj = by_kind[kind]
+            by_obj = by_kind[w.kind]
             known = by_obj.get(id(r))
             if known is None:
                 req = intern(r)
@@ -339,15 +344,46 @@ class _Cycle(TrainingMixin, ReclaimMixin, BuildReclaimMixin, GangMixin, GangRecl
             req, problem = known
             req_of[w.id] = req
             if w.project not in projects:
-                rejects.append(Reject(w.id, f"project {w.project!r} does not exist"))
-            elif problem is not None:
+                return f"project {w.project!r} does not exist"
+            return problem
+
+        # (this loop runs once per pending workload: the common case inline, locals only)
+        projects, build, rejects, to_build, to_train = self.projects, Kind.BUILD, self.rejects, builds.append, trains.append
+        train_table = by_kind[Kind.TRAIN]
+        for w in self.pending:
+            gang = w.gang
+            if gang:
+                members = groups.get(gang)
+                if members is None:
+                    groups[gang] = [w]
+                else:
+                    members.append(w)
+                continue
+            kind = w.kind
+            known = train_table.get(id(w.request)) if kind is not build else None
+            if known is not None and w.project in projects:  # a training shape seen before
+                req, problem = known
+                req_of[w.id] = req
+            else:
+                problem = read(w)
+            if problem is not None:
                 rejects.append(Reject(w.id, problem))
-            elif w.gang:
-                pass  # a replica of a multi-node gang: setup_gangs decides it, or queues its gang as one entry
             elif kind is build:
                 to_build(w)
             else:
                 to_train(w)
+        for members in groups.values():
+            if len(set(map(_read_alike, members))) == 1 and len(set(map(id, map(_request_of, members)))) == 1:
+                why = read(members[0])
+                req = req_of[members[0].id]
+                for w in members:
+                    req_of[w.id] = req
+                    if why is not None:
+                        rejects.append(Reject(w.id, why))
+            else:
+                for w in members:
+                    if (why := read(w)) is not None:
+                        rejects.append(Reject(w.id, why))
         self.interner.keep()
         asked = {pool: list({id(req): req for req, _ in by_kind[kind].values()}.values())
                  for pool, kind in ((BUILD_POOL, Kind.BUILD), (TRAIN_POOL, Kind.TRAIN))}

@@ -57,6 +57,7 @@ _gang_of = attrgetter("gang")
 _by_submission = attrgetter("submitted_at")
 _by_priority = attrgetter("priority")
 _assignment_of = attrgetter("assignment")
+_by_id = attrgetter("id")
 
 
 @dataclass
@@ -180,8 +181,7 @@ class GangMixin(CycleState):
 
     # ------------------------------------------------------------ set-up
 
-    def setup_gangs(self, workloads: Sequence[Workload], builds: list[Workload],
-                    trains: list[Workload]) -> tuple[list[Workload], list[Workload]]:
+    def setup_gangs(self, builds: list[Workload], trains: list[Workload]) -> tuple[list[Workload], list[Workload]]:
         """Find the gangs; deal with those that cannot run whole; return (``builds``, ``trains``) with
         one entry (its first replica) per schedulable gang added to ``trains``.
 
@@ -204,16 +204,26 @@ class GangMixin(CycleState):
         self.gang_verdicts: dict[tuple, tuple[tuple, str]] = {}  # see gang_turn
         self.gang_most: dict[int, int] = {}  # id(interned replica request) -> replicas the empty pool holds
         self.running_gangs = False
-        if not any(map(_gang_of, workloads)):
+        # the pending replicas come grouped from sort_pending; the running ones are added here
+        by_gang = self.pending_replicas
+        running_replicas = list(filter(_gang_of, self.running))
+        if not by_gang and not running_replicas:
             return builds, trains
-        by_gang: dict[str, list[Workload]] = {}
-        for w in filter(_gang_of, workloads):
-            by_gang.setdefault(w.gang, []).append(w)
+        mixed: set[str] = set()  # gangs with replicas running and pending: put back in id order below
+        for w in running_replicas:
+            members = by_gang.get(w.gang)
+            if members is None:
+                by_gang[w.gang] = [w]
+            else:
+                members.append(w)
+                mixed.add(w.gang)
         leaders: list[Workload] = []  # the first replica of each gang left to take its turn
         refused = {r.workload_id: r.reason for r in self.rejects}
         for gid in sorted(by_gang):
             # job order (priority, submission, id) as two stable C-level sorts of the id-ordered replicas
             members = by_gang[gid]
+            if gid in mixed:
+                members.sort(key=_by_id)
             members.sort(key=_by_submission)
             members.sort(key=_by_priority, reverse=True)
             if any(map(_assignment_of, members)):
