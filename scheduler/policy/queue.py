@@ -88,6 +88,44 @@ class FairQueue:
             self._popped_ratio = entry[1]
             return self._jobs[name][pos]
 
+    def advance(self, name: str, same: bool) -> Workload | None:
+        """:meth:`touch` for the project whose job was just popped, then :meth:`pop`, in one call.
+
+        The training pass calls this once per pending job, most of them
+        answered from a memo: one call instead of two, and the project's next
+        head goes straight into the heap's push-pop.
+        """
+        heap, version = self._heap, self._version
+        v = version[name] = version[name] + 1
+        carry = self._carry
+        self._carry = None
+        pos = self._pos[name]
+        queue = self._jobs[name]
+        if pos < len(queue):
+            head = queue[pos]
+            ratio = self._popped_ratio if same else self._ratio(name)
+            entry = (-head.priority, ratio, head.submitted_at, head.id, name, v)
+            if carry is not None:
+                heapq.heappush(heap, carry)
+            if heap:
+                entry = heapq.heappushpop(heap, entry)
+        elif carry is not None:
+            entry = heapq.heappushpop(heap, carry) if heap else carry
+        elif heap:
+            entry = heapq.heappop(heap)
+        else:
+            return None
+        while entry[5] != version[entry[4]]:  # (a stale entry: its project was re-ranked since)
+            if not heap:
+                return None
+            entry = heapq.heappop(heap)
+        name = entry[4]
+        version[name] += 1
+        pos = self._pos[name]
+        self._pos[name] = pos + 1
+        self._popped_ratio = entry[1]
+        return self._jobs[name][pos]
+
     def touch(self, name: str, same: bool = False) -> None:
         """The project's usage changed (or its head was taken): re-rank it.
 

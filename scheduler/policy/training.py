@@ -136,17 +136,18 @@ class TrainingMixin(CycleState):
         # guarantees (pass 2) goes first to the projects with the least use, now and recently, for their share.
         queue = FairQueue(jobs, self.standing if self.history and not first else self.ratio)
         self.queue = queue
-        pop, touch = queue.pop, queue.touch
+        advance = queue.advance
         verdicts, waits, cap, now = self.verdicts, self.waits, self.cap, self.now
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
         guarantee = {name: p.train_guarantee_milli for name, p in projects.items()}
         # (the loop runs once per pending job, most of them answered from the verdict memo: locals only)
-        while (w := pop()) is not None:
+        w = queue.pop()
+        while w is not None:
             name = w.project
             if gang_need and w.id in gang_need:
                 used = usage[name]
                 self.gang_turn(w, first, deferred, starving_from)  # all replicas at once (gangs.py)
-                touch(name, usage[name] == used)
+                w = advance(name, usage[name] == used)
                 continue
             req = req_of[w.id]
             need = needs[id(req)]
@@ -160,7 +161,7 @@ class TrainingMixin(CycleState):
             since = paused if paused is not None else w.submitted_at
             if first and not within and since > starving_from:
                 deferred.append(w)
-                touch(name, True)
+                w = advance(name, True)
                 continue
             # (a starving job is served at its place in the order even beyond its guarantee, so that
             # within-guarantee jobs behind it cannot keep taking the room it waits for)
@@ -180,7 +181,7 @@ class TrainingMixin(CycleState):
                 self.schedule_train(w, req, projects[name], need, within)
                 if len(waits) > before and self.n_reservers == n_reserved and settled:
                     verdicts[key] = (cap.generation, usage[name], n_reserved, waits[-1].reason)
-            touch(name, usage[name] == used)  # (a job that waited changed nothing: its ratio stands)
+            w = advance(name, usage[name] == used)  # (a job that waited changed nothing: its ratio stands)
         if first:
             # pass 2 starts push projects above their guarantee, which changes who may be paused
             self.reclaim_failed = FailureMemo()
