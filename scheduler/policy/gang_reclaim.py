@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Sequence
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,6 +48,10 @@ if TYPE_CHECKING:
     from scheduler.policy.gangs import Gang
 
 Unit = list[Workload]  # one single job, or every running replica of one gang
+
+_assignment_of = attrgetter("assignment")
+_node_of = attrgetter("node")
+_gpus_of = attrgetter("gpus")
 
 
 def _unit_key(members: Sequence[Workload]) -> tuple[int, float, str]:
@@ -138,13 +144,14 @@ class GangReclaimMixin(CycleState):
         if known is None:
             state = self.cap.states[TRAIN_POOL]
             over, cand, _ = self.gang_units()[name]
-            index = state.node_index
-            # (node index, GPUs) of every member, summed per node in one numpy call
-            pairs = [(index.get(a.node, -1), len(a.gpus)) for m in (cand if everything else over) for v in m
-                     if (a := v.assignment) is not None]
+            # every member's node index and GPU count, by C-level maps, summed per node by one bincount
+            assignments = [a for a in map(_assignment_of, chain.from_iterable(cand if everything else over))
+                           if a is not None]
             known = np.zeros(len(state.names), dtype=np.int64)
-            if pairs:
-                at, gpus = np.array(pairs, dtype=np.int64).T
+            if assignments:
+                at = np.fromiter(map(state.node_index.get, map(_node_of, assignments), repeat(-1)),
+                                 dtype=np.int64, count=len(assignments))
+                gpus = np.fromiter(map(len, map(_gpus_of, assignments)), dtype=np.int64, count=len(assignments))
                 ok = at >= 0
                 known += np.bincount(at[ok], weights=gpus[ok], minlength=len(known)).astype(np.int64)
             self._unit_gpus[key] = known

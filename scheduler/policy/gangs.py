@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -279,7 +280,7 @@ class GangMixin(CycleState):
                 self.rejects.append(Reject(w.id, why))
 
     def _wait_all(self, gang: Gang, why: str) -> None:
-        self.waits += [Wait(w.id, why) for w in gang.pending]
+        self.waits.extend(map(Wait, map(_by_id, gang.pending), repeat(why)))  # (C-level loop: one per replica)
 
     def _restart_whole(self, gang: Gang) -> None:
         """Part of the gang runs, part is pending: pause the running part so the gang restarts whole."""
