@@ -280,7 +280,8 @@ class GangMixin(CycleState):
                 self.rejects.append(Reject(w.id, why))
 
     def _wait_all(self, gang: Gang, why: str) -> None:
-        self.waits.extend(map(Wait, map(_by_id, gang.pending), repeat(why)))  # (C-level loop: one per replica)
+        # one per replica, built in C (see Wait)
+        self.waits.extend(map(tuple.__new__, repeat(Wait), zip(map(_by_id, gang.pending), repeat(why))))
 
     def _restart_whole(self, gang: Gang) -> None:
         """Part of the gang runs, part is pending: pause the running part so the gang restarts whole."""

@@ -191,12 +191,35 @@ class Reject:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)  # (slots: a cycle makes one per pending job)
-class Wait:
-    """Leave a workload pending, and say why."""
+class Wait(tuple[str, str]):
+    """Leave a workload pending, and say why: ``Wait(workload_id, reason)``, read by name.
 
-    workload_id: str
-    reason: str
+    Immutable like the other decisions, but a tuple rather than a frozen
+    dataclass: a cycle makes one per pending job (18,000 at 10,000 queued jobs
+    with gangs), and the engine's hot loops build them with
+    ``tuple.__new__(Wait, (workload_id, reason))``, in C, three times faster
+    than a frozen dataclass sets its fields. Its ``repr`` is the dataclass form; it equals only Waits (and
+    plain tuples) with the same fields.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, workload_id: str, reason: str) -> Wait:
+        return tuple.__new__(cls, (workload_id, reason))
+
+    def __getnewargs__(self) -> tuple[str, str]:  # (pickle and copy call __new__ with these)
+        return (self[0], self[1])
+
+    @property
+    def workload_id(self) -> str:
+        return self[0]
+
+    @property
+    def reason(self) -> str:
+        return self[1]
+
+    def __repr__(self) -> str:
+        return f"Wait(workload_id={self[0]!r}, reason={self[1]!r})"
 
 
 @dataclass(frozen=True)

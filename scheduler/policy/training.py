@@ -136,7 +136,7 @@ class TrainingMixin(CycleState):
         # guarantees (pass 2) goes first to the projects with the least use, now and recently, for their share.
         queue = FairQueue(jobs, self.standing if self.history and not first else self.ratio)
         self.queue = queue
-        advance = queue.advance
+        advance, new_tuple = queue.advance, tuple.__new__
         verdicts, waits, cap, now = self.verdicts, self.waits, self.cap, self.now
         max_reservations, backoff = self.cfg.max_reservations, self.cfg.resume_backoff_s
         guarantee = {name: p.train_guarantee_milli for name, p in projects.items()}
@@ -175,7 +175,7 @@ class TrainingMixin(CycleState):
                 seen is not None and seen[0] == cap.generation and seen[1] == used and seen[2] == n_reserved
                 and (n_reserved >= max_reservations or since > starving_from) and settled
             ):
-                waits.append(Wait(w.id, seen[3]))
+                waits.append(new_tuple(Wait, (w.id, seen[3])))  # (Wait(w.id, seen[3]), built in C)
             else:
                 before = len(waits)
                 self.schedule_train(w, req, projects[name], need, within)
