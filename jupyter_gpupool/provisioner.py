@@ -122,15 +122,15 @@ def kernel_label(notebook: str, kernel_id: str) -> str:
     return f"kernel {os.path.basename(notebook) or short_id(kernel_id)}"
 
 
-def quota_message(scheduler_message: str) -> str:
+def quota_message(scheduler_message: str, held: bool) -> str:
     """What the "Error Starting Kernel" dialog says when the build quota refuses a kernel.
 
     The scheduler's message already says what was asked, what the project
     holds (by notebook, or 'kernel 1a2b3c4d' for a kernel with none) and what
     is free, in the shares of the Launcher: one wording, made in one place.
-    We add only what the user can do about it.
+    We add only what the user can do about it; ``held``: whether the project's
+    kernels hold part of the quota (else the request alone is too big).
     """
-    held = " holds " in scheduler_message  # else nothing is held: the request alone is too big
     return (f"No GPU share for this kernel: {scheduler_message}. "
             + ("Shut down a GPU kernel of this project, pick a smaller GPU kernel, or ask an admin for more "
                "build quota." if held else "Pick a smaller GPU kernel or ask an admin for more build quota."))
@@ -211,8 +211,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         try:
             job = await client.submit(spec)
         except GpupoolError as err:
-            if isinstance(err, QuotaExceeded) or (isinstance(err, Conflict) and "quota" in err.message):
-                raise GpuShareUnavailable(409, quota_message(err.message)) from err
+            if isinstance(err, QuotaExceeded):  # (held_milli None: an older server; give every way out)
+                raise GpuShareUnavailable(409, quota_message(err.message, err.held_milli != 0)) from err
             raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
         return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
 

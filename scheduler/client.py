@@ -109,9 +109,11 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
     """Turn an error reply into the matching exception, keeping the server's message."""
     message = ""
     kind = None
+    reply: dict[str, Any] = {}
     try:
         data = jsonlite.loads(body or b"")
         if isinstance(data, dict):
+            reply = data
             message = str(data.get("error") or "")
             kind = data.get("type")
     except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
@@ -129,6 +131,7 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
     exc = cls(message)
     if cls is GpupoolError:
         exc.status = status
+    exc.take_details(reply)
     return exc
 
 

@@ -18,6 +18,13 @@ class GpupoolError(Exception):
         super().__init__(message)
         self.message = message
 
+    def details(self) -> dict[str, object]:
+        """Fields the error reply carries beside ``error``, ``status`` and ``type`` (none by default)."""
+        return {}
+
+    def take_details(self, reply: dict[str, object]) -> None:
+        """Read :meth:`details` back from an error reply (the client side)."""
+
 
 class InvalidRequest(GpupoolError):
     status = 400
@@ -42,9 +49,27 @@ class Conflict(GpupoolError):
 
 
 class QuotaExceeded(GpupoolError):
-    """A build workload asked for more than its project's fixed quota leaves."""
+    """A build workload asked for more than its project's fixed quota leaves.
+
+    ``held_milli``: how much of the quota the project's live build work holds
+    (0: nothing is held, the request alone is bigger than the quota; None:
+    not known, e.g. from an older server). The Jupyter provisioner tells the
+    user to shut a kernel down only when something is held.
+    """
 
     status = 409
+
+    def __init__(self, message: str, held_milli: int | None = None) -> None:
+        super().__init__(message)
+        self.held_milli = held_milli
+
+    def details(self) -> dict[str, object]:
+        return {} if self.held_milli is None else {"held_milli": self.held_milli}
+
+    def take_details(self, reply: dict[str, object]) -> None:
+        held = reply.get("held_milli")
+        if isinstance(held, int) and not isinstance(held, bool) and held >= 0:
+            self.held_milli = held
 
 
 class Unavailable(GpupoolError):

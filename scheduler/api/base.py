@@ -130,8 +130,10 @@ class ApiHandler(tornado.web.RequestHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         kind = "GpupoolError"
+        details: dict[str, object] = {}
         if isinstance(exc, GpupoolError):
             status_code, message, kind = exc.status, exc.message, type(exc).__name__
+            details = exc.details()
         elif isinstance(exc, tornado.web.HTTPError):
             status_code = exc.status_code
             message = exc.log_message % exc.args if exc.log_message and exc.args else exc.log_message
@@ -147,7 +149,7 @@ class ApiHandler(tornado.web.RequestHandler):
         if status_code == 401:
             self.set_header("WWW-Authenticate", 'Bearer realm="gpupool"')
         self.set_header("Content-Type", "application/json; charset=UTF-8")
-        self.finish(json.dumps({"error": message, "status": status_code, "type": kind}))
+        self.finish(json.dumps({**details, "error": message, "status": status_code, "type": kind}))
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         # The user's mistakes are answered, not logged as errors; bugs keep their traceback.

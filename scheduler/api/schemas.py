@@ -150,7 +150,9 @@ ERROR: dict[str, Any] = {
     "type": "object",
     "required": ["error", "status"],
     "properties": {"error": {"type": "string"}, "status": {"type": "integer"},
-                   "type": {"type": "string", "description": "The scheduler.errors class name."}},
+                   "type": {"type": "string", "description": "The scheduler.errors class name."},
+                   "held_milli": {"type": "integer", "description": "QuotaExceeded: milli-GPU of the build quota "
+                                  "the project's live build work holds (0: the request alone is too big)."}},
 }
 
 _GPU_SHARE = {"type": "object", "properties": {

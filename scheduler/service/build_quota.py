@@ -63,11 +63,11 @@ def check_build_quota(project: ProjectRecord, need: int, holders: Iterable[tuple
     quota = gpus_phrase(project.build_quota_milli)
     asked = f"asked for {gpus_phrase(need)}"
     if not held_by:
-        raise QuotaExceeded(f"{asked}; project {project.name!r} has a build quota of only {quota}")
+        raise QuotaExceeded(f"{asked}; project {project.name!r} has a build quota of only {quota}", held_milli=0)
     free = max(0, project.build_quota_milli - held)
     holders_text = "; ".join(_holder_text(r, m) for r, m in held_by)
     raise QuotaExceeded(f"{asked}; project {project.name!r} holds {gpus_phrase(held)} of its build quota of "
-                        f"{quota} ({holders_text}); {gpus_phrase(free) if free else 'nothing'} free")
+                        f"{quota} ({holders_text}); {gpus_phrase(free) if free else 'nothing'} free", held_milli=held)
 
 
 def build_holders(records: Iterable[JobRecord], held: Callable[[JobRecord], int],

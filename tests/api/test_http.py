@@ -18,7 +18,7 @@ import pytest
 from scheduler.api.openapi import build_document
 from scheduler.api.schemas import COMPONENTS
 from scheduler.client import GpupoolClient
-from scheduler.errors import Conflict, InvalidRequest
+from scheduler.errors import Conflict, InvalidRequest, QuotaExceeded
 from scheduler.service.validation import PoolLimits, validate_project, validate_spec, validate_user
 
 from .servers import EmbeddedThread, http, wait_until
@@ -307,8 +307,11 @@ def _build_quota_refusal(svc) -> None:
     try:
         status, reply = http("POST", svc.url + "/api/v1/jobs", token=svc.other,
                              body={"project": "vision", "kind": "build", "gpu_fraction": 0.25})
-        assert status == 409 and reply["type"] == "QuotaExceeded"
+        assert status == 409 and reply["type"] == "QuotaExceeded" and reply["held_milli"] == 500
         assert "vision" in reply["error"] and lease["id"] in reply["error"] and "explore.ipynb" in reply["error"]
+        with pytest.raises(QuotaExceeded) as refused:  # the client reads it back
+            GpupoolClient(svc.url, svc.other).submit({"project": "vision", "kind": "build", "gpu_fraction": 0.75})
+        assert refused.value.held_milli == 500
         wait_until(lambda: alice.job(lease["id"])["state"] == "running", 30, 0.05, "the share to be granted")
         lease = alice.job(lease["id"])
         renewed = alice.renew(lease["id"])

@@ -265,4 +265,7 @@ async def test_kernel_without_a_notebook_is_named_by_a_short_id(jp_fetch: Any, g
     assert f"asked for 1 GPU; project '{job['project']}' holds ¼ GPU of its build quota of 1 GPU " in message
     assert f"(kernel {kernel_id[:8]} ¼ ({job['user']}, {job['id']})); ¾ GPU free" in message
     assert kernel_id not in message
+    # the scheduler said (held_milli, not its wording) that a kernel holds part of the quota: so, what to do
+    assert message.endswith("Shut down a GPU kernel of this project, pick a smaller GPU kernel, or ask an admin for "
+                            "more build quota.")
     await jp_fetch("api", "kernels", kernel_id, method="DELETE")

@@ -175,13 +175,14 @@ async def test_build_quota_rejection_names_project_quota_and_holders(make_core):
     msg = e.value.message
     assert msg == (f"asked for ½ GPU; project 'vision' holds ¾ GPU of its build quota of 1 GPU "
                    f"(exp/a.ipynb ½ (alice, kernel k-123, {a['id']}); {b['id']} ¼ (bob)); ¼ GPU free")
-    assert e.value.status == 409
+    assert e.value.status == 409 and e.value.held_milli == 750
     await core.cancel(ALICE, a["id"])  # releases the share at once
     c, _ = await core.submit(ALICE, {"project": "vision", "kind": "build", "gpu_fraction": 0.5})
     assert c["state"] == "running"
-    with pytest.raises(QuotaExceeded, match="asked for 0.1 GPU; project 'empty' has a build quota of only 0 GPUs"):
+    with pytest.raises(QuotaExceeded, match="asked for 0.1 GPU; project 'empty' has a build quota of only 0 GPUs") as e:
         core.set_project(ADMIN, "empty", {})
         await core.submit(ALICE, {"project": "empty", "kind": "build", "gpu_fraction": 0.1})
+    assert e.value.held_milli == 0  # nothing held: the request alone is too big
 
 
 async def test_build_lease_expires_unless_renewed(make_core):
