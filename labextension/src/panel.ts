@@ -10,12 +10,14 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { api, describeError, FINAL_STATES, IGpu, IJob, IProject, IStatus } from './api';
-import { renderHistory, projectColor } from './chart';
+import { api, describeError, FINAL_STATES, IJob, IProject, IStatus } from './api';
+import { renderHistory } from './chart';
 import { h, replaceChildren } from './dom';
 import { EventStream } from './events';
-import { basename, formatBytes, formatDuration, formatGpuAmount, formatGpus, formatRequest, formatTime, jobShare } from './format';
+import { basename, formatDuration, formatGpuAmount, formatGpus, formatRequest, formatTime, jobShare } from './format';
 import { notifyError } from './notifications';
+import { poolView } from './poolview';
+import { projectsView } from './projectsview';
 import { editProject } from './quota';
 import { gangGpus, gangWhere, isGang, logPicker, replicaList } from './replicas';
 
@@ -304,152 +306,11 @@ export class GpuPoolPanel extends Widget {
   }
 
   private _renderPool(status: IStatus): void {
-    const names = status.projects.map(p => p.name);
-    const nodes = status.pool.nodes ?? [];
-    if (nodes.every(n => n.gpus.length === 0)) {
-      replaceChildren(this._poolBody, h('p', { class: 'jp-gpupool-empty' }, 'No GPUs in the pool.'));
-      return;
-    }
-    const list = h('ul', { class: 'jp-gpupool-gpus', 'aria-label': 'Pool GPUs' });
-    for (const node of nodes) {
-      for (const gpu of node.gpus) {
-        list.appendChild(this._gpuRow(node.name, nodes.length > 1, gpu, names));
-      }
-    }
-    replaceChildren(this._poolBody, list);
-  }
-
-  private _gpuRow(nodeName: string, showNode: boolean, gpu: IGpu, names: string[]): HTMLElement {
-    const bar = h('div', { class: 'jp-gpupool-bar', 'aria-hidden': 'true' });
-    for (const a of gpu.allocations ?? []) {
-      const seg = h('span', {
-        class: `jp-gpupool-seg jp-gpupool-seg-${a.kind}`,
-        style: `width:${Math.min(100, a.fraction * 100)}%;background:${projectColor(a.project, names)}`,
-        title: `${a.job_id}: ${a.project}/${a.user} ${a.kind === 'build' ? 'kernel' : 'training'} ${formatGpus(a.fraction)} GPU`
-      });
-      bar.appendChild(seg);
-    }
-    const measured: string[] = [];
-    if (typeof gpu.utilization === 'number') {
-      measured.push(`${Math.round(gpu.utilization)}% busy`);
-    }
-    if (typeof gpu.memory_used === 'number') {
-      measured.push(`${formatBytes(gpu.memory_used)} used`);
-    }
-    const who = (gpu.allocations ?? []).map(a => `${a.project} ${formatGpus(a.fraction)}`).join(', ');
-    const label =
-      `GPU ${gpu.index} ${gpu.model}: ${formatGpus(gpu.allocated)} of 1 allocated` +
-      (who ? ` (${who})` : '') +
-      `, memory ${formatBytes(gpu.memory)}` +
-      (measured.length ? `, ${measured.join(', ')}` : '');
-    return h(
-      'li',
-      { class: 'jp-gpupool-gpu', 'aria-label': label, 'data-gpu': gpu.id },
-      h(
-        'div',
-        { class: 'jp-gpupool-gpu-title' },
-        h('span', {}, `${showNode ? `${nodeName} · ` : ''}GPU ${gpu.index} · ${gpu.model}`),
-        h('span', { class: 'jp-gpupool-help' }, `${formatGpus(gpu.allocated)}/1`)
-      ),
-      bar,
-      h(
-        'div',
-        { class: 'jp-gpupool-help' },
-        `${formatBytes(gpu.memory)}${measured.length ? ' · ' + measured.join(' · ') : ''}`
-      )
-    );
+    replaceChildren(this._poolBody, poolView(status));
   }
 
   private _renderProjects(status: IStatus): void {
-    const names = status.projects.map(p => p.name);
-    const table = h(
-      'table',
-      { class: 'jp-gpupool-table', 'aria-label': 'Projects and quotas' },
-      h(
-        'thead',
-        {},
-        h(
-          'tr',
-          {},
-          h('th', { scope: 'col' }, 'Project'),
-          h('th', { scope: 'col', title: 'Kernel shares used / build quota (GPUs)' }, 'Build'),
-          h('th', { scope: 'col', title: 'Training GPUs used / guarantee' }, 'Training'),
-          status.admin ? h('th', { scope: 'col' }, h('span', { class: 'jp-gpupool-sr' }, 'Actions')) : null
-        )
-      )
-    );
-    const body = h('tbody');
-    for (const p of status.projects) {
-      body.appendChild(this._projectRow(p, names, status.admin));
-      const recent = recentRow(p, status.admin ? 4 : 3);
-      if (recent) {
-        body.appendChild(recent);
-      }
-    }
-    table.appendChild(body);
-    const children: HTMLElement[] = [table];
-    if (status.admin) {
-      const add = h(
-        'button',
-        { class: 'jp-gpupool-button', type: 'button', 'aria-label': 'Add a project' },
-        'Add project'
-      );
-      add.addEventListener('click', () => void this._edit(null));
-      children.push(add);
-    }
-    if (status.projects.length === 0) {
-      children.unshift(h('p', { class: 'jp-gpupool-empty' }, 'No projects yet.'));
-    }
-    replaceChildren(this._projectsBody, ...children);
-  }
-
-  private _projectRow(p: IProject, names: string[], admin: boolean): HTMLElement {
-    const buildFull = p.build_quota > 0 && p.usage.build >= p.build_quota - 1e-9;
-    const over = p.usage.train_over_quota > 0;
-    const limit = p.train_limit === null || p.train_limit === undefined ? '' : `, limit ${formatGpus(p.train_limit)}`;
-    const cells: HTMLElement[] = [
-      h(
-        'th',
-        { scope: 'row' },
-        h('span', { class: 'jp-gpupool-swatch', style: `background:${projectColor(p.name, names)}` }),
-        p.name,
-        p.pending ? h('div', { class: 'jp-gpupool-help' }, `${p.pending} pending`) : null
-      ),
-      h(
-        'td',
-        { class: buildFull ? 'jp-mod-full' : '', title: buildFull ? 'Build quota exhausted: new GPU kernels are refused' : '' },
-        meter(p.usage.build, p.build_quota, `${p.name} build quota`),
-        `${formatGpus(p.usage.build)}/${formatGpus(p.build_quota)}`,
-        buildFull ? h('span', { class: 'jp-gpupool-flag' }, ' full') : ''
-      ),
-      h(
-        'td',
-        {
-          class: over ? 'jp-mod-over' : '',
-          title: over
-            ? `${formatGpus(p.usage.train_over_quota)} GPU over the guarantee: those jobs may be paused when another project claims its share${limit}`
-            : `guarantee ${formatGpus(p.train_guarantee)} GPU${limit}`
-        },
-        meter(p.usage.train, p.train_guarantee, `${p.name} training guarantee`),
-        `${formatGpus(p.usage.train)}/${formatGpus(p.train_guarantee)}`,
-        over ? h('span', { class: 'jp-gpupool-flag' }, ` +${formatGpus(p.usage.train_over_quota)} over`) : ''
-      )
-    ];
-    if (admin) {
-      const edit = h(
-        'button',
-        {
-          class: 'jp-gpupool-button jp-gpupool-icon-button',
-          type: 'button',
-          'aria-label': `Edit quotas of project ${p.name}`,
-          title: `Edit quotas of project ${p.name}`
-        },
-        '\u270E'
-      );
-      edit.addEventListener('click', () => void this._edit(p));
-      cells.push(h('td', {}, edit));
-    }
-    return h('tr', { 'data-project': p.name, class: over ? 'jp-mod-over' : '' }, ...cells);
+    replaceChildren(this._projectsBody, ...projectsView(status, project => void this._edit(project)));
   }
 
   private async _edit(project: IProject | null): Promise<void> {
@@ -790,50 +651,4 @@ function keepFocus(root: HTMLElement, render: () => void): void {
 
 function isFinal(job: IJob): boolean {
   return (FINAL_STATES as readonly string[]).includes(job.state);
-}
-
-/** A small bar: used against a quota, overflowing in the warning color. */
-function meter(used: number, quota: number, label: string): HTMLElement {
-  const scale = Math.max(quota, used, 1e-9);
-  const within = Math.min(used, quota);
-  const over = Math.max(0, used - quota);
-  return h(
-    'span',
-    {
-      class: 'jp-gpupool-meter',
-      role: 'meter',
-      'aria-label': label,
-      'aria-valuemin': 0,
-      'aria-valuemax': quota,
-      'aria-valuenow': used,
-      'aria-valuetext': `${formatGpus(used)} of ${formatGpus(quota)} GPU`
-    },
-    h('span', { class: 'jp-gpupool-meter-fill', style: `width:${(within / scale) * 100}%` }),
-    over > 0 ? h('span', { class: 'jp-gpupool-meter-over', style: `width:${(over / scale) * 100}%` }) : null
-  );
-}
-
-/**
- * The line under a project's row: GPU-hours it held lately and, with history kept, its training use
- * against its fair share (a row of its own: the sidebar is too narrow for another column).
- */
-function recentRow(p: IProject, columns: number): HTMLElement | null {
-  const hours = p.recent_gpu_hours ? p.recent_gpu_hours.build + p.recent_gpu_hours.train : null;
-  const fair = p.fair_share;
-  if (hours === null || !fair) {
-    return null;
-  }
-  const used = hours > 0 && hours < 0.01 ? '<0.01' : String(Number(hours.toFixed(hours >= 100 ? 0 : 2)));
-  const standing = fair.percent === null ? '' : `, ${fair.percent}% of its fair share`;
-  const title =
-    fair.percent === null
-      ? 'GPU-hours held lately. No usage history is kept (half-life 0): idle GPUs are shared by what runs now.'
-      : `GPU-hours held lately (an hour one half-life ago counts half). Training: ${formatGpus(fair.recent_gpus)} GPU ` +
-        `on average lately, of a fair share of ${formatGpus(fair.gpus)} GPU. Idle GPUs beyond guarantees go first ` +
-        'to the projects that used least of their fair share lately.';
-  return h(
-    'tr',
-    { class: 'jp-gpupool-recent', 'data-recent-of': p.name },
-    h('td', { colspan: String(columns), title }, `Recent: ${used} GPU-h${standing}`)
-  );
 }
