@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from scheduler.errors import InvalidRequest
 from scheduler.policy.model import Node, Request, Workload
 from scheduler.policy.placement_layout import Layout, layout_of
 
+_assignment_of = attrgetter("assignment")  # (an Assignment is always true, a missing one None)
 KEEP = 4  # node lists whose last count is carried (the engine uses one; tests and benches a few)
 # Past this share of changed jobs a fresh count is as cheap as applying the difference.
 FRESH_SHARE = 0.5
@@ -64,8 +66,9 @@ def held_by(nodes: Sequence[Node], running: Iterable[Workload]) -> Held:
     nothing here. A GPU placed on a node other than its own is an error.
     """
     lay = layout_of(tuple(nodes))
-    listed = [w for w in running if w.assignment is not None]
-    jobs = {id(w): w for w in listed}
+    # (C-level passes: this runs on every running job each cycle)
+    listed = list(filter(_assignment_of, running))
+    jobs = dict(zip(map(id, listed), listed, strict=True))
     if len(jobs) != len(listed):  # the same object twice: each counts, as in any fresh count; no carry
         return _apply(_empty(lay), {}, listed, [])[0]
     last = _carry.get(id(lay))
