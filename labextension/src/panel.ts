@@ -10,16 +10,17 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { api, describeError, FINAL_STATES, IJob, IProject, IStatus } from './api';
+import { api, describeError, IJob, IProject, IStatus } from './api';
 import { renderHistory } from './chart';
 import { h, replaceChildren } from './dom';
 import { EventStream } from './events';
-import { basename, formatDuration, formatGpuAmount, formatGpus, formatRequest, formatTime, jobShare } from './format';
+import { formatRequest } from './format';
+import { isFinal, jobDetail } from './jobdetail';
 import { notifyError } from './notifications';
 import { poolView } from './poolview';
 import { projectsView } from './projectsview';
 import { editProject } from './quota';
-import { gangGpus, gangWhere, isGang, logPicker, replicaList } from './replicas';
+import { gangWhere } from './replicas';
 
 const REFRESH_MS = 5000;
 const HISTORY_MS = 15000;
@@ -550,71 +551,17 @@ export class GpuPoolPanel extends Widget {
       );
       return;
     }
-    // On a pool of several nodes a GPU index alone does not say which GPU: name the node too.
-    const onNode = (this._status?.pool.nodes ?? []).length > 1 && job.assignment ? `${job.assignment.node} · ` : '';
-    const rows: [string, string][] = [
-      ['State', job.state + (job.reason ? ` — ${job.reason}` : '')],
-      ['Project', job.project],
-      ['User', job.user],
-      ['Request', formatRequest(job.request)],
-      [
-        'GPUs',
-        isGang(job)
-          ? gangGpus(job, isFinal(job))
-          : (job.assignment?.gpus ?? [])
-              .map(g => `${onNode}GPU ${g.index} ${g.model} ×${formatGpus(g.milli / 1000)}`)
-              .join(', ') || (isFinal(job) ? '–' : 'none yet')
-      ],
-      ['Share', formatGpuAmount(jobShare(job))],
-      ['Priority', String(job.priority)],
-      ['Submitted', formatTime(job.submitted_at)],
-      ['Started', formatTime(job.started_at)],
-      [
-        job.finished_at ? 'Finished' : 'Ran',
-        job.finished_at
-          ? `${formatTime(job.finished_at)}${job.started_at ? ` (ran ${formatDuration(job.finished_at - job.started_at)})` : ''}`
-          : '–'
-      ],
-      ['Attempts', String(job.attempts)],
-      ['Exit code', job.exit_code === null || job.exit_code === undefined ? '–' : String(job.exit_code)]
-    ];
-    const actions: HTMLElement[] = [];
-    if (job.output_notebook) {
-      const out = job.output_notebook;
-      const openOut = h(
-        'button',
-        {
-          class: 'jp-gpupool-button jp-mod-accept jp-gpupool-open-output',
-          type: 'button',
-          'aria-label': `Open output notebook ${out}`,
-          title: out
-        },
-        'Open output notebook'
-      );
-      openOut.addEventListener('click', () => this._options.openPath(out));
-      actions.push(openOut);
-    }
-    const control = this._actions(job);
     replaceChildren(
       this._detailBody,
-      h(
-        'header',
-        {},
-        h('h3', { tabindex: -1 }, `${job.name || job.id}`, h('span', { class: 'jp-gpupool-help' }, ` ${job.id}`)),
-        close
-      ),
-      h(
-        'dl',
-        { class: 'jp-gpupool-dl' },
-        ...rows.flatMap(([k, v]) => [h('dt', {}, k), h('dd', {}, v)]),
-        ...(isGang(job)
-          ? [h('dt', {}, 'Replicas'), h('dd', {}, replicaList(job, isFinal(job), this._options.openPath))]
-          : []),
-        job.output_notebook ? h('dt', {}, 'Output') : null,
-        job.output_notebook ? h('dd', { title: job.output_notebook }, basename(job.output_notebook)) : null
-      ),
-      h('div', { class: 'jp-gpupool-actions' }, ...actions, control ?? ''),
-      isGang(job) ? logPicker(job, this._logReplica, replica => void this._switchLog(replica)) : ''
+      ...jobDetail(job, {
+        // on a pool of several nodes a GPU index alone does not say which GPU: name the node too
+        multiNode: (this._status?.pool.nodes ?? []).length > 1,
+        openPath: this._options.openPath,
+        close,
+        control: this._actions(job),
+        logReplica: this._logReplica,
+        switchLog: replica => void this._switchLog(replica)
+      })
     );
   }
 
@@ -649,6 +596,3 @@ function keepFocus(root: HTMLElement, render: () => void): void {
   }
 }
 
-function isFinal(job: IJob): boolean {
-  return (FINAL_STATES as readonly string[]).includes(job.state);
-}
