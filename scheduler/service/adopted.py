@@ -282,7 +282,7 @@ class AdoptedPodsMixin:
             return snap
         return dataclasses.replace(snap, workloads=snap.workloads + other.workloads())
 
-    def _allocations(self, running: list[JobRecord]) -> dict[str, int]:
+    def _allocations(self, running: list[JobRecord] | None = None) -> dict[str, int]:
         used: dict[str, int] = super()._allocations(running)  # type: ignore[misc]
         for h in self._other_holdings():
             for gid in h.gpu_ids:

@@ -39,6 +39,7 @@ class ApiMethodsMixin:
     _sample_t: float
     _project_cache: dict[str, ProjectRecord] | None
     _live: dict[str, JobRecord]
+    _job_added: Callable[[JobRecord], None]
     _metrics: Any
     recent_gpu_hours: Any
     fair_share_standing: Any
@@ -103,7 +104,7 @@ class ApiMethodsMixin:
             num = self._store.next_job_number()
             rec = make(f"j-{num:06d}", num)
             self._store.insert_job(rec)
-            self._live[rec.id] = rec
+            self._job_added(rec)
             self._emit_job(rec.id)
         return rec
 

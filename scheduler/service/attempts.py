@@ -127,7 +127,10 @@ class AttemptsMixin:
             self._finish(rec, "failed", f"could not start: {e}")
             return
         self._procs[rec.id] = handle
-        self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+        if handle.pid is not None:  # a local process: kept for re-adoption after a restart
+            self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+        # else (a pod): nothing to re-adopt by pid; the record already says pid None, and recovery finds
+        # the attempt by its name, so a second write (and commit) per start would store nothing of use
 
     # ================================================================ stopping and finishing
     def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:

@@ -36,6 +36,7 @@ from scheduler.service.backend import Backend, make_backend
 from scheduler.service.config import ServiceConfig
 from scheduler.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMixin, PolicyFn
 from scheduler.service.jobs import assigned_gpus, held_milli, workloads_of
+from scheduler.service.live_view import LiveView
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
 from scheduler.service.usage import DecayedUsage, fair_share_standing, gpu_hours
@@ -185,6 +186,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         self.last_event_seq: int = self._store.last_event_seq()
         self._trimmed_seq = -1  # events are trimmed at the first tick, then once a tenth more have come
         self._live: dict[str, JobRecord] = {}
+        self._view = LiveView()
         saved_t, saved = self._store.load_usage()
         self._usage = DecayedUsage(self.config.usage_half_life_s, saved, saved_t)
         self._held: dict[tuple[str, str], int] = {}
@@ -265,6 +267,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
     def _reload_live(self) -> None:
         self._live = {r.id: r for r in self._store.jobs(LIVE_STATES)}
         self._workloads: dict[str, tuple[Workload, ...]] = {}
+        self._view.reset()
         self._usage.accrue(time.time(), self._held)  # what was held until now, then what the store says
         self._held = {}
         for rec in self._live.values():
@@ -294,8 +297,25 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
             w = self._workloads[rec.id] = workloads_of(rec)
         return w
 
+    def _shown(self, rec: JobRecord) -> tuple[Workload, ...]:
+        """A live job's workloads in the cycle's snapshot: none for a user-paused or a stopping job.
+
+        User-paused jobs (sticky) are left out; so are jobs already being
+        stopped: they are leaving, and showing them as running would make the
+        policy preempt a second victim for the same waiting job during the grace.
+        """
+        if (rec.state == "paused" and rec.user_paused) or rec.stop_intent is not None:
+            return ()
+        return self._workloads_of(rec)
+
+    def _job_added(self, rec: JobRecord) -> None:
+        """A new job entered the live mirror (its record is stored)."""
+        self._live[rec.id] = rec
+        self._view.touch(rec.id)
+
     def _update(self, job_id: str, **changes: Any) -> None:
         self._store.update_job(job_id, **changes)
+        self._view.touch(job_id)  # every write: the cycle's view recomputes this job's entries
         if not _WORKLOAD_FIELDS.isdisjoint(changes):
             self._workloads.pop(job_id, None)
         rec = self._live.get(job_id)
@@ -324,7 +344,8 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
 
     def _live_jobs(self, states: tuple[str, ...] = LIVE_STATES, kind: str | None = None,
                    project: str | None = None) -> list[JobRecord]:
-        return [r for r in sorted(self._live.values(), key=lambda r: r.num)
+        """Live jobs in number order (kept in order by the view, not sorted per call)."""
+        return [r for r in self._view.ordered(self._live, self._shown)
                 if r.state in states and (kind is None or r.kind == kind) and (project is None or r.project == project)]
 
     # ================================================================ pool model
@@ -355,7 +376,10 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
                             starvation_s=c.starvation_s, placement=c.placement,
                             elastic_pool=bool(getattr(self.backend, "elastic", False)))
 
-    def _allocations(self, running: list[JobRecord]) -> dict[str, int]:
+    def _allocations(self, running: list[JobRecord] | None = None) -> dict[str, int]:
+        """Milli-GPU held per GPU by ``running`` (None: every running job, from the view, kept per job)."""
+        if running is None:
+            return self._view.used(self._live, self._shown)
         used: dict[str, int] = {}
         for rec in running:
             for g in assigned_gpus(rec):

@@ -72,6 +72,9 @@ class CycleMixin:
     _gpus: dict[str, Any]
     _nodes: tuple[Any, ...]
     _usage: DecayedUsage
+    _live: dict[str, JobRecord]
+    _view: Any
+    _shown: Callable[[JobRecord], tuple[Workload, ...]]
 
     # ================================================================ scheduling cycle
     def _schedule(self, snapshot: Snapshot) -> Decisions:
@@ -84,8 +87,9 @@ class CycleMixin:
             log.exception("policy engine failed; using the first-fit fallback for this cycle")
             return fallback_policy.schedule(snapshot)
 
-    def _snapshot(self, live: list[JobRecord], hold_stopping: bool = False) -> Snapshot:
-        """The policy's input. User-paused jobs (sticky) are left out.
+    def _snapshot(self, live: list[JobRecord] | None, hold_stopping: bool = False) -> Snapshot:
+        """The policy's input: ``live`` (None: every live job, from the core's per-job view). User-paused
+        jobs (sticky) are left out.
 
         Jobs already being stopped are left out too (``hold_stopping=False``, the
         view the cycle decides on): they are leaving, and showing them as running
@@ -103,6 +107,12 @@ class CycleMixin:
                     recent.get(p.name, 0.0))
             for p in self._projects().values()
         )
+        if live is None and not hold_stopping:
+            # kept per job between cycles: only the jobs written since the last cycle are rebuilt
+            return Snapshot(self._nodes, projects, self._view.workloads(self._live, self._shown), now,
+                            self._policy_config())
+        if live is None:
+            live = self._live_jobs()
         workloads: list[Workload] = []
         for r in live:
             if r.state == "paused" and r.user_paused:
@@ -123,9 +133,8 @@ class CycleMixin:
             self._cycle_handle = None
         t0 = time.perf_counter()
         self._last_cycle = time.monotonic()
-        live = self._live_jobs()
-        by_id = {r.id: r for r in live}
-        decisions = self._schedule(self._snapshot(live))
+        by_id = dict(self._live)  # the live jobs as this cycle began (a job that ends during it stays here)
+        decisions = self._schedule(self._snapshot(None))
         stopped: set[str] = set()
         for p in decisions.preempts:
             job_id = split_workload_id(p.workload_id)[0]
@@ -138,8 +147,8 @@ class CycleMixin:
                 continue
             self._metrics.pauses.labels("preempt").inc()
             self._begin_stop(rec, "preempt", job_reason(rec, p.reason))
-        running = [r for r in live if r.state == "running"]
-        used = self._allocations(running)
+        running = [r for r in by_id.values() if r.state == "running"]
+        used = self._allocations(None)  # every running job's shares, the same sums as over `running`
         around_stopping: dict[str, Start] | None = None  # the policy's starts with stopping jobs' GPUs held
         for job_id, starts in _by_job(decisions.starts).items():
             rec = by_id.get(job_id)
@@ -156,7 +165,8 @@ class CycleMixin:
                 # Placed on a GPU a stopping job still holds: ask the policy (once per cycle) where it
                 # would go with those GPUs taken; other free GPUs may fit it now.
                 if around_stopping is None:
-                    held = self._schedule(self._snapshot(live, hold_stopping=True))
+                    held = self._schedule(self._snapshot(sorted(by_id.values(), key=lambda r: r.num),
+                                                         hold_stopping=True))
                     around_stopping = {x.workload_id: x for x in held.starts}
                 alt = [a for x in placed if (a := around_stopping.get(x.workload_id)) is not None]
                 if len(alt) == len(placed) and self._check_all_fit(alt, used) is None:
