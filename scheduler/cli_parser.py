@@ -151,6 +151,9 @@ def _add_serve(sub: Any) -> None:
                    "(default: the in-cluster service account, else $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--namespace", metavar="NS", help="with --backend kubernetes: where job pods go (default gpupool)")
     p.add_argument("--image", metavar="IMAGE", help="with --backend kubernetes: a job pod's default image")
+    p.add_argument("--pod-namespaces", metavar="SPEC", help="with --backend kubernetes: the namespaces whose pods "
+                   "with schedulerName gpupool are queued, each with the projects they may use, e.g. "
+                   "'team-a=vision;ml=nlp,speech;gpupool=*' ('*': any namespace or project; default: --namespace only)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 

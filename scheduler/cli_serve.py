@@ -48,14 +48,22 @@ def _backend_settings(args: argparse.Namespace) -> dict[str, Any]:
     for flag in ("kubeconfig", "namespace", "image"):
         if getattr(args, flag):
             out[flag] = getattr(args, flag)
+    if args.pod_namespaces:
+        from scheduler.errors import InvalidRequest
+        from scheduler.kube.pod_namespaces import SETTING, parse_flag
+
+        try:
+            out[SETTING] = parse_flag(args.pod_namespaces)
+        except InvalidRequest as e:
+            raise UsageError(str(e)) from None
     return out
 
 
 def _check_backend(args: argparse.Namespace, settings: dict[str, Any]) -> None:
     """Flags of one backend with the other chosen (by flag or config file) are a usage error, not ignored."""
     kube = settings.get("backend") == "kubernetes"
-    if not kube and any(getattr(args, flag) for flag in ("kubeconfig", "namespace", "image")):
-        raise UsageError("--kubeconfig, --namespace and --image go with --backend kubernetes")
+    if not kube and any(getattr(args, flag) for flag in ("kubeconfig", "namespace", "image", "pod_namespaces")):
+        raise UsageError("--kubeconfig, --namespace, --image and --pod-namespaces go with --backend kubernetes")
     if kube and args.simulate:
         raise UsageError("--simulate is for the local backend; a cluster's GPUs are its nodes'")
 

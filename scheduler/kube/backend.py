@@ -31,6 +31,7 @@ from scheduler.kube.nodes import PoolNode, read_node
 from scheduler.kube.objects import Obj
 from scheduler.kube.objects import name as name_of
 from scheduler.kube.other_pods import OtherPods
+from scheduler.kube.pod_namespaces import PodNamespaces
 from scheduler.kube.pods import PodSettings
 from scheduler.kube.routing import KubeExecutor
 from scheduler.kube.watcher import ListWatch
@@ -68,8 +69,9 @@ class KubeBackend:
                                config.kube_workdir_pvc)
         self.pod_executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
                                         self.node_lost)
-        self.kubectl = KubectlPods(self.api, config.namespace, config.kube_scheduler_name, self.calls,
-                                   self.health_state, config.jobs_dir, self.node_lost)
+        self.kubectl = KubectlPods(self.api, PodNamespaces.from_setting(config.namespace, config.kube_pod_namespaces),
+                                   config.kube_scheduler_name, self.calls, self.health_state, config.jobs_dir,
+                                   self.node_lost)
         """Pods users create with kubectl (``schedulerName`` ours): the core queues a job for each."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
@@ -139,7 +141,7 @@ class KubeBackend:
             out = {name: n.problem for name, n in sorted(self._seen.items()) if n.problem}
         h = self.health_state.snapshot()
         h.update(backend="kubernetes", namespace=self.config.namespace, api_server=self.api.api_client.configuration.host,
-                 nodes_out=out)
+                 nodes_out=out, pod_namespaces=self.kubectl.namespaces.describe())
         return h
 
     def close(self) -> None:

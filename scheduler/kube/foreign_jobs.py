@@ -11,8 +11,12 @@ an Event on the pod saying why. A pod that ends (its kubelet sets Succeeded or
 Failed) ends its job with its exit code; a pod that someone else deletes ends
 its job as cancelled: gpupool never recreates a pod it did not make.
 
-The watch covers the scheduler's namespace only (``spec.schedulerName`` ours,
-not labelled ``app.kubernetes.io/managed-by: gpupool``).
+The watch takes pods whose ``spec.schedulerName`` is ours and that are not
+labelled ``app.kubernetes.io/managed-by: gpupool``, in the scheduler's
+namespace (the default), or across the cluster when the setting
+``kube_pod_namespaces`` names other namespaces
+(:mod:`scheduler.kube.pod_namespaces`); pods of namespaces it does not name are
+dropped as they arrive.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from scheduler.kube.health import Health, describe
 from scheduler.kube.names import MANAGED_BY, MANAGED_BY_LABEL
 from scheduler.kube.objects import Obj
 from scheduler.kube.pod_events import post_event
+from scheduler.kube.pod_namespaces import PodNamespaces
 from scheduler.kube.pods import PodEnd, PodHandle, pod_environment
 from scheduler.kube.watcher import ListWatch
 
@@ -66,12 +71,13 @@ class _Run:
 
 
 class KubectlPods:
-    """The kubectl pods of one namespace, and the attempts of the jobs that stand for them."""
+    """The kubectl pods of the namespaces gpupool takes them from, and the attempts of the jobs for them."""
 
-    def __init__(self, api: client.CoreV1Api, namespace: str, scheduler_name: str, calls: Calls, health: Health,
-                 jobs_dir: Path, node_lost: Callable[[str], bool], sync_timeout_s: float = 20.0) -> None:
+    def __init__(self, api: client.CoreV1Api, namespaces: PodNamespaces, scheduler_name: str, calls: Calls,
+                 health: Health, jobs_dir: Path, node_lost: Callable[[str], bool],
+                 sync_timeout_s: float = 20.0) -> None:
         self.api = api
-        self.namespace = namespace
+        self.namespaces = namespaces
         self.calls = calls
         self.jobs_dir = Path(jobs_dir)
         self.node_lost = node_lost
@@ -90,9 +96,14 @@ class KubectlPods:
         self._marks = itertools.count(1)
         self.changes = 0
         """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
-        self.watch = ListWatch("kubectl-pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
-                               namespace=namespace, field_selector=f"spec.schedulerName={scheduler_name}",
-                               label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
+        selectors = dict(field_selector=f"spec.schedulerName={scheduler_name}",
+                         label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
+        if namespaces.cluster_wide:  # needs list+watch of pods in every namespace (rbac.yaml grants it)
+            self.watch = ListWatch("kubectl-pods", api.list_pod_for_all_namespaces, self._on_reset,
+                                   self._on_event, health, **selectors)
+        else:
+            self.watch = ListWatch("kubectl-pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
+                                   namespace=namespaces.own, **selectors)
 
     def start(self) -> None:
         self.watch.start()
@@ -102,8 +113,9 @@ class KubectlPods:
 
     # ------------------------------------------------------------ the watch's view (watch thread)
     def _on_reset(self, pods: list[Obj]) -> None:
+        watched = self.namespaces.watched
         with self._lock:
-            self._pods = {ob.uid(p): p for p in pods}
+            self._pods = {ob.uid(p): p for p in pods if watched(ob.namespace(p))}
             self.generation += 1
             for run in self._runs.values():
                 pod = self._pods.get(run.ref.uid)
@@ -114,6 +126,8 @@ class KubectlPods:
                     self._changed()
 
     def _on_event(self, kind: str, pod: Obj) -> None:
+        if not self.namespaces.watched(ob.namespace(pod)):
+            return  # a namespace the setting does not name: not ours to queue, nor to warn about
         uid = ob.uid(pod)
         with self._lock:
             if kind == "DELETED":

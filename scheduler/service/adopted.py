@@ -4,8 +4,9 @@ A mixin of :class:`scheduler.service.core.SchedulerCore`, one job per file,
 active only with a backend that has them (the Kubernetes one: ``kubectl`` and
 ``other_pods``; docs/kubernetes.md). What it adds to the core:
 
-- each pending pod with ``schedulerName: gpupool`` in the namespace becomes a
-  queued Job of its project (one per pod uid, across restarts: the job's
+- each pending pod with ``schedulerName: gpupool`` in a namespace gpupool
+  takes pods from (``kube_pod_namespaces``), whose project that namespace may
+  use, becomes a queued Job of its project (one per pod uid, across restarts: the job's
   ``client_key`` is ``pod:<uid>``), or gets a Warning event saying why not;
   it is re-checked whenever the pods or the projects change;
 - such a job is never paused: a reclaim (or its node leaving the pool)
@@ -149,8 +150,11 @@ class AdoptedPodsMixin:
     def _queue_pod(self, kc: Any, pod: Any, projects: dict[str, Any]) -> bool:
         """One job for this pod, or a Warning event on it saying exactly why not."""
         kp = read_pod(pod)
-        if kp.problem:
-            kc.warn_once(kp.ref, "GpupoolNotQueued", kp.problem)
+        problem = kp.problem
+        if not problem and (why := kc.namespaces.refusal(kp.ref.namespace, kp.project)):
+            problem = f"gpupool cannot queue this pod: {why}"  # the namespace may not use that project
+        if problem:
+            kc.warn_once(kp.ref, "GpupoolNotQueued", problem)
             return False
         try:
             js = validate_spec(kp.spec, set(projects), self._limits())  # type: ignore[attr-defined]

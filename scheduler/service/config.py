@@ -106,6 +106,9 @@ class ServiceConfig:
     image: str = "python:3.12-slim"  # a job pod's image when its spec names none
     kube_scheduler_name: str = "gpupool"  # spec.schedulerName of our pods (and of kubectl pods we bind)
     kube_workdir_pvc: str | None = None  # a PVC mounted at each job's working directory (checkpoints survive)
+    # Namespaces whose kubectl pods (schedulerName ours) are queued, each with the projects its pods may use
+    # ({"team-a": ["vision"], "gpupool": ["*"]}; "*" any namespace / project). None: `namespace` only, any project.
+    kube_pod_namespaces: dict[str, list[str]] | None = None
     # JupyterHub (docs/jupyterhub.md): with hub on, a request whose token is a Hub API token is that Hub
     # user (Hub admins are admins), checked with the Hub at hub_api_url (default $JUPYTERHUB_API_URL) and
     # cached hub_cache_s. hub_group_prefix: which Hub groups are projects ("" every group, "gpu-" those
@@ -162,6 +165,12 @@ class ServiceConfig:
         if not _DNS_LABEL.fullmatch(str(self.namespace)):
             raise InvalidRequest(f"namespace must be a Kubernetes name (lower case letters, digits and '-', "
                                  f"at most 63), not {self.namespace!r}")
+        if self.kube_pod_namespaces is not None:
+            if self.backend != "kubernetes":
+                raise InvalidRequest("kube_pod_namespaces is for the kubernetes backend (pods created with kubectl)")
+            from scheduler.kube.pod_namespaces import PodNamespaces
+
+            PodNamespaces.from_setting(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

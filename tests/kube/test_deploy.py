@@ -28,6 +28,27 @@ def ensure_namespace(api: Any) -> None:
         utils.create_from_dict(api.api_client, documents("namespace.yaml")[0])
 
 
+def as_scheduler_account(api: Any, kubeconfig: Path, tmp_path: Path) -> tuple[Path, Any]:
+    """Apply rbac.yaml; a kubeconfig of its ServiceAccount (only those rights) and a client that uses it."""
+    ensure_namespace(api)
+    for doc in documents("rbac.yaml"):
+        try:
+            utils.create_from_dict(api.api_client, doc)
+        except utils.FailToCreateError as e:
+            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier test
+                raise
+    token = api.create_namespaced_service_account_token(
+        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
+    sa = yaml.safe_load(kubeconfig.read_text())
+    sa["users"] = [{"name": "sa", "user": {"token": token}}]
+    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
+    sa["current-context"] = "sa"
+    sa_config = tmp_path / "sa.kubeconfig"
+    sa_config.write_text(yaml.safe_dump(sa))
+    return sa_config, client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
+
+
 def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
     assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["namespace.yaml", "node-agent-rbac.yaml",
                                                              "node-agent.yaml", "rbac.yaml", "scheduler.yaml"]
@@ -37,7 +58,7 @@ def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
         for doc in documents(name):
             utils.create_from_dict(api.api_client, doc, dry_run="All")  # raises on an invalid object
             kinds.append(doc["kind"])
-    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+    assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ClusterRole",
                      "PersistentVolumeClaim", "Deployment", "Service",
                      "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
     bad = documents("scheduler.yaml")[1]
@@ -53,25 +74,8 @@ def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
 async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, kubeconfig: Path,
                                                      tmp_path: Path) -> None:
     """The scheduler runs as the ServiceAccount of rbac.yaml, with only those rights, and binds a job's pod."""
-    ensure_namespace(api)
-    for doc in documents("rbac.yaml"):
-        try:
-            utils.create_from_dict(api.api_client, doc)
-        except utils.FailToCreateError as e:
-            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier run of this test
-                raise
     gpu_nodes(1, gpus=8)
-    token = api.create_namespaced_service_account_token(
-        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    sa_config = tmp_path / "sa.kubeconfig"
-    text = kubeconfig.read_text()
-    sa = yaml.safe_load(text)
-    sa["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
-    sa["current-context"] = "sa"
-    sa_config.write_text(yaml.safe_dump(sa))
-    as_sa = client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
+    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
 
     def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see new roles
         try:

@@ -220,30 +220,13 @@ async def test_the_deploy_rbac_is_enough_for_kubectl_pods_and_other_schedulers_p
                                                                                    tmp_path: Path) -> None:
     """As the ServiceAccount of deploy/kubernetes/rbac.yaml: watch every namespace's pods, write the ConfigMap,
     bind a kubectl pod, record events; the backend reports no failing call."""
-    import yaml
-    from kubernetes import client, config, utils
+    from kubernetes import client
 
     from tests.kube.cluster import wait
-    from tests.kube.test_deploy import documents, ensure_namespace
+    from tests.kube.test_deploy import as_scheduler_account
 
-    ensure_namespace(api)
-    for doc in documents("rbac.yaml"):
-        try:
-            utils.create_from_dict(api.api_client, doc)
-        except utils.FailToCreateError as e:
-            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier test
-                raise
     (node,) = gpu_nodes(1, gpus=8)
-    token = api.create_namespaced_service_account_token(
-        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    sa = yaml.safe_load(kubeconfig.read_text())
-    sa["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
-    sa["current-context"] = "sa"
-    sa_config = tmp_path / "sa.kubeconfig"
-    sa_config.write_text(yaml.safe_dump(sa))
-    as_sa = client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
+    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
 
     def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see the roles
         try:
