@@ -89,16 +89,8 @@ def kube_config(state_dir: Path, kubeconfig: Path, namespace: str, **overrides: 
 @pytest.fixture
 async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[Callable[..., Any]]:
     """``await make_core(**overrides)``: a started core on the test's namespace; stopped at the end."""
-    from scheduler.service.core import SchedulerCore
+    from tests.service.helpers import cores_made
 
-    cores: list[SchedulerCore] = []
-
-    async def make(**overrides: Any) -> SchedulerCore:
-        core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
-        await core.start()
-        cores.append(core)
-        return core
-
-    yield make
-    for c in cores:
-        await c.stop()
+    async for make in cores_made(lambda **overrides: kube_config(tmp_path / "state", kubeconfig, namespace,
+                                                                 **overrides)):
+        yield make

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,24 @@ PY = sys.executable
 ADMIN = Actor("admin", True)
 ALICE = Actor("alice")
 BOB = Actor("bob")
+
+
+async def cores_made(config_of: Callable[..., ServiceConfig]) -> AsyncIterator[Callable[..., Any]]:
+    """A ``make_core`` fixture's body: ``await make(**overrides)`` starts a core on ``config_of(**overrides)``;
+    every core made is stopped when the test ends."""
+    from scheduler.service.core import SchedulerCore
+
+    cores: list[SchedulerCore] = []
+
+    async def make(**overrides: Any) -> SchedulerCore:
+        core = SchedulerCore(config_of(**overrides))
+        await core.start()
+        cores.append(core)
+        return core
+
+    yield make
+    for c in cores:
+        await c.stop()
 
 
 def fast_config(state_dir: Path, **overrides: Any) -> ServiceConfig:
