@@ -12,11 +12,11 @@ Failed) ends its job with its exit code; a pod that someone else deletes ends
 its job as cancelled: gpupool never recreates a pod it did not make.
 
 The watch takes pods whose ``spec.schedulerName`` is ours and that are not
-labelled ``app.kubernetes.io/managed-by: gpupool``, in the scheduler's
-namespace (the default), or across the cluster when the setting
-``kube_pod_namespaces`` names other namespaces
-(:mod:`scheduler.kube.pod_namespaces`); pods of namespaces it does not name are
-dropped as they arrive.
+labelled ``app.kubernetes.io/managed-by: gpupool``, in every namespace: which
+namespaces' pods get *new* jobs is the core's decision at queueing time
+(:mod:`scheduler.kube.pod_namespaces`). A pod whose job exists is followed
+wherever it is, so a namespace taken out of the setting (and a restart) never
+loses a running pod's job while the pod still holds its GPUs.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class _Run:
 
 
 class KubectlPods:
-    """The kubectl pods of the namespaces gpupool takes them from, and the attempts of the jobs for them."""
+    """Every kubectl pod for gpupool (``namespaces`` says which may get jobs), and the attempts of their jobs."""
 
     def __init__(self, api: client.CoreV1Api, namespaces: PodNamespaces, scheduler_name: str, calls: Calls,
                  health: Health, jobs_dir: Path, node_lost: Callable[[str], bool],
@@ -96,14 +96,10 @@ class KubectlPods:
         self._marks = itertools.count(1)
         self.changes = 0
         """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
-        selectors = dict(field_selector=f"spec.schedulerName={scheduler_name}",
-                         label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
-        if namespaces.cluster_wide:  # needs list+watch of pods in every namespace (rbac.yaml grants it)
-            self.watch = ListWatch("kubectl-pods", api.list_pod_for_all_namespaces, self._on_reset,
-                                   self._on_event, health, **selectors)
-        else:
-            self.watch = ListWatch("kubectl-pods", api.list_namespaced_pod, self._on_reset, self._on_event, health,
-                                   namespace=namespaces.own, **selectors)
+        # every namespace (rbac.yaml grants list+watch of pods cluster-wide, for other schedulers' pods too)
+        self.watch = ListWatch("kubectl-pods", api.list_pod_for_all_namespaces, self._on_reset, self._on_event,
+                               health, field_selector=f"spec.schedulerName={scheduler_name}",
+                               label_selector=f"{MANAGED_BY_LABEL}!={MANAGED_BY}")
 
     def start(self) -> None:
         self.watch.start()
@@ -113,9 +109,8 @@ class KubectlPods:
 
     # ------------------------------------------------------------ the watch's view (watch thread)
     def _on_reset(self, pods: list[Obj]) -> None:
-        watched = self.namespaces.watched
         with self._lock:
-            self._pods = {ob.uid(p): p for p in pods if watched(ob.namespace(p))}
+            self._pods = {ob.uid(p): p for p in pods}
             self.generation += 1
             for run in self._runs.values():
                 pod = self._pods.get(run.ref.uid)
@@ -126,8 +121,6 @@ class KubectlPods:
                     self._changed()
 
     def _on_event(self, kind: str, pod: Obj) -> None:
-        if not self.namespaces.watched(ob.namespace(pod)):
-            return  # a namespace the setting does not name: not ours to queue, nor to warn about
         uid = ob.uid(pod)
         with self._lock:
             if kind == "DELETED":

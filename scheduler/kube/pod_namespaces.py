@@ -74,13 +74,8 @@ class PodNamespaces:
             allowed[ns] = frozenset(p.strip() for p in projects)
         return cls(own, allowed)
 
-    @property
-    def cluster_wide(self) -> bool:
-        """Whether pods outside the scheduler's namespace are watched (else a namespaced watch does)."""
-        return set(self.allowed) != {self.own}
-
     def watched(self, namespace: str) -> bool:
-        """Whether pods of this namespace may be queued at all."""
+        """Whether pods of this namespace may get jobs at all (pods whose job exists are followed anyway)."""
         return namespace in self.allowed or ANY in self.allowed
 
     def refusal(self, namespace: str, project: str) -> str:

@@ -138,9 +138,10 @@ class AdoptedPodsMixin:
             created = ob.creation_time(p)
             return created is None, created.timestamp() if created is not None else 0.0, ob.name(p)
 
+        taken = kc.namespaces.watched
         for pod in sorted(pods.values(), key=oldest_first):
-            if ob.node_name(pod) or ob.being_deleted(pod):
-                continue
+            if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
+                continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)
             if self._job_for_pod(ob.uid(pod)):
                 continue
             queued = self._queue_pod(kc, pod, projects) or queued

@@ -32,10 +32,10 @@ def new_namespace(api: Any, prefix: str) -> str:
 
 def test_the_namespace_rules_read_from_the_setting_and_the_flag() -> None:
     default = PodNamespaces.from_setting("gpupool", None)
-    assert not default.cluster_wide and default.refusal("gpupool", "any") == ""
+    assert default.refusal("gpupool", "any") == ""
     assert not default.watched("team-a")
     rules = PodNamespaces.from_setting("gpupool", parse_flag("team-a=vision; ml=nlp,speech ;gpupool=*"))
-    assert rules.cluster_wide and rules.describe() == {"gpupool": ["*"], "ml": ["nlp", "speech"], "team-a": ["vision"]}
+    assert rules.describe() == {"gpupool": ["*"], "ml": ["nlp", "speech"], "team-a": ["vision"]}
     assert rules.refusal("team-a", "vision") == "" and rules.refusal("gpupool", "nlp") == ""
     assert rules.refusal("team-a", "nlp") == ("pods in namespace 'team-a' may use the project vision, not 'nlp' "
                                               "(kube_pod_namespaces)")
@@ -111,6 +111,38 @@ async def test_a_team_namespace_s_pods_run_in_its_projects_only(api: Any, namesp
         await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "cancelled", what="the job cancelled")
         await wait_for(lambda: "finetune" not in {p.metadata.name for p in api.list_namespaced_pod(team).items},
                        what="the pod deleted")
+
+
+async def test_a_namespace_taken_out_of_the_setting_keeps_its_running_pod_s_job(api: Any, namespace: str,
+                                                                              gpu_nodes: Any,
+                                                                              make_core: Any) -> None:
+    """Restarted without the team namespace: its running pod's job is followed to its end (its GPUs stay
+    held, never given twice); only new pods there go unqueued."""
+    gpu_nodes(1, gpus=8)
+    team = new_namespace(api, "team")
+    core = await make_core(kube_pod_namespaces={namespace: ["*"], team: ["vision"]})
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, team) as kubelet:
+        kubectl_pod(api, team, "long", gpus=8)
+        await wait_for(lambda: "long" in kubelet.started, what="the team's 8-GPU pod running")
+        (job,) = jobs_of(core, team, "long")
+        await core.stop()
+        core = await make_core()  # the default again: gpupool's own namespace only
+        await wait_for(lambda: core.pool()["nodes"], what="the node in the pool again")
+        assert core.get_job(ADMIN, job["id"])["state"] == "running"
+        kubectl_pod(api, team, "new-one", gpus=1)
+        kubectl_pod(api, namespace, "own", gpus=1)
+        (own,) = await wait_for(lambda: jobs_of(core, namespace, "own"), what="the own namespace's pod queued")
+        assert own["state"] == "queued"  # the team's pod still holds the node's 8 GPUs
+        assert not api.read_namespaced_pod("own", namespace).spec.node_name
+        assert not jobs_of(core, team, "new-one")
+        kubelet.finish("long", 0)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                              what="the team pod's job ended")
+        assert (done["state"], done["exit_code"]) == ("succeeded", 0)
+        await wait_for(lambda: api.read_namespaced_pod("own", namespace).spec.node_name, what="the freed GPUs used")
+    assert not jobs_of(core, team, "new-one") and not pod_events(api, team, "new-one")
 
 
 async def test_the_deploy_rbac_bound_in_a_team_namespace_is_enough(api: Any, gpu_nodes: Any, kubeconfig: Path,
