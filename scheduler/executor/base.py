@@ -89,8 +89,11 @@ class Interrupted:
     """Why an attempt that is no longer alive has no result of its own.
 
     ``kind``: ``"not-started"`` (e.g. the bind was refused: requeue, the
-    attempt is not counted) or ``"lost"`` (it vanished with no exit status,
-    e.g. its node was deleted: requeue to resume elsewhere, never a failure).
+    attempt is not counted), ``"lost"`` (it vanished with no exit status,
+    e.g. its node was deleted: requeue to resume elsewhere, never a failure)
+    or ``"unstartable"`` (its container cannot be started, e.g. its image
+    cannot be pulled: the job fails with ``reason``, since a retry would
+    meet the same image, and its GPUs are freed).
     """
 
     kind: str

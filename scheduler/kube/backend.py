@@ -66,7 +66,7 @@ class KubeBackend:
         self._in_pool: dict[str, PoolNode] = {}
         self.node_watch = ListWatch("nodes", self.api.list_node, self._on_reset, self._on_event, self.health_state)
         settings = PodSettings(config.namespace, config.image, config.kube_scheduler_name, config.pause_grace_s,
-                               config.kube_workdir_pvc)
+                               config.kube_workdir_pvc, config.kube_start_timeout_s)
         self.pod_executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
                                         self.node_lost)
         self.kubectl = KubectlPods(self.api, PodNamespaces.from_setting(config.namespace, config.kube_pod_namespaces),

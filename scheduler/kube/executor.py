@@ -44,7 +44,15 @@ from scheduler.kube.health import Health, describe
 from scheduler.kube.logs import LiveLogs
 from scheduler.kube.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
 from scheduler.kube.objects import Obj
-from scheduler.kube.pods import WORKDIR_ROOT, PodEnd, PodHandle, PodSettings, pod_end, pod_manifest
+from scheduler.kube.pods import (
+    WORKDIR_ROOT,
+    PodEnd,
+    PodHandle,
+    PodSettings,
+    pod_end,
+    pod_manifest,
+    start_problem,
+)
 from scheduler.kube.watcher import ListWatch
 
 log = logging.getLogger("scheduler.kube")
@@ -61,6 +69,9 @@ class _Attempt:
     seen: bool = False
     gone: bool = False
     end: PodEnd | None = None
+    stuck: str | None = None  # why its container cannot start (ImagePullBackOff: ...), while it cannot
+    stuck_since: float = 0.0  # (time.monotonic) since when
+    never_starts: bool = False  # no retry can cure it (an invalid image name): give up at once
     extra: dict[str, Any] = field(default_factory=dict)
     main: bool = field(init=False)  # the attempt's own pod, not a gang replica's (live logs follow these)
 
@@ -169,6 +180,25 @@ class PodExecutor:
             a.end = pod_end(pod)
             if a.end is not None:
                 self._changed()
+        problem = start_problem(pod) if a.end is None else None
+        if problem is None:
+            a.stuck = None
+        else:
+            if a.stuck is None:
+                a.stuck_since = time.monotonic()
+            a.stuck, a.never_starts = problem
+            self._changed()
+
+    def unstartable(self, a: _Attempt) -> str | None:
+        """Why the attempt's pod will not start, once it has failed to for ``start_timeout_s`` (at once for a
+        problem no retry cures); None while it may still start. Its job then fails: held GPUs are freed."""
+        if a.stuck is None:
+            return None
+        waited = time.monotonic() - a.stuck_since
+        if not a.never_starts and waited < self.settings.start_timeout_s:
+            return None
+        after = "" if a.never_starts else f" (still failing after {waited:.0f} s)"
+        return f"its pod {a.handle.name} could not start: {a.stuck}{after}"
 
     # ------------------------------------------------------------ start
     def launch(self, launch: Launch) -> PodHandle | GangHandle:
@@ -246,7 +276,7 @@ class PodExecutor:
                 return False
             if a.start is not None and not a.start.done():
                 return True  # still being created and bound: a refused bind deletes the pod before it says so
-            if self._start_error(a) is not None:
+            if self._start_error(a) is not None or self.unstartable(a) is not None:
                 return False
             return a.end is None and not a.gone
 
@@ -277,6 +307,8 @@ class PodExecutor:
             err = self._start_error(a)
             if err is not None:
                 return Interrupted("not-started", f"{err}; requeued")
+            if a.end is None and (stuck := self.unstartable(a)) is not None:
+                return Interrupted("unstartable", stuck)
             if a.end is None:
                 return Interrupted("lost", f"its pod {handle.name} vanished without an exit status "
                                            f"(node {handle.node} lost, or the pod was deleted); requeued")

@@ -114,6 +114,10 @@ def _raw(resp: Any) -> None:
         resp.release_conn()
 
 
+_BROKEN = {"refused": "refused", "gone": "lost", "unstartable": "unable to start"}
+"""How a broken replica's pod is told of in the log."""
+
+
 @dataclass
 class GangHandle:
     """A gang's attempt as the core holds it: its replicas' pod handles, in rank order."""
@@ -189,7 +193,8 @@ class GangPods:
 
     # ------------------------------------------------------------ watch
     def _state(self, h: PodHandle) -> tuple[str, PodEnd | None]:
-        """One replica: "starting", "running", "ended" (with its end), "refused" (bind refused) or "gone"."""
+        """One replica: "starting", "running", "ended" (with its end), "refused" (bind refused), "gone", or
+        "unstartable" (its container cannot start: an image that cannot be pulled)."""
         px = self.px
         with px._lock:
             a = px._attempts.get(h.name)
@@ -201,7 +206,9 @@ class GangPods:
                 return "refused", None
             if a.end is not None:
                 return "ended", a.end
-            return ("gone", None) if a.gone else ("running", None)
+            if a.gone:
+                return "gone", None
+            return ("unstartable", None) if px.unstartable(a) is not None else ("running", None)
 
     def alive(self, g: GangHandle) -> bool:
         """Whether any replica may still run; the first replica to fail, be refused or vanish stops the others."""
@@ -216,14 +223,14 @@ class GangPods:
             if st == "ended" and end is not None and end.exit_code != 0 and end.on_its_own:
                 g.failure = (rank, end.exit_code)
                 trigger = True
-            elif st in ("refused", "gone"):
+            elif st in ("refused", "gone", "unstartable"):
                 g.broken = (rank, st)
                 trigger = True
         if trigger:
             g.stopping = True
             grace = 0 if g.broken is not None and g.broken[1] == "refused" else self.px.settings_grace()
             why = f"replica {g.failure[0]} exited with code {g.failure[1]}" if g.failure else \
-                f"replica {g.broken[0]}'s pod was {'refused' if g.broken[1] == 'refused' else 'lost'}"  # type: ignore[index]
+                f"replica {g.broken[0]}'s pod was {_BROKEN[g.broken[1]]}"  # type: ignore[index]
             log.info("job %s attempt %d: %s; stopping the other replicas", g.job_id, g.attempt, why)
             for h, (st, _end) in zip(g.replicas, states, strict=True):
                 if st in ("starting", "running"):
@@ -280,6 +287,11 @@ class GangPods:
                     a = self.px._attempts.get(h.name)
                     err = self.px._start_error(a) if a is not None else None
                 return Interrupted("not-started", f"replica {rank}: {err or 'its start was refused'}; requeued")
+            if how == "unstartable":
+                with self.px._lock:
+                    a = self.px._attempts.get(h.name)
+                    stuck = self.px.unstartable(a) if a is not None else None
+                return Interrupted("unstartable", f"replica {rank}: {stuck or 'its pod could not start'}")
             return Interrupted("lost", f"replica {rank}'s pod {h.name} vanished without an exit status "
                                        f"(node {h.node} lost, or the pod was deleted); requeued")
         if len(g.ends) < len(g.replicas):

@@ -109,6 +109,11 @@ def terminated(container_status: Obj) -> Obj | None:
     return (container_status.get("state") or {}).get("terminated")
 
 
+def waiting(container_status: Obj) -> Obj | None:
+    """The container's ``state.waiting`` (``reason``, ``message``), or None when it is not waiting."""
+    return (container_status.get("state") or {}).get("waiting")
+
+
 def exit_code(term: Obj) -> int | None:
     code = term.get("exitCode")
     return int(code) if code is not None else None

@@ -47,6 +47,7 @@ class PodSettings:
     scheduler_name: str = "gpupool"
     grace_s: float = 10.0
     workdir_pvc: str | None = None
+    start_timeout_s: float = 300.0  # a pod that cannot start (image pull failing) fails its job after this
 
 
 def label_value(text: str) -> str:
@@ -131,6 +132,28 @@ def _terminated(pod: Obj) -> Obj | None:
     for cs in ob.container_statuses(pod):
         if cs.get("name") == CONTAINER and (term := ob.terminated(cs)) is not None:
             return term
+    return None
+
+
+CANNOT_START = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+"""Reasons a kubelet gives for a container it cannot start: retrying may help (a registry back), or not."""
+NEVER_STARTS = frozenset({"InvalidImageName", "ErrImageNeverPull"})
+"""Of those, the ones no retry can cure: the job fails at once."""
+
+
+def start_problem(pod: Obj) -> tuple[str, bool] | None:
+    """Why the job container cannot start, as the kubelet says it ("ImagePullBackOff: ..."), and whether no
+    retry can cure it; None while it starts, runs, or waits for an ordinary reason (ContainerCreating)."""
+    for cs in ob.container_statuses(pod):
+        if cs.get("name") != CONTAINER:
+            continue
+        w = ob.waiting(cs)
+        reason = str((w or {}).get("reason") or "")
+        if reason not in CANNOT_START:
+            return None
+        message = str(w.get("message") or "").strip()  # type: ignore[union-attr]
+        return (f"{reason}: {message}" if message else reason), reason in NEVER_STARTS
     return None
 
 

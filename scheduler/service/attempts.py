@@ -220,6 +220,8 @@ class AttemptsMixin:
             if why is not None and rec.stop_intent is None:
                 if why.kind == "not-started":
                     self._requeue_unstarted(rec, why.reason)
+                elif why.kind == "unstartable":
+                    self._finish(rec, "failed", why.reason)
                 else:
                     self._finish_attempt(rec, None, lost=True, lost_reason=why.reason)
                 return

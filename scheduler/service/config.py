@@ -106,6 +106,9 @@ class ServiceConfig:
     image: str = "python:3.12-slim"  # a job pod's image when its spec names none
     kube_scheduler_name: str = "gpupool"  # spec.schedulerName of our pods (and of kubectl pods we bind)
     kube_workdir_pvc: str | None = None  # a PVC mounted at each job's working directory (checkpoints survive)
+    # A job pod whose container cannot start (its image cannot be pulled, a missing ConfigMap or Secret) fails
+    # its job after this many seconds of trying, freeing its GPUs; an invalid image name fails it at once.
+    kube_start_timeout_s: float = 300.0
     # Namespaces whose kubectl pods (schedulerName ours) are queued, each with the projects its pods may use
     # ({"team-a": ["vision"], "gpupool": ["*"]}; "*" any namespace / project). None: `namespace` only, any project.
     kube_pod_namespaces: dict[str, list[str]] | None = None
@@ -171,7 +174,7 @@ class ServiceConfig:
             from scheduler.kube.pod_namespaces import PodNamespaces
 
             PodNamespaces.from_setting(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
-        for name in ("tick_s", "poll_s", "history_interval_s", "lease_s"):
+        for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")
 

@@ -148,10 +148,13 @@ class Kubelet:
     port, as a kubelet registers its endpoint.
     """
 
-    def __init__(self, api: client.CoreV1Api, namespace: str, stop_exit_code: int = 143) -> None:
+    def __init__(self, api: client.CoreV1Api, namespace: str, stop_exit_code: int = 143,
+                 unpullable: dict[str, str] | None = None) -> None:
         self.api = api
         self.ns = namespace
         self.stop_exit_code = stop_exit_code
+        self.unpullable = dict(unpullable or {})
+        """Image -> the waiting reason a pod of it gets instead of running (ImagePullBackOff, InvalidImageName)."""
         self.started: list[str] = []  # pods it reported running, in order
         self.stopped: list[str] = []  # pods it ended because they were deleted
         self._finish: dict[str, int] = {}
@@ -225,8 +228,18 @@ class Kubelet:
             return
         with self._lock:
             code = self._finish.pop(name, None)
+        image = pod.spec.containers[0].image
         if code is not None:
             self._terminated(pod, code, "Succeeded" if code == 0 else "Failed")
+        elif image in self.unpullable:  # as a kubelet says it: Pending, the container waiting, and why
+            reason = self.unpullable[image]
+            message = (f'Back-off pulling image "{image}"' if reason == "ImagePullBackOff"
+                       else f'Failed to apply default image tag "{image}": invalid reference format')
+            if not statuses or (statuses[0].state.waiting or client.V1ContainerStateWaiting()).reason != reason:
+                self.api.patch_namespaced_pod_status(name, self.ns, {"status": {
+                    "phase": "Pending", "containerStatuses": [{
+                        "name": "job", "ready": False, "restartCount": 0, "image": image, "imageID": "",
+                        "state": {"waiting": {"reason": reason, "message": message}}}]}})
         elif not statuses:
             self.api.patch_namespaced_pod_status(name, self.ns, {"status": {
                 "phase": "Running", "startTime": now_text(), "podIP": "127.0.0.1",
