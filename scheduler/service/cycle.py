@@ -115,11 +115,10 @@ class CycleMixin:
             live = self._live_jobs()
         workloads: list[Workload] = []
         for r in live:
-            if r.state == "paused" and r.user_paused:
-                continue
-            if r.stop_intent is None:
-                workloads.extend(self._workloads_of(r))
-            elif hold_stopping:
+            shown = self._shown(r)  # the one rule of who the policy sees (the view's too)
+            if shown or not hold_stopping or r.stop_intent is None:
+                workloads.extend(shown)
+            else:  # a stopping job, shown as capacity held by no project (a paused one holds none)
                 workloads.extend(dataclasses.replace(w, project=STOPPING_PROJECT)
                                  for w in self._workloads_of(r) if w.assignment is not None)
         return Snapshot(self._nodes, projects, tuple(workloads), now, self._policy_config())
