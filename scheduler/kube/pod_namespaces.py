@@ -5,8 +5,8 @@ the scheduler's. The admin names those namespaces in the setting
 ``kube_pod_namespaces`` (``gpupool serve --pod-namespaces``), each with the
 projects its pods may charge: the namespace is the gate, since Kubernetes
 RBAC already decides who may create pods where, and a label on a pod is
-whatever its author wrote. Without the setting only the scheduler's own
-namespace is watched, and a pod there may use any project (who may create
+whatever its author wrote. Without the setting only pods of the scheduler's
+own namespace get jobs, and a pod there may use any project (who may create
 pods in gpupool's namespace is trusted with every project).
 
 Setting, as JSON: ``{"team-vision": ["vision"], "ml": ["nlp", "speech"],
@@ -74,7 +74,7 @@ class PodNamespaces:
             allowed[ns] = frozenset(p.strip() for p in projects)
         return cls(own, allowed)
 
-    def watched(self, namespace: str) -> bool:
+    def takes(self, namespace: str) -> bool:
         """Whether pods of this namespace may get jobs at all (pods whose job exists are followed anyway)."""
         return namespace in self.allowed or ANY in self.allowed
 

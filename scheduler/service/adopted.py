@@ -138,7 +138,7 @@ class AdoptedPodsMixin:
             created = ob.creation_time(p)
             return created is None, created.timestamp() if created is not None else 0.0, ob.name(p)
 
-        taken = kc.namespaces.watched
+        taken = kc.namespaces.takes
         for pod in sorted(pods.values(), key=oldest_first):
             if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
                 continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)

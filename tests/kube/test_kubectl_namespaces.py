@@ -33,16 +33,16 @@ def new_namespace(api: Any, prefix: str) -> str:
 def test_the_namespace_rules_read_from_the_setting_and_the_flag() -> None:
     default = PodNamespaces.from_setting("gpupool", None)
     assert default.refusal("gpupool", "any") == ""
-    assert not default.watched("team-a")
+    assert not default.takes("team-a")
     rules = PodNamespaces.from_setting("gpupool", parse_flag("team-a=vision; ml=nlp,speech ;gpupool=*"))
     assert rules.describe() == {"gpupool": ["*"], "ml": ["nlp", "speech"], "team-a": ["vision"]}
     assert rules.refusal("team-a", "vision") == "" and rules.refusal("gpupool", "nlp") == ""
     assert rules.refusal("team-a", "nlp") == ("pods in namespace 'team-a' may use the project vision, not 'nlp' "
                                               "(kube_pod_namespaces)")
     assert "the projects nlp, speech, not 'vision'" in rules.refusal("ml", "vision")
-    assert not rules.watched("elsewhere") and "ask the administrator" in rules.refusal("elsewhere", "vision")
+    assert not rules.takes("elsewhere") and "ask the administrator" in rules.refusal("elsewhere", "vision")
     anywhere = PodNamespaces.from_setting("gpupool", {"*": ["shared"], "team-a": ["*"]})
-    assert anywhere.watched("elsewhere") and anywhere.refusal("elsewhere", "shared") == ""
+    assert anywhere.takes("elsewhere") and anywhere.refusal("elsewhere", "shared") == ""
     assert anywhere.refusal("elsewhere", "vision") != "" and anywhere.refusal("team-a", "vision") == ""
 
 
