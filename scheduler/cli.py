@@ -31,6 +31,7 @@ from scheduler.cli_parser import (
 )
 from scheduler.client import GpupoolClient, config_path
 from scheduler.errors import GpupoolError, Unavailable
+from scheduler.plain_text import escape
 
 __all__ = ["UsageError", "build_parser", "main", "parse_size", "submit_spec", "version"]
 
@@ -59,12 +60,12 @@ def _print_job_line(job: dict[str, Any], args: argparse.Namespace) -> None:
         _print_json(job)
     else:
         reason = f": {job['reason']}" if job.get("reason") else ""
-        print(f"{job['id']} {job['state']}{reason}")
+        print(escape(f"{job['id']} {job['state']}{reason}"))
 
 
 def _who(me: dict[str, Any]) -> str:
     """'alice' or 'admin (admin)', from a whoami reply."""
-    return f"{me['user']}{' (admin)' if me.get('admin') else ''}"
+    return f"{escape(str(me['user']))}{' (admin)' if me.get('admin') else ''}"
 
 
 # ------------------------------------------------------------------ commands
@@ -192,7 +193,7 @@ def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.
 
 
 def event_line(event: dict[str, Any]) -> str:
-    """One human line per event: time, seq, type, job and state, user/project, reason."""
+    """One human line per event: time, seq, type, job and state, user/project, reason (escaped: others' text)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(event.get("t") or 0))
     parts = [stamp, f"#{event.get('seq')}", str(event.get("type", ""))]
     if event.get("job_id"):
@@ -201,7 +202,7 @@ def event_line(event: dict[str, Any]) -> str:
         parts.append(f"{event.get('project', '-')}/{event.get('user', '-')}")
     if event.get("reason"):
         parts.append(f"- {event['reason']}")
-    return "  ".join(parts)
+    return escape("  ".join(parts))
 
 
 def cmd_events(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -235,7 +236,7 @@ def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
         _print_json(reply)
     else:
         print(reply["token"])
-        sys.stderr.write(f"token for {reply['user']} (shown once; give it to them as GPUPOOL_TOKEN)\n")
+        sys.stderr.write(f"token for {escape(str(reply['user']))} (shown once; give it to them as GPUPOOL_TOKEN)\n")
 
 
 COMMANDS = {
@@ -264,7 +265,8 @@ def where_to_look(url: str | None) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"gpupool: error: {message}\n")
+    """One line on stderr; the server's message may quote other users' text, so it is escaped."""
+    sys.stderr.write(f"gpupool: error: {escape(message)}\n")
     return code
 
 

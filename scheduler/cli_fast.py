@@ -126,14 +126,15 @@ def submitted_line(job: dict[str, Any]) -> str:
     nothing, so the line says what was asked for, for whom, and how to follow it.
     """
     from scheduler.cli_tables import request_text
+    from scheduler.plain_text import escape
 
     state, reason = job.get("state", ""), job.get("reason") or ""
     if reason and reason not in (state, "queued", "submitted"):
-        return f"{job['id']} {state}: {reason}"
+        return escape(f"{job['id']} {state}: {reason}")
     who = f" as {job['user']}" if job.get("user") else ""
     hint = "where it runs" if state in ("queued", "running") else "why"
-    return (f"{job['id']} {state}: {request_text(job)} in project {job.get('project', '?')}{who}; "
-            f"'gpupool describe {job['id']}' shows {hint}")
+    return escape(f"{job['id']} {state}: {request_text(job)} in project {job.get('project', '?')}{who}; "
+                  f"'gpupool describe {job['id']}' shows {hint}")
 
 
 def _submit(parsed: tuple[dict[str, Any], str | None, str | None]) -> int:
@@ -144,12 +145,13 @@ def _submit(parsed: tuple[dict[str, Any], str | None, str | None]) -> int:
     try:
         job = GpupoolClient(url, token).submit(spec)
     except Unavailable as e:
-        from scheduler.cli import where_to_look
+        from scheduler.cli import _fail, where_to_look
 
-        sys.stderr.write(f"gpupool: error: {e.message}{where_to_look(url)}\n")
-        return EXIT_UNREACHABLE
+        return _fail(e.message + where_to_look(url), EXIT_UNREACHABLE)
     except GpupoolError as e:
-        sys.stderr.write(f"gpupool: error: {e.message}\n")
+        from scheduler.plain_text import escape
+
+        sys.stderr.write(f"gpupool: error: {escape(e.message)}\n")  # as the full CLI's _fail: escaped
         return EXIT_SERVER
     print(submitted_line(job))
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from scheduler import jsonlite
+from scheduler.plain_text import escape
 
 TYPE_CHECKING = False  # typing costs a CLI call milliseconds at start; annotations only need it for checkers
 if TYPE_CHECKING:
@@ -20,8 +21,12 @@ GIB = 2**30
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Left-aligned columns separated by two spaces; empty cells print as '-'."""
-    cells = [[("-" if v is None or v == "" else str(v)) for v in row] for row in rows]
+    """Left-aligned columns separated by two spaces; empty cells print as '-'.
+
+    Every cell is escaped (:func:`scheduler.plain_text.escape`): cells hold other users' names, labels and
+    reasons, which must show as text, never act on the reader's terminal.
+    """
+    cells = [[("-" if v is None or v == "" else escape(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, v in enumerate(row):
@@ -212,6 +217,10 @@ def backend_text(health: Any) -> str:
     """
     if not isinstance(health, dict) or (health.get("backend") == "local" and health.get("ok", True)):
         return ""
+    return "\n".join(escape(line) for line in _backend_lines(health))  # the API's words: shown, not obeyed
+
+
+def _backend_lines(health: dict[str, Any]) -> list[str]:
     if health.get("backend") == "kubernetes":
         text = f"Kubernetes API {health.get('api_server', '?')}, namespace {health.get('namespace', '?')}: "
     else:
@@ -225,8 +234,8 @@ def backend_text(health: Any) -> str:
             for e in errors) if errors else "PROBLEM"
     out = health.get("nodes_out")
     if isinstance(out, dict) and out:
-        text += "\nnodes out of the pool: " + ", ".join(f"{name} ({why})" for name, why in sorted(out.items()))
-    return text
+        return [text, "nodes out of the pool: " + ", ".join(f"{name} ({why})" for name, why in sorted(out.items()))]
+    return [text]
 
 
 def _clock(t: Any) -> str:
@@ -237,7 +246,8 @@ def _clock(t: Any) -> str:
 
 
 def job_text(job: dict[str, Any]) -> str:
-    """describe: every field of a job, the important ones first."""
+    """describe: every field of a job, the important ones first, each escaped (another user's text is shown,
+    never obeyed)."""
     order = ["id", "name", "state", "reason", "project", "user", "kind", "priority", "request", "preemptible",
              "attempts", "submitted_at", "started_at", "finished_at", "exit_code", "assignment", "command",
              "workdir", "labels", "lease_expires_at", "env"]
@@ -257,7 +267,9 @@ def job_text(job: dict[str, Any]) -> str:
             text = jsonlite.dumps(value) if value else "-"
         else:
             text = "-" if value is None else str(value)
-        lines.append(f"{key + ':':<18}{text}")
+        if key != "assignment":  # assignment_text escapes its own parts around its line breaks
+            text = escape(text)
+        lines.append(f"{escape(key) + ':':<18}{text}")
     return "\n".join(lines)
 
 
@@ -265,13 +277,13 @@ def assignment_text(assignment: dict[str, Any]) -> str:
     """``node-a: A100-80GB#0 1, ...``; a gang's: one line per replica (``replica 0 on node-a: ...``)."""
 
     def shares(gpus: Any) -> str:
-        return ", ".join(f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
-                         for g in gpus or [] if isinstance(g, dict)) or "no GPU"
+        return escape(", ".join(f"{g.get('model')}#{g.get('index')} {gpus_text((g.get('milli') or 0) / 1000)}"
+                                for g in gpus or [] if isinstance(g, dict))) or "no GPU"
 
     replicas = [r for r in assignment.get("replicas") or [] if isinstance(r, dict)]
     if not replicas:
-        return f"{assignment.get('node')}: " + shares(assignment.get("gpus"))
-    return f"\n{'':18}".join(f"replica {r.get('rank')} on {r.get('node')}: {shares(r.get('gpus'))}"
+        return f"{escape(str(assignment.get('node')))}: " + shares(assignment.get("gpus"))
+    return f"\n{'':18}".join(f"replica {r.get('rank')} on {escape(str(r.get('node')))}: {shares(r.get('gpus'))}"
                               for r in replicas)
 
 
@@ -282,5 +294,5 @@ def _shell_quote(arg: str) -> str:
 
 
 def _clip(text: Any, width: int) -> str:
-    value = "" if text is None else str(text).replace("\n", " ")
+    value = "" if text is None else escape(str(text).replace("\n", " "))
     return value if len(value) <= width else value[: width - 1] + "…"

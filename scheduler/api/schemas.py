@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 
 from scheduler.errors import InvalidRequest
+from scheduler.plain_text import PLAIN_TEXT_PATTERN, escape, unsafe_problem
 from scheduler.service.validation import (
     ENV_KEY_RE,
     IMAGE_PATTERN,
@@ -59,8 +60,10 @@ JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled",
 JOB_KINDS = ["train", "build"]
 
 
-def _str(max_length: int, *, min_length: int = 0, nullable: bool = False) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string", "maxLength": max_length, "pattern": NO_NUL}
+def _str(max_length: int, *, min_length: int = 0, nullable: bool = False, plain: bool = False) -> dict[str, Any]:
+    """A string field; ``plain``: text other users read, so no control characters (the core's rule too)."""
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length,
+                              "pattern": PLAIN_TEXT_PATTERN if plain else NO_NUL}
     if min_length:
         schema["minLength"] = min_length
     if nullable:
@@ -68,16 +71,19 @@ def _str(max_length: int, *, min_length: int = 0, nullable: bool = False) -> dic
     return schema
 
 
-def _string_map(key_pattern: str | None = None) -> dict[str, Any]:
-    """env and labels: string to string, with the core's limits on keys, values and entries."""
+def _string_map(key_pattern: str | None = None, plain: bool = False) -> dict[str, Any]:
+    """env and labels: string to string, with the core's limits on keys, values and entries.
+
+    ``plain`` (labels, which every user reads): keys and values without control characters.
+    """
     names: dict[str, Any] = {"maxLength": MAX_MAP_KEY}
-    if key_pattern:
-        names["pattern"] = key_pattern
+    if key_pattern or plain:
+        names["pattern"] = key_pattern or PLAIN_TEXT_PATTERN
     return {
         "type": "object",
         "maxProperties": MAX_MAP_ENTRIES,
         "propertyNames": names,
-        "additionalProperties": _str(MAX_MAP_VALUE),
+        "additionalProperties": _str(MAX_MAP_VALUE, plain=plain),
     }
 
 
@@ -89,7 +95,7 @@ JOB_SPEC: dict[str, Any] = {
     "properties": {
         "project": _str(MAX_PROJECT_NAME, min_length=1),
         "kind": {"type": "string", "enum": JOB_KINDS, "default": "train"},
-        "name": _str(MAX_JOB_NAME, nullable=True),
+        "name": _str(MAX_JOB_NAME, nullable=True, plain=True),
         "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "nullable": True,
                  "description": "Whole GPUs."},
         "gpu_fraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
@@ -97,7 +103,7 @@ JOB_SPEC: dict[str, Any] = {
                          "description": "A share of one GPU, 0 < f < 1."},
         "gpu_memory": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True,
                        "description": "Bytes of GPU memory on one GPU."},
-        "gpu_model": _str(MAX_MODEL_NAME, nullable=True),
+        "gpu_model": _str(MAX_MODEL_NAME, nullable=True, plain=True),
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
         "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
                     "items": _str(MAX_STRING)},
@@ -105,8 +111,8 @@ JOB_SPEC: dict[str, Any] = {
         "env": _string_map(ENV_NAME),
         "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
         "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
-        "labels": _string_map(),
-        "client_key": _str(MAX_CLIENT_KEY, nullable=True),
+        "labels": _string_map(plain=True),
+        "client_key": _str(MAX_CLIENT_KEY, nullable=True, plain=True),
         "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
                   "nullable": True, "description": "The container image of the job's pods (kubernetes backend "
                   "only; a local scheduler refuses it). Default: the service's configured image."},
@@ -318,6 +324,13 @@ def _describe(error: jsonschema.ValidationError) -> str:
         return error.message.replace("is a required property", "is required")
     if validator == "pattern" and error.schema.get("pattern") == NO_NUL:
         return f"{where}: must not contain NUL characters"
+    if validator == "pattern" and error.schema.get("pattern") == PLAIN_TEXT_PATTERN:
+        text = str(error.instance)
+        if "propertyNames" in error.relative_schema_path or "propertyNames" in error.schema_path:
+            return f"{where}: the key {text[:40]!r} {unsafe_problem(text)}"  # the core's sentences
+        if len(error.absolute_path) > 1:  # a value in labels
+            return f"{escape(where)}: the value {unsafe_problem(text)}"
+        return f"{where} {unsafe_problem(text)}"
     if where == "image" and validator in ("pattern", "minLength", "maxLength"):
         return IMAGE_RULE  # the core's sentence, not the pattern
     if where == "replicas" and validator in ("type", "minimum", "maximum"):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.errors import InvalidRequest
+from scheduler.plain_text import escape, unsafe_problem
 from scheduler.policy.model import MILLI
 from scheduler.service.membership import validate_members
 
@@ -188,7 +189,15 @@ def _is_num(v: Any) -> bool:
         return False
 
 
-def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> dict[str, str]:
+def _plain(text: str, what: str) -> None:
+    """Refuse text that would act on a reader's terminal (see :mod:`scheduler.plain_text`), naming the field."""
+    problem = unsafe_problem(text)
+    if problem:
+        raise InvalidRequest(f"{what} {problem}")
+
+
+def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None, plain: bool = False) -> dict[str, str]:
+    """env and labels: strings to strings within the limits; ``plain``: keys and values others read (labels)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -202,6 +211,9 @@ def _str_map(value: Any, what: str, key_re: re.Pattern[str] | None = None) -> di
         if len(k) > MAX_MAP_KEY or len(v) > MAX_MAP_VALUE:
             raise InvalidRequest(f"{what} entry {k[:40]!r} is too long (keys at most {MAX_MAP_KEY} characters, "
                                  f"values at most {MAX_MAP_VALUE})")
+        if plain:
+            _plain(k, f"{what}: the key {k[:40]!r}")
+            _plain(v, f"{what}.{escape(k[:40])}: the value")
         out[k] = v
     if len(out) > MAX_MAP_ENTRIES:
         raise InvalidRequest(f"{what} has too many entries (at most {MAX_MAP_ENTRIES})")
@@ -243,6 +255,8 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
             raise InvalidRequest(f"unknown GPU model {model!r}; this pool has: {have}")
         elif not model.strip() or len(model) > 256:
             raise InvalidRequest("gpu_model must be 1-256 characters")
+        else:
+            _plain(model, "gpu_model")
     pool = "build" if kind == "build" else "train"
     n_gpus = 0
     if gpus is not None:
@@ -294,6 +308,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         name = default_name(command, kind, project)
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_JOB_NAME:
         raise InvalidRequest(f"name must be a non-empty string of at most {MAX_JOB_NAME} characters")
+    _plain(name, "name")
 
     workdir = spec.get("workdir")
     if workdir is not None:
@@ -323,6 +338,8 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
     if client_key is not None and (not isinstance(client_key, str) or not client_key
                                    or len(client_key) > MAX_CLIENT_KEY):
         raise InvalidRequest(f"client_key must be a non-empty string of at most {MAX_CLIENT_KEY} characters")
+    if client_key is not None:
+        _plain(client_key, "client_key")
 
     image = spec.get("image")
     if image is not None:
@@ -338,7 +355,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         project=project, kind=kind, name=name.strip(), replicas=replicas, gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
         gpu_model=model, priority=priority, command=list(command) if command else None, workdir=workdir,
         env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
-        labels=_str_map(spec.get("labels"), "labels"), client_key=client_key, image=image,
+        labels=_str_map(spec.get("labels"), "labels", plain=True), client_key=client_key, image=image,
     )
 
 
@@ -374,7 +391,14 @@ def _replicas(value: Any, kind: str, gpus: Any, fraction: Any, memory_req: Any, 
 
 
 def default_name(command: list[str] | None, kind: str, project: str) -> str:
-    """A short name from the command: ``python train.py`` -> ``train.py``, ``python -m pkg`` -> ``pkg``."""
+    """A short name from the command: ``python train.py`` -> ``train.py``, ``python -m pkg`` -> ``pkg``.
+
+    Control characters of the command (which may hold them) come out escaped: a name is shown to others.
+    """
+    return escape(_name_from(command, kind, project))[:MAX_JOB_NAME]
+
+
+def _name_from(command: list[str] | None, kind: str, project: str) -> str:
     if not command:
         return f"{kind}-{project}"
     prog = os.path.basename(command[0]) or command[0]

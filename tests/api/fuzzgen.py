@@ -13,7 +13,7 @@ malformed JSON ("negative").
 
 Only the schema subset the API uses is understood: type, enum, nullable,
 minimum/maximum (with OpenAPI 3.0 boolean exclusives), minLength/maxLength,
-pattern (only for NUL-free strings and names), items, properties, required,
+pattern (only for NUL-free strings, plain text and names), items, properties, required,
 additionalProperties, propertyNames.
 """
 
@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from scheduler.api.schemas import ENV_NAME, NO_NUL
+from scheduler.plain_text import PLAIN_TEXT_PATTERN
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
 ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
@@ -107,7 +108,7 @@ def _valid_non_null(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
                 optional={k: valid(v) for k, v in props.items() if k not in required},
             )
         key_pattern = schema.get("propertyNames", {}).get("pattern")  # labels limit only the keys' length
-        keys = (st.from_regex(key_pattern, fullmatch=True).filter(lambda s: len(s) < 40)
+        keys = (_string({"pattern": key_pattern}).filter(lambda s: len(s) < 40)
                 if key_pattern else st.text(max_size=10))
         return st.dictionaries(keys, valid(schema.get("additionalProperties", {})), max_size=3)
     return ANY_JSON
@@ -118,6 +119,9 @@ def _string(schema: dict[str, Any]) -> st.SearchStrategy[str]:
     lo, hi = schema.get("minLength", 0), min(schema.get("maxLength", 40), 40)
     if pattern in (None, NO_NUL):
         alphabet = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+        return st.text(alphabet, min_size=lo, max_size=hi)
+    if pattern == PLAIN_TEXT_PATTERN:  # text others read: no controls, separators or format characters
+        alphabet = st.characters(exclude_categories=("Cs", "Cc", "Zl", "Zp", "Cf"))
         return st.text(alphabet, min_size=lo, max_size=hi)
     if pattern == ENV_NAME:
         return st.from_regex(ENV_NAME, fullmatch=True).filter(lambda s: lo <= len(s) <= hi)
