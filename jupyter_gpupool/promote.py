@@ -202,6 +202,20 @@ def snapshot_dropped_on_error(runs_dir: str, staging: str) -> Iterator[None]:
         raise
 
 
+# What the notebook's run takes from this Jupyter server's environment: where Jupyter and IPython
+# find kernels and settings, and the Python environment the server runs in. The scheduler passes
+# a job only PATH, the locale and the job's own variables (docs/service.md), so a promoted run
+# would otherwise look for the notebook's kernel elsewhere than the server that ran it.
+RUN_ENV = ("JUPYTER_PATH", "JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_CONFIG_PATH",
+           "JUPYTER_PLATFORM_DIRS", "JUPYTER_PREFER_ENV_PATH", "IPYTHONDIR", "VIRTUAL_ENV", "CONDA_PREFIX",
+           "CONDA_DEFAULT_ENV")
+
+
+def run_environment() -> dict[str, str]:
+    """The variables of :data:`RUN_ENV` this server has, as the promoted job's own environment."""
+    return {k: os.environ[k] for k in RUN_ENV if os.environ.get(k)}
+
+
 def build_spec(
     request: PromoteRequest, root_dir: str, default_project: str
 ) -> tuple[dict[str, Any], str, str, str]:
@@ -237,6 +251,9 @@ def build_spec(
         "workdir": runs,
         "labels": {"notebook": rel, "runs_dir": relative_to_root(root_dir, runs), "promoted": "1"},
     }
+    env = run_environment()
+    if env:
+        spec["env"] = env
     if request.gpus is not None:
         spec["gpus"] = request.gpus
     else:

@@ -26,6 +26,14 @@ while a command that exits because it was stopped (a checkpoint on SIGTERM,
 status 0 included) is paused and resumed. Only the wrapper can tell the two
 apart without a race, since it both reaps the command and passes the signal on.
 
+The command's environment is not the wrapper's: the service writes it to
+``RUN_PREFIX.env`` (JSON, in its private run/ directory) and starts the
+wrapper isolated (``python -I``, a fixed PATH and locale). The wrapper hands
+that environment to the command's process only, which applies it at exec,
+after it became the job's account. So nothing a user puts in a job's
+environment (``PYTHONPATH``, ``LD_PRELOAD``, ``PATH``...) is read or run by a
+process with the service's privileges.
+
 With ``--as`` (the service runs as root and runs each job as its owner's
 Unix account), the wrapper stays root, so that the run files above stay out
 of the job's reach, and starts the command as that account: its groups, gid
@@ -41,6 +49,7 @@ A negative status means the command died of that signal (Python convention).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +83,18 @@ def _parse(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
     if not command or len(opts) % 2 or any(k not in ("--as", "--workdir", "--gang") for k in opts[::2]):
         return None
     return prefix, dict(zip(opts[::2], opts[1::2], strict=True)), command
+
+
+def _job_env(prefix: str) -> dict[str, str]:
+    """The command's environment, as the service wrote it to ``RUN_PREFIX.env``; ValueError if unreadable."""
+    try:
+        with open(prefix + ".env") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the job's environment from {prefix}.env: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix}.env holds no environment")
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def _as_account(spec: str, workdir: str) -> object:
@@ -116,8 +137,14 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError, IndexError):
         start = 0
     _write_atomic(prefix + ".pid", f"{os.getpid()} {start}\n")
+    try:
+        env = _job_env(prefix)
+    except ValueError as e:
+        print(f"gpupool: {e}", file=sys.stderr, flush=True)
+        _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
+        return 127
     if "--gang" in opts:
-        return _run_gang(prefix, opts, command)
+        return _run_gang(prefix, opts, command, env)
     child: list[int] = []  # the command's pid, once started
     stopped: list[bool] = []  # non-empty once a stop reached the command (or came before it started)
 
@@ -143,9 +170,10 @@ def main(argv: list[str]) -> int:
         return 128 + signal.SIGTERM
     try:
         if "--as" in opts:
-            proc = subprocess.Popen(command, preexec_fn=_as_account(opts["--as"], opts.get("--workdir", ".")))
+            proc = subprocess.Popen(command, env=env,
+                                    preexec_fn=_as_account(opts["--as"], opts.get("--workdir", ".")))
         else:
-            proc = subprocess.Popen(command)
+            proc = subprocess.Popen(command, env=env)
     except (OSError, subprocess.SubprocessError) as e:
         where = f" in {opts['--workdir']}" if "--workdir" in opts else ""
         print(f"gpupool: cannot start {command[0]!r}{where}: {e}", file=sys.stderr, flush=True)
@@ -165,7 +193,7 @@ def main(argv: list[str]) -> int:
     return code if code >= 0 else 128 - code
 
 
-def _run_gang(prefix: str, opts: dict[str, str], command: list[str]) -> int:
+def _run_gang(prefix: str, opts: dict[str, str], command: list[str], env: dict[str, str]) -> int:
     """Every replica of a gang's attempt under this one wrapper; the exit file as for a single command."""
     from scheduler.executor.gang import Gang, read_spec
 
@@ -176,7 +204,7 @@ def _run_gang(prefix: str, opts: dict[str, str], command: list[str]) -> int:
         _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
         return 127
     preexec = _as_account(opts["--as"], opts.get("--workdir", ".")) if "--as" in opts else None
-    code, mark = Gang(command, spec, dict(os.environ), preexec).run()  # type: ignore[arg-type]
+    code, mark = Gang(command, spec, env, preexec).run()  # type: ignore[arg-type]
     _write_atomic(prefix + ".exit", f"{code}\n{mark}\n")
     return code if code >= 0 else 128 - code
 

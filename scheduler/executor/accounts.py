@@ -13,9 +13,12 @@ service runs as root, else ``"service"``), ``"owner"`` or ``"service"``.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import pwd
+import re
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +30,20 @@ SECRET_ENV = frozenset({
     "GPUPOOL_ADMIN_TOKEN", "GPUPOOL_TOKEN", "JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_TOKEN",
     "JUPYTERHUB_OAUTH_CLIENT_SECRET", "JUPYTERHUB_CRYPT_KEY", "CONFIGPROXY_AUTH_TOKEN",
 })
-"""Variables of the service's environment that hold credentials of the service (or of the Jupyter
-server it is embedded in): a job's environment is built without them."""
+"""Variables that hold credentials of the service (or of the Jupyter server it is embedded in): never
+passed to a job, not even when an admin names them in ``job_env_passthrough``."""
+
+JOB_ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_*", "TZ")
+"""What a job takes from the service's environment unless the admin names more (``job_env_passthrough``).
+
+An allow-list, not a deny-list: whatever else the service was started with
+(cloud keys, ``HF_TOKEN``, a database password) is the admin's, not every
+user's. The account's own names (HOME, USER, LOGNAME, SHELL) are set per job,
+and the job's own variables and its GPU variables come on top."""
+
+ACCOUNT_ENV = ("HOME", "USER", "LOGNAME", "SHELL")
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class RunAs:
     gid: int
     groups: tuple[int, ...]
     home: str
+    shell: str = "/bin/sh"
 
     def wrapper_arg(self) -> str:
         """``uid:gid:g1,g2``: how the service tells the wrapper whom to run the command as."""
@@ -64,14 +80,36 @@ def check_account_template(template: str) -> str:
     return template
 
 
-def job_account(user: str, mode: str, allow_root: bool, template: str = "{user}") -> RunAs | None:
+def login_uid_range(login_defs: str = "/etc/login.defs") -> tuple[int, int]:
+    """``(UID_MIN, UID_MAX)``: the uids of people's accounts, as ``useradd`` reads them (default 1000..60000).
+
+    Below are system accounts (``daemon``, ``bin``, ``www-data``), above them
+    ``nobody`` (65534) and uids kept for containers: services, not people, whose
+    files and rights a user's job must not get by naming them.
+    """
+    bounds = {"UID_MIN": 1000, "UID_MAX": 60000}
+    try:
+        with open(login_defs) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] in bounds and parts[1].isdigit():
+                    bounds[parts[0]] = int(parts[1])
+    except OSError:
+        pass
+    return bounds["UID_MIN"], bounds["UID_MAX"]
+
+
+def job_account(user: str, mode: str, allow_root: bool, template: str = "{user}",
+                allowed_system_accounts: Iterable[str] = ()) -> RunAs | None:
     """The account a job of ``user`` runs as; None: as the service's own user (mode ``service``).
 
     ``template`` names the account from the user: ``{user}`` (the same name,
     as Slurm does) or e.g. ``jupyter-{user}``, the accounts The Littlest
     JupyterHub makes for its users. Raises :class:`Forbidden` when the job may
-    not run: no account of that name, or an account with uid 0 while
-    ``allow_root`` is off.
+    not run: no account of that name, an account with uid 0 while
+    ``allow_root`` is off, or a system account (uid outside login.defs'
+    ``UID_MIN``..``UID_MAX``, e.g. ``daemon``, ``www-data``, ``nobody``) that the
+    admin did not name in ``allowed_system_accounts``.
     """
     if resolve_mode(mode) == "service":
         return None
@@ -85,15 +123,47 @@ def job_account(user: str, mode: str, allow_root: bool, template: str = "{user}"
     if account.pw_uid == 0 and not allow_root:
         raise Forbidden(f"user {user!r} is root: this scheduler does not run jobs as root "
                         "(an admin can allow it with allow_root_jobs)")
+    low, high = login_uid_range()
+    if account.pw_uid != 0 and not low <= account.pw_uid <= high and name not in set(allowed_system_accounts):
+        raise Forbidden(f"user {user!r} maps to the system account {name!r} (uid {account.pw_uid}, outside "
+                        f"{low}..{high} of /etc/login.defs): this scheduler runs jobs only as people's "
+                        "accounts (an admin can allow this one by name with allowed_system_accounts)")
     groups = tuple(sorted(set(os.getgrouplist(name, account.pw_gid))))
-    return RunAs(name, account.pw_uid, account.pw_gid, groups, account.pw_dir)
+    return RunAs(name, account.pw_uid, account.pw_gid, groups, account.pw_dir, account.pw_shell or "/bin/sh")
 
 
-def job_environment(service_env: dict[str, str], run_as: RunAs | None) -> dict[str, str]:
-    """The service's environment as a job may see it: no credentials, and the account's own names."""
-    env = {k: v for k, v in service_env.items() if k not in SECRET_ENV}
+def check_passthrough(names: object) -> list[str]:
+    """``job_env_passthrough`` as given, or :class:`InvalidRequest`: variable names, ``PREFIX_*`` allowed.
+
+    The service's own credentials cannot be named: passing them would hand
+    the admin token or the Hub's secrets to every user's job.
+    """
+    if not isinstance(names, list) or not all(isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in names):
+        raise InvalidRequest("job_env_passthrough must be a list of environment variable names (a trailing * "
+                             f"matches a prefix, e.g. 'NCCL_*'), not {names!r}")
+    leaked = sorted(s for s in SECRET_ENV if any(fnmatch.fnmatchcase(s, n) for n in names))
+    if leaked:
+        raise InvalidRequest(f"job_env_passthrough would pass the service's credentials {', '.join(leaked)} to "
+                             "every job; name the variables a job needs instead")
+    return names
+
+
+def job_environment(service_env: dict[str, str], run_as: RunAs | None,
+                    passthrough: Iterable[str] = ()) -> dict[str, str]:
+    """What a job takes from the service's environment: the allow-list, and its account's own names.
+
+    ``passthrough``: the admin's ``job_env_passthrough``, names (``NCCL_*``: a
+    prefix) passed on purpose besides :data:`JOB_ENV_ALLOWED`. With ``run_as``
+    HOME, USER, LOGNAME and SHELL are that account's; without it the job runs
+    as the service's own account, whose values it keeps.
+    """
+    patterns = [*JOB_ENV_ALLOWED, *passthrough]
+    if run_as is None:
+        patterns += ACCOUNT_ENV
+    env = {k: v for k, v in service_env.items()
+           if k not in SECRET_ENV and any(fnmatch.fnmatchcase(k, p) for p in patterns)}
     if run_as is not None:
-        env.update(USER=run_as.name, LOGNAME=run_as.name, HOME=run_as.home)
+        env.update(USER=run_as.name, LOGNAME=run_as.name, HOME=run_as.home, SHELL=run_as.shell)
     return env
 
 

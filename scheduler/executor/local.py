@@ -7,6 +7,7 @@ file. Files under ``<jobs_dir>/<job_id>/run/`` let a restarted service tell a
 running attempt from a finished one from one that never started:
 
 ``attempt-N.launch`` (ticket, made by the service before spawning),
+``attempt-N.env`` (the command's environment, which only the command gets),
 ``attempt-N.claimed`` (the wrapper took the ticket), ``attempt-N.pid``
 (``pid starttime``), ``attempt-N.exit`` (the command's exit status, and
 whether a stop reached the command or it ended on its own).
@@ -15,6 +16,7 @@ whether a stop reached the command or it ended on its own).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -24,11 +26,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.errors import InvalidRequest
+from scheduler.executor import sweep
 from scheduler.executor._wrapper import ENDED
 from scheduler.executor.accounts import RunAs, job_account, job_environment
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.executor.gang import GangSpec, ReplicaSpec, write_spec
 from scheduler.executor.rendezvous import free_port, rendezvous_env
+
+WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def wrapper_environment(service_env: dict[str, str]) -> dict[str, str]:
+    """The wrapper's own environment: fixed, and nothing of the job's.
+
+    The wrapper may run as root (jobs run as their owners): any variable a
+    user chose (``PYTHONPATH``, ``PYTHONSTARTUP``, ``LD_PRELOAD``, ``PATH``...)
+    would make root run the user's code before the drop to their account. So
+    it gets a fixed PATH and locale, and ``LD_LIBRARY_PATH`` only as the
+    service itself was started with it (an interpreter built against a
+    library outside the system's may need it to start at all).
+    """
+    env = {"PATH": WRAPPER_PATH, "LANG": "C.UTF-8"}
+    if service_env.get("LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = service_env["LD_LIBRARY_PATH"]
+    return env
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -69,6 +90,13 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def _write_private(path: str, text: str) -> None:
+    """Write a file only the service's account can read (0600, never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+
+
 @dataclass
 class ProcessHandle:
     """A running attempt: the wrapper's pid (= process group id) and its start time."""
@@ -93,13 +121,19 @@ class LocalExecutor:
     """Starts, watches and stops job processes on this machine (a :class:`scheduler.executor.base.Executor`)."""
 
     def __init__(self, jobs_dir: Path, traversable: bool = False, run_jobs_as: str = "service",
-                 allow_root_jobs: bool = False, account_template: str = "{user}", gang_grace_s: float = 10.0) -> None:
+                 allow_root_jobs: bool = False, account_template: str = "{user}", gang_grace_s: float = 10.0,
+                 allowed_system_accounts: tuple[str, ...] | list[str] = (),
+                 env_passthrough: tuple[str, ...] | list[str] = ()) -> None:
         """``traversable``: jobs run as other accounts (root service), which must reach their own job's
         directory: ``jobs/`` is then 0711 (entered, never listed), else 0700. ``run_jobs_as`` and
         ``allow_root_jobs``, ``account_template``: which Unix account :meth:`launch` runs a job as
         (ServiceConfig's ``run_jobs_as``, ``allow_root_jobs``, ``job_account_template``).
         ``gang_grace_s``: when one replica of a gang fails, how long the others get to checkpoint
-        before they are killed (the wrapper does it, so it holds while the service is down)."""
+        before they are killed (the wrapper does it, so it holds while the service is down).
+        ``allowed_system_accounts``, ``env_passthrough``: ServiceConfig's ``allowed_system_accounts``
+        and ``job_env_passthrough``."""
+        self.allowed_system_accounts = tuple(allowed_system_accounts)
+        self.env_passthrough = tuple(env_passthrough)
         self.gang_grace_s = gang_grace_s
         self.run_jobs_as = run_jobs_as
         self.account_template = account_template
@@ -153,14 +187,15 @@ class LocalExecutor:
         return fd
 
     def launch(self, launch: Launch) -> ProcessHandle:
-        """Start an attempt as the job's Unix account, with this service's environment less its secrets.
+        """Start an attempt as the job's Unix account.
 
-        The environment is the service's (the job runs on this machine, as the
-        service's or its owner's account) with the job's own variables, then
-        the GPU variables, on top.
+        The command's environment is what the allow-list takes from the
+        service's (:func:`scheduler.executor.accounts.job_environment`), with
+        the job's own variables, then the GPU variables, on top.
         """
-        run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs, self.account_template)
-        env = job_environment(dict(os.environ), run_as)
+        run_as = job_account(launch.user, self.run_jobs_as, self.allow_root_jobs, self.account_template,
+                             self.allowed_system_accounts)
+        env = job_environment(dict(os.environ), run_as, self.env_passthrough)
         env.update(launch.job_env)
         if launch.replicas:
             return self.spawn(launch.job_id, launch.attempt, launch.command, launch.workdir, env, run_as,
@@ -196,6 +231,11 @@ class LocalExecutor:
         directory is made here and given to it; any other working directory is
         made and entered by the command's process once it is that account.
         With ``gang`` the wrapper runs one copy of the command per replica.
+
+        ``env`` is the command's alone: it goes to the wrapper in a file of
+        the service's private run/ directory, and the wrapper applies it only
+        in the command's process, after that process became the job's account.
+        The wrapper itself starts isolated (``python -I``, a fixed environment).
         """
         prefix = self._prefix(job_id, attempt)
         self._private_dirs(job_id, run_as)
@@ -210,8 +250,9 @@ class LocalExecutor:
                 os.chown(wd, run_as.uid, run_as.gid)
             wrapper_opts = ["--as", run_as.wrapper_arg(), "--workdir", str(wd)]
             cwd = self.job_dir(job_id)
-        for suffix in (".claimed", ".pid", ".exit", ".revoked", ".gang"):
+        for suffix in (".claimed", ".pid", ".exit", ".revoked", ".gang", ".env"):
             Path(str(prefix) + suffix).unlink(missing_ok=True)
+        _write_private(str(prefix) + ".env", json.dumps({**env, sweep.RUN_ID: str(prefix)}))
         if gang is not None:
             write_spec(str(prefix) + ".gang", gang)
             wrapper_opts += ["--gang", str(prefix) + ".gang"]
@@ -221,9 +262,10 @@ class LocalExecutor:
             log.flush()
             try:
                 popen = subprocess.Popen(
-                    [sys.executable, "-m", "scheduler.executor._wrapper", str(prefix), *wrapper_opts, "--", *command],
+                    [sys.executable, "-I", "-m", "scheduler.executor._wrapper", str(prefix), *wrapper_opts, "--",
+                     *command],
                     cwd=str(cwd),
-                    env=env,
+                    env=wrapper_environment(dict(os.environ)),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -282,7 +324,15 @@ class LocalExecutor:
         return Recovered("gone", exit_code=u.exit_code)
 
     def recovered(self, live: set[tuple[str, int]]) -> None:
-        """Nothing to sweep: a local attempt that nobody adopted has no process left to clean up."""
+        """End what is left of attempts nobody adopted: processes that left their group while the service was down.
+
+        A process carries its attempt's run id (its run-file prefix under our
+        jobs directory); one of an attempt that is not running any more has
+        nothing left to do but hold a GPU.
+        """
+        live_ids = {str(self._prefix(job_id, attempt)) for job_id, attempt in live}
+        ours = str(self.jobs_dir) + os.sep
+        sweep.kill_marked(lambda run_id: run_id.startswith(ours) and run_id not in live_ids)
 
     def adopt(self, job_id: str, attempt: int, pid: int, start_time: int) -> ProcessHandle | None:
         """Find a process again after a restart: alive with the same start time, else None."""
@@ -360,8 +410,14 @@ class LocalExecutor:
         return False
 
     def reap_group(self, handle: ProcessHandle) -> None:
-        """After the wrapper ended: kill what the job left behind in its group."""
+        """After the wrapper ended: kill what the job left behind, in its group or out of it.
+
+        Out of it: a process that called ``setsid`` (or was started in a new
+        session) still carries the attempt's run id in its environment.
+        """
         self.signal_group(handle, signal.SIGKILL)
+        run_id = str(self._prefix(handle.job_id, handle.attempt))
+        sweep.kill_marked(lambda found: found == run_id)
 
     def release(self, handle: ProcessHandle) -> None:
         """The attempt is settled: what remains of its process group goes."""

@@ -233,7 +233,7 @@ class ApiMethodsMixin:
         else:
             # refused now, not at start
             job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
-                        self.config.job_account_template)
+                        self.config.job_account_template, self.config.allowed_system_accounts)
         now = time.time()
         job_id = self._insert_new_job(lambda job_id, num: JobRecord(
             id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",

@@ -68,6 +68,8 @@ class LocalBackend:
         self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
                                       allow_root_jobs=config.allow_root_jobs,
                                       account_template=config.job_account_template,
+                                      allowed_system_accounts=config.allowed_system_accounts,
+                                      env_passthrough=config.job_env_passthrough,
                                       gang_grace_s=config.pause_grace_s)  # a failed replica's peers checkpoint
 
     def sample(self) -> dict[str, GpuSample]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.errors import InvalidRequest
-from scheduler.executor.accounts import check_account_template
+from scheduler.executor.accounts import check_account_template, check_passthrough
 
 _SHUTDOWN_MODES = ("stop", "leave")
 _WATCHDOG_MODES = ("off", "warn", "stop")
@@ -96,6 +96,13 @@ class ServiceConfig:
     allow_root_jobs: bool = False  # with "owner": may a job of a user whose account is root run (as root)?
     # With "owner": the account a user's jobs run as, from the user name ("jupyter-{user}" on TLJH).
     job_account_template: str = "{user}"
+    # With "owner": system accounts (uid outside login.defs' UID_MIN..UID_MAX: daemon, www-data, nobody) a
+    # user's jobs may still run as, by name. None by default: a token for "daemon" runs nothing.
+    allowed_system_accounts: list[str] = field(default_factory=list)
+    # What a job takes from the service's environment besides PATH, LANG, LC_*, TZ (and its account's HOME,
+    # USER, LOGNAME, SHELL): names passed on purpose, "NCCL_*" for a prefix. Nothing else of the service's
+    # environment (cloud keys, tokens) reaches a job.
+    job_env_passthrough: list[str] = field(default_factory=list)
     # Each project's GPU use is kept decayed by this half-life (default 7 days; 0 keeps none).
     usage_half_life_s: float = 7 * 86400.0
     # Where jobs run (docs/kubernetes.md): "local" (this machine's GPUs, jobs as processes) or
@@ -151,6 +158,11 @@ class ServiceConfig:
             raise InvalidRequest("run_jobs_as 'owner' needs a scheduler running as root (to start jobs as "
                                  "other accounts); use 'service' or 'auto'")
         check_account_template(self.job_account_template)
+        check_passthrough(self.job_env_passthrough)
+        if not isinstance(self.allowed_system_accounts, list) or \
+                not all(isinstance(n, str) and n for n in self.allowed_system_accounts):
+            raise InvalidRequest(f"allowed_system_accounts must be a list of account names, "
+                                 f"not {self.allowed_system_accounts!r}")
         if self.sqlite_synchronous not in ("FULL", "NORMAL"):
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:

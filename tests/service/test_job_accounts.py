@@ -146,3 +146,103 @@ def test_a_state_dir_other_accounts_cannot_enter_is_refused_at_start(accounts, t
     closed.mkdir(mode=0o700)
     with pytest.raises(InvalidRequest, match="others may not enter it"):
         SchedulerCore(ServiceConfig(state_dir=closed / "state", simulate="1xA100-80GB", run_jobs_as="owner"))
+
+
+PWN_SO = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void seen(void) {
+    FILE *f = fopen(SEEN, "a");
+    if (f) { fprintf(f, "LD_PRELOAD euid=%d\n", (int)geteuid()); fclose(f); }
+}
+"""
+
+
+def _pwn_dir(base: Path) -> Path:
+    """What the issue's attacker plants in their home: code that notes the euid of whoever runs it."""
+    pwn = base / "pwn"
+    pwn.mkdir()
+    seen = pwn / "seen"
+    seen.touch()
+    note = f"import os\nopen({str(seen)!r}, 'a').write('%s euid=%d\\n' % (__name__, os.geteuid()))\n"
+    (pwn / "sitecustomize.py").write_text(note)
+    (pwn / "startup.py").write_text(note)
+    for tool in ("true", "sh", "python", "python3"):
+        (pwn / tool).write_text(f"#!/bin/sh\necho \"PATH euid=$(id -u)\" >> {seen}\n")
+    if shutil.which("cc"):
+        (pwn / "pwn.c").write_text(PWN_SO.replace("SEEN", f'"{seen}"'))
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(pwn / "libpwn.so"), str(pwn / "pwn.c")], check=True)
+    for p in [pwn, *pwn.iterdir()]:
+        os.chmod(p, 0o777)
+    return pwn
+
+
+@pytest.mark.parametrize("variable", ["PYTHONPATH", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH"])
+async def test_nothing_of_a_jobs_environment_is_run_with_the_services_privileges(accounts, state_dir, variable):
+    """Issue 22 item 1: a job's variables reach its own command only, after the drop to its owner's account.
+
+    Each variable points at the attacker's code (which notes the euid that
+    ran it); the root wrapper must never run it, and its own environment
+    (read from /proc while the job runs) must hold none of the job's names.
+    """
+    pwn = _pwn_dir(state_dir.parent)
+    value = {"PYTHONPATH": str(pwn), "PYTHONSTARTUP": str(pwn / "startup.py"), "LD_LIBRARY_PATH": str(pwn),
+             "LD_PRELOAD": str(pwn / "libpwn.so"), "PATH": f"{pwn}:/usr/bin:/bin"}[variable]
+    if variable == "LD_PRELOAD" and not (pwn / "libpwn.so").exists():
+        pytest.skip("no C compiler to build the preloaded library")
+    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    await core.start()
+    try:
+        core.set_project(ADMIN, "p", {"train_guarantee": 1})
+        job, _ = await core.submit(Actor(ALICE), {"project": "p", "gpus": 1, "env": {variable: value},
+                                                  "command": ["/bin/sh", "-c", "sleep 1; exec env true"]})
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running" and
+                       core._job(job["id"]).pid, what="alice's job")
+        wrapper = core._job(job["id"]).pid
+        with open(f"/proc/{wrapper}/environ", "rb") as f:
+            names = {e.split(b"=", 1)[0].decode() for e in f.read().split(b"\0") if e}
+        assert variable not in names or variable == "PATH"
+        assert set(names) <= {"PATH", "LANG", "LD_LIBRARY_PATH"}, names  # fixed, the service's own
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] in ("succeeded", "failed"), what="the end")
+        seen = (pwn / "seen").read_text()
+        assert "euid=0" not in seen, seen
+        if variable in ("PATH", "LD_PRELOAD"):  # the job's command did get it, as alice
+            assert f"euid={accounts[ALICE].pw_uid}" in seen, seen
+    finally:
+        await core.stop()
+
+
+async def test_jobs_never_run_as_system_accounts_unless_the_admin_names_them(accounts, state_dir):
+    """Issue 22 item 4: a token for daemon, bin, www-data or nobody runs nothing, unless allowed by name."""
+    present = [n for n in ("daemon", "bin", "www-data", "nobody") if _has_account(n)]
+    if not present:
+        pytest.skip("no system account on this machine")
+    spec = {"project": "p", "gpus": 1, "command": ["sh", "-c", "id -u"]}
+    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    await core.start()
+    try:
+        core.set_project(ADMIN, "p", {"train_guarantee": 1})
+        for name in present:
+            with pytest.raises(Forbidden, match=f"system account '{name}'.*allowed_system_accounts"):
+                await core.submit(Actor(name), spec)
+        job, _ = await core.submit(Actor(ALICE), spec)  # a person's account still runs
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="alice's job")
+    finally:
+        await core.stop()
+    allowed = present[0]
+    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner", allowed_system_accounts=[allowed]))
+    await core.start()
+    try:
+        job, _ = await core.submit(Actor(allowed), spec)
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what=f"{allowed}'s job")
+        assert core.read_log(Actor(allowed), job["id"])["data"].splitlines()[-1] == str(pwd.getpwnam(allowed).pw_uid)
+    finally:
+        await core.stop()
+
+
+def _has_account(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False

@@ -10,6 +10,8 @@ exit status: the job became ``paused`` (and ran a second time on resume) or
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -86,7 +88,8 @@ async def test_a_job_stopped_while_running_is_still_paused_and_resumed(make_core
 def _wrapper(tmp_path: Path, *command: str) -> tuple[subprocess.Popen[bytes], str]:
     prefix = str(tmp_path / "attempt-1")
     Path(prefix + ".launch").write_text("t\n")
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler.executor._wrapper", prefix, "--", *command],
+    Path(prefix + ".env").write_text(json.dumps({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "scheduler.executor._wrapper", prefix, "--", *command],
                             start_new_session=True)
     return proc, prefix
 
