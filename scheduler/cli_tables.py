@@ -76,12 +76,13 @@ def duration(seconds: float) -> str:
 
 
 def request_text(job: dict[str, Any]) -> str:
-    """What a job asked for, e.g. '2 GPU', '2 × 8 GPUs' (a gang of 2 replicas), '0.25 GPU', '20GiB GPU mem', 'CPU'."""
+    """What a job asked for, e.g. '1 GPU', '2 GPUs', '2 × 8 GPUs' (a gang of 2 replicas), '0.25 GPU', '20GiB GPU', 'CPU'."""
     req = job.get("request") or {}
     model = f" {req['gpu_model']}" if req.get("gpu_model") else ""
     replicas = _count(req.get("replicas"))
     if req.get("gpus"):
-        return f"{replicas} × {req['gpus']} GPUs{model}" if replicas > 1 else f"{req['gpus']} GPU{model}"
+        whole = f"{gpus_text(req['gpus'])} GPU{'' if gpus_text(req['gpus']) == '1' else 's'}{model}"
+        return f"{replicas} × {whole}" if replicas > 1 else whole
     if req.get("gpu_fraction"):
         return f"{gpus_text(req['gpu_fraction'])} GPU{model}"
     if req.get("gpu_memory"):

@@ -386,8 +386,13 @@ def _replicas(value: Any, kind: str, gpus: Any, fraction: Any, memory_req: Any, 
         room = sum(n // gpus for n in limits.train_nodes)
         if room < value:
             raise InvalidRequest(f"replicas={value} × gpus={gpus} does not fit this pool: its train nodes could "
-                                 f"hold at most {room} replica(s) of {gpus} GPU(s) even when idle")
+                                 f"hold at most {_count(room, 'replica')} of {_count(gpus, 'GPU')} even when idle")
     return int(value)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 GPU``, ``2 GPUs``, ``0 replicas``: a count people read, not ``GPU(s)``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def default_name(command: list[str] | None, kind: str, project: str) -> str:

@@ -197,7 +197,7 @@ async def test_a_gang_that_cannot_fit_is_refused_at_submit(make_core):
     core.set_project(ADMIN, "vision", {})
     with pytest.raises(InvalidRequest) as e:
         await core.submit(ALICE, _spec(gpus=8, replicas=3))
-    assert "could hold at most 2 replica(s)" in e.value.message
+    assert "could hold at most 2 replicas of 8 GPUs even when idle" in e.value.message
     with pytest.raises(InvalidRequest):
         await core.submit(ALICE, _spec(gpus=9, replicas=2))  # more than one node has
     assert core.list_jobs(ADMIN) == []

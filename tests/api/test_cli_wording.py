@@ -1,0 +1,74 @@
+"""What the `gpupool` CLI says, run against a real scheduler (issue 22, item 13).
+
+Each test drives the real CLI (``scheduler.cli.main``) against an embedded
+scheduler (the real core and HTTP API) and checks the words a user reads.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from scheduler import cli
+from scheduler.client import GpupoolClient
+
+from .servers import EmbeddedThread, wait_until
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+SETTINGS = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 2.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
+            "on_shutdown": "stop"}
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wording")
+    srv = EmbeddedThread(root / "state", simulate="4xA100-80GB", admin_token="admin-t",
+                         projects={"vision": {"train_guarantee": 1}}, config=SETTINGS)
+    srv.alice = GpupoolClient(srv.url, "admin-t").create_token("alice")["token"]
+    yield srv
+    admin = GpupoolClient(srv.url, "admin-t")
+    for job in admin.jobs(state="queued,running,paused"):
+        admin.cancel(job["id"])
+    srv.close()
+
+
+@pytest.fixture
+def gp(svc, monkeypatch, tmp_path, capsys):
+    """``gp(*argv, token=...)`` -> (exit, stdout, stderr) of the real CLI against the service (alice by default)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GPUPOOL_URL", svc.url)
+
+    def run(*argv: str, token: str | None = None) -> tuple[int, str, str]:
+        monkeypatch.setenv("GPUPOOL_TOKEN", token or svc.alice)
+        code = cli.main(list(argv))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+def _submit(gp, *options: str) -> str:
+    code, out, err = gp("submit", "--project", "vision", *options, "--", *SLEEP)
+    assert code == 0, err
+    return out.split()[0]
+
+
+def _wait_state(svc, job_id: str, state: str) -> dict:
+    client = GpupoolClient(svc.url, "admin-t")
+    return wait_until(lambda: (j := client.job(job_id))["state"] == state and j, what=f"{job_id} {state}")
+
+
+def test_gpu_counts_are_plural_where_more_than_one(svc, gp):
+    code, out, err = gp("submit", "--project", "vision", "--gpus", "2", "--", *SLEEP)
+    assert code == 0, err
+    job_id = out.split()[0]
+    assert out.startswith(f"{job_id} queued: 2 GPUs in project vision as alice;"), out
+    one = _submit(gp, "--gpus", "1")
+    code, out, _ = gp("list")
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert " 2 GPUs " in rows[job_id] and " 1 GPU " in rows[one], out
+    assert "2 GPUs" in gp("describe", job_id)[1]
+    for j in (job_id, one):
+        assert gp("cancel", j)[0] == 0
