@@ -130,11 +130,12 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
             "none" if limit is None else gpus_text(limit),
             gpus_text(p.get("weight")),
             p.get("pending", 0),
+            p.get("paused", 0),
             recent_text(p),
             standing_text(p),
             members_text(p),
         ))
-    out = table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING",
+    out = table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING", "PAUSED",
                  "RECENT GPU-h", "OF FAIR SHARE", "MEMBERS"], rows)
     if any(isinstance(p.get("fair_share"), dict) and p["fair_share"].get("percent") is not None for p in projects):
         out += ("\n(OF FAIR SHARE: the training GPUs a project held on average lately, as a share of what it is "

@@ -205,7 +205,9 @@ PROJECT: dict[str, Any] = {
         "name": {"type": "string"},
         "build_quota": {"type": "number"}, "train_guarantee": {"type": "number"},
         "train_limit": {"type": "number", "nullable": True}, "weight": {"type": "number"},
-        "usage": {"type": "object"}, "pending": {"type": "integer"},
+        "usage": {"type": "object"},
+        "pending": {"type": "integer", "description": "Its queued jobs (paused ones are counted in paused)."},
+        "paused": {"type": "integer", "description": "Its paused jobs."},
         "members": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
         "recent_gpu_hours": {"type": "object", "description": "GPU-hours held by kind (build, train), decayed "

@@ -108,27 +108,34 @@ class ApiMethodsMixin:
             self._emit_job(rec.id)
         return rec
 
-    def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Per project: milli-GPU held by kind, and its waiting jobs counted by state (queued, paused).
+
+        Paused jobs are counted apart from queued ones, as ``status`` counts them: a paused job waits for
+        its owner (or for room after a reclaim), not in the queue's order.
+        """
         usage: dict[str, dict[str, int]] = {}
-        pending: dict[str, int] = {}
+        waiting: dict[str, dict[str, int]] = {}
         for rec in self._live_jobs():
             if rec.state == "running":
                 u = usage.setdefault(rec.project, {})
                 u[rec.kind] = u.get(rec.kind, 0) + held_milli(rec)
             else:
-                pending[rec.project] = pending.get(rec.project, 0) + 1
-        return usage, pending
+                w = waiting.setdefault(rec.project, {})
+                w[rec.state] = w.get(rec.state, 0) + 1
+        return usage, waiting
 
     def list_projects(self, actor: Actor | None = None) -> list[dict[str, Any]]:
         """Every project with its usage; with ``actor``, ``member`` says whether they may submit into it."""
-        usage, pending = self._project_usage()
+        usage, waiting = self._project_usage()
         recent = self.recent_gpu_hours()
         standing = self.fair_share_standing()
         out = []
         for p in self._projects().values():
             u = dict(usage.get(p.name, {}))
             u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
-            wire = project_to_wire(p, u, pending.get(p.name, 0))
+            mine_waiting = waiting.get(p.name, {})
+            wire = project_to_wire(p, u, mine_waiting.get("queued", 0), mine_waiting.get("paused", 0))
             mine = recent.get(p.name, {})
             wire["recent_gpu_hours"] = {k: round(mine.get(k, 0.0), 6) for k in ("build", "train")}
             wire["fair_share"] = standing[p.name]

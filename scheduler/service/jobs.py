@@ -175,8 +175,11 @@ def job_to_wire(rec: JobRecord, show_env: bool) -> dict[str, Any]:
     return out
 
 
-def project_to_wire(p: ProjectRecord, usage: dict[str, int], pending: int) -> dict[str, Any]:
-    """Project JSON; ``usage`` holds milli for "build", "train" and "train_over_quota"."""
+def project_to_wire(p: ProjectRecord, usage: dict[str, int], pending: int, paused: int = 0) -> dict[str, Any]:
+    """Project JSON; ``usage`` holds milli for "build", "train" and "train_over_quota".
+
+    ``pending``: its queued jobs; ``paused``: its paused ones, apart (as in the status's queue counts).
+    """
     return {
         "name": p.name,
         "build_quota": gpus_text(p.build_quota_milli),
@@ -185,5 +188,6 @@ def project_to_wire(p: ProjectRecord, usage: dict[str, int], pending: int) -> di
         "weight": p.weight,
         "usage": {k: gpus_text(usage.get(k, 0)) for k in ("build", "train", "train_over_quota")},
         "pending": pending,
+        "paused": paused,
         "members": None if p.members is None else list(p.members),
     }

@@ -60,6 +60,14 @@ def _wait_state(svc, job_id: str, state: str) -> dict:
     return wait_until(lambda: (j := client.job(job_id))["state"] == state and j, what=f"{job_id} {state}")
 
 
+def _cell(table: str, row: str, column: str) -> str:
+    """The cell of a CLI table under ``column`` in the row starting with ``row`` (columns are left-aligned)."""
+    header, *rows = table.splitlines()
+    line = next(r for r in rows if r.split()[0] == row)
+    start = header.index(column)
+    return line[start:].split("  ")[0].strip()
+
+
 def test_gpu_counts_are_plural_where_more_than_one(svc, gp):
     code, out, err = gp("submit", "--project", "vision", "--gpus", "2", "--", *SLEEP)
     assert code == 0, err
@@ -71,4 +79,22 @@ def test_gpu_counts_are_plural_where_more_than_one(svc, gp):
     assert " 2 GPUs " in rows[job_id] and " 1 GPU " in rows[one], out
     assert "2 GPUs" in gp("describe", job_id)[1]
     for j in (job_id, one):
+        assert gp("cancel", j)[0] == 0
+
+
+def test_projects_counts_paused_jobs_apart_from_pending_as_status_does(svc, gp):
+    paused = _submit(gp, "--gpus", "1")
+    assert gp("pause", paused)[0] == 0
+    _wait_state(svc, paused, "paused")
+    running = _submit(gp, "--gpus", "1")
+    _wait_state(svc, running, "running")
+    queued = _submit(gp, "--gpus", "4")  # waits: one of the 4 GPUs is held
+    code, out, err = gp("projects")
+    assert code == 0, err
+    assert _cell(out, "vision", "PENDING") == "1" and _cell(out, "vision", "PAUSED") == "1", out
+    status = gp("status")[1]
+    assert "1 pending, 1 running, 1 paused" in status, status
+    (project,) = [p for p in GpupoolClient(svc.url, svc.alice).projects() if p["name"] == "vision"]
+    assert project["pending"] == 1 and project["paused"] == 1
+    for j in (paused, running, queued):
         assert gp("cancel", j)[0] == 0
