@@ -178,7 +178,7 @@ def claim_snapshot(runs_dir: str, staging: str, job_id: str) -> str:
     log would otherwise be written wherever it points.
     """
     run_dir = os.path.join(runs_dir, job_id)
-    os.makedirs(run_dir, exist_ok=True)
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)  # the run's input, output and log: its owner's only
     if os.path.realpath(run_dir) != os.path.join(os.path.realpath(runs_dir), job_id):
         raise Forbidden(f"the run folder '{job_id}' in '{os.path.basename(runs_dir)}' is a symbolic link; "
                         "a run's files stay in its runs folder")
@@ -229,9 +229,12 @@ def build_spec(
     shown = os.path.relpath(runs, os.path.realpath(root_dir))
     # The run's input, output and log go there: checked like the notebook, symlinks followed.
     runs = inside_root(root_dir, runs, shown, "the run's files must stay under it")
-    os.makedirs(runs, exist_ok=True)
+    # Private whatever the server's umask: on a shared machine a run's notebook, outputs and log
+    # are its owner's (docs/jupyterhub.md, "Privacy on a shared server").
+    os.makedirs(runs, mode=0o700, exist_ok=True)
     staging = f"{STAGING_PREFIX}{uuid.uuid4().hex}.ipynb"
     shutil.copyfile(full, os.path.join(runs, staging))
+    os.chmod(os.path.join(runs, staging), 0o600)
     rel = relative_to_root(root_dir, full)
     command = [
         sys.executable,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import time
 from typing import Any
 
@@ -82,6 +83,9 @@ async def test_promote_runs_notebook_with_parameters(jp_fetch: Any, jp_root_dir:
     assert "papermill" in (run_dir / "job.log").read_text()
     assert "papermill exited with status 0" in logs["data"]
     assert not list((jp_root_dir / "work" / "exp.runs").glob(".staging-*"))
+    # on a shared server nobody else reads a run's notebooks and log (issue 22, item 14)
+    for private in (jp_root_dir / "work" / "exp.runs", run_dir):
+        assert stat.S_IMODE(private.stat().st_mode) == 0o700, private
 
 
 async def test_promote_refused_by_the_scheduler_leaves_nothing_behind(jp_fetch: Any, jp_root_dir: Any) -> None:
