@@ -121,9 +121,18 @@ def _connection_options(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
+def _json_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """A command's ``--json``; also accepted before the command (``gpupool --json status``), as --url is after it.
+
+    Left unset when not given here (SUPPRESS), so that a ``--json`` before the command is not reset by the
+    command's own parser (argparse copies a subparser's defaults over the main parser's values).
+    """
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=help_text)
+
+
 def _reader(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _json_option(p, "print JSON instead of a table")
     return p
 
 
@@ -179,7 +188,7 @@ def _add_projects(sub: Any) -> None:
     who.add_argument("--members", metavar="LIST", help="who may submit: users and @groups, comma-separated "
                      "(e.g. alice,bob,@ml-team; '' for admins only)")
     who.add_argument("--open", action="store_true", help="let every user submit (remove the members list)")
-    ps.add_argument("--json", action="store_true", help="print JSON")
+    _json_option(ps, "print JSON")
     pd = _connection_options(psub.add_parser("delete", help="delete a project with no live jobs (admin)"))
     pd.add_argument("name")
 
@@ -228,7 +237,7 @@ def _add_logs(sub: Any) -> None:
     p = sub.add_parser("logs", help="print a job's output", description="Print a job's output.")
     p.add_argument("job")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--json", action="store_true", help="print the reply chunk as JSON")
+    _json_option(p, "print the reply chunk as JSON")
     p.add_argument("--replica", type=int, metavar="K",
                    help="a multi-node job's replica K alone (0 to replicas-1); without it every replica's "
                         "lines, each prefixed [K]")
@@ -253,7 +262,7 @@ def _add_events(sub: Any) -> None:
                        description="Print scheduler events, oldest first; -f keeps following.")
     p.add_argument("--since", type=int, default=0, help="only events after this sequence number")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events until interrupted")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    _json_option(p, "one JSON object per line")
 
 
 def _add_tokens(sub: Any) -> None:
@@ -262,7 +271,7 @@ def _add_tokens(sub: Any) -> None:
     tsub.required = True
     tc = _connection_options(tsub.add_parser("create", help="create a token for a user"))
     tc.add_argument("user")
-    tc.add_argument("--json", action="store_true")
+    _json_option(tc, "print JSON")
 
 
 SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
@@ -298,6 +307,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--token", help="API token (default: $GPUPOOL_TOKEN, the client config, or that "
                                         "runtime file)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
+    parser.add_argument("--json", action="store_true", help="print JSON (also accepted after the command)")
     parser.add_argument("--version", action=_VersionAction)
     # prog given, so argparse need not lay out a usage line (and import shutil) to make one.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog="gpupool")

@@ -6,6 +6,7 @@ scheduler (the real core and HTTP API) and checks the words a user reads.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -98,3 +99,17 @@ def test_projects_counts_paused_jobs_apart_from_pending_as_status_does(svc, gp):
     assert project["pending"] == 1 and project["paused"] == 1
     for j in (paused, running, queued):
         assert gp("cancel", j)[0] == 0
+
+
+def test_json_and_url_go_before_or_after_the_command(svc, gp, monkeypatch):
+    job_id = _submit(gp, "--gpus", "1")
+    monkeypatch.setenv("GPUPOOL_URL", "http://127.0.0.1:9")  # nothing there: only --url finds the service
+    for argv in (["--json", "describe", job_id, "--url", svc.url], ["describe", job_id, "--json", "--url", svc.url],
+                 ["--url", svc.url, "--json", "describe", job_id], ["--json", "--url", svc.url, "describe", job_id]):
+        code, out, err = gp(*argv)
+        assert code == 0, (argv, err)
+        assert json.loads(out)["id"] == job_id, argv
+    code, out, err = gp("--json", "list", "--url", svc.url)
+    assert code == 0 and job_id in [j["id"] for j in json.loads(out)], err
+    code, out, err = gp("--json", "cancel", job_id, "--url", svc.url)
+    assert code == 0 and json.loads(out)["state"] == "cancelled", err
