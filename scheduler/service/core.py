@@ -39,7 +39,12 @@ from scheduler.service.jobs import assigned_gpus, held_milli, workloads_of
 from scheduler.service.live_view import LiveView
 from scheduler.service.metrics import Metrics
 from scheduler.service.tokens import TokenStore, load_or_create_admin_token
-from scheduler.service.usage import DecayedUsage, fair_share_standing, gpu_hours
+from scheduler.service.usage import (
+    DecayedUsage,
+    fair_share_figures,
+    fair_share_standing,
+    gpu_hours,
+)
 from scheduler.service.validation import (
     PoolLimits,
 )
@@ -388,31 +393,66 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
 
     # ================================================================ periodic work
     def _tick(self) -> None:
+        """The periodic work, then a cycle: the cycle runs whatever part of the work failed.
+
+        Why each part is fenced: reclaims that wait on time (``min_runtime_s``,
+        ``resume_backoff_s``, starvation) are decided only by the tick's cycle,
+        so a part that raised on every tick (a fair-share figure divided by a
+        rounded 0, issue 22) stopped them all, and the parts after it too
+        (events no longer trimmed). A failed part is logged, the live mirror is
+        reloaded if the part writes jobs (its transaction may have rolled back),
+        and the tick goes on.
+        """
         now = time.time()
+        parts: tuple[tuple[str, Callable[[], None], bool], ...] = (  # (what, do it, whether it writes jobs)
+            ("lease expiry", lambda: self._expire_leases(now), True),
+            ("GPU sampling and watchdog", lambda: self._sample_and_watch(now), True),
+            ("history", lambda: self._maybe_record_history(now), False),
+            ("usage", lambda: self._save_usage(now), False),
+            ("usage metrics", lambda: self._refresh_usage_metrics(now), False),
+            ("event trimming", self._trim_events, False),
+        )
+        for what, part, writes_jobs in parts:
+            try:
+                part()
+            except Exception:
+                log.exception("tick: %s failed; the rest of the tick and its cycle still run", what)
+                if writes_jobs:
+                    self._reload_live()  # a rolled-back transaction may have left the mirror ahead of the store
+        self._cycle()
+
+    def _expire_leases(self, now: float) -> None:
+        """Cancel build shares whose lease ran out (not renewed by their kernel)."""
         # (a scan, not _live_jobs: that sorts every live job, and ticks come every few seconds)
         expired = [r for r in self._live.values()
                    if r.kind == "build" and r.state in ("queued", "running")
                    and r.lease_expires_at is not None and r.lease_expires_at < now]
         for rec in sorted(expired, key=lambda r: r.num):
             self._finish(rec, "cancelled", "lease expired (not renewed)")
+
+    def _sample_and_watch(self, now: float) -> None:
+        """Read the GPUs (real ones only) and let the watchdog act on what they say."""
         if not self.simulated and now - self._sample_t >= min(self.config.tick_s, self.config.history_interval_s):
             self._refresh_sample()
             self._run_watchdog(now)
+
+    def _maybe_record_history(self, now: float) -> None:
         if now - self._last_history >= self.config.history_interval_s:
             self._record_history(now)
-        self._save_usage(now)
-        self._trim_events()
-        self._cycle()
 
     def _save_usage(self, now: float) -> None:
-        """Count each project's use up to now, keep it in the store, and show it in /metrics."""
+        """Count each project's use up to now and keep it in the store (a restart loses at most one tick)."""
         self._usage.accrue(now, self._held)
         self._store.save_usage(self._usage.t, self._usage.rows())
-        for (project, kind), value in self._usage.values.items():
-            self._metrics.recent_usage.labels(project, kind).set(gpu_hours(value))
-        for project, fair in self.fair_share_standing().items():
-            if fair["percent"] is not None:
-                self._metrics.fair_share_used.labels(project).set(fair["recent_gpus"] / fair["gpus"])
+
+    def _refresh_usage_metrics(self, now: float) -> None:
+        """Show each project's recent GPU-hours and its used share of the train pool in /metrics.
+
+        The ratio comes from the unrounded figures (:meth:`Metrics.show_usage`):
+        the shown share of a project with a tiny weight is 0.0, never divided by.
+        """
+        history = self._usage.half_life_s > 0
+        self._metrics.show_usage(self._usage.values, self._fair_share_figures(now) if history else None)
 
     def recent_gpu_hours(self) -> dict[str, dict[str, float]]:
         """Each project's decayed GPU-hours by kind, as of now (what it has held, a half-life ago counting half)."""
@@ -425,11 +465,21 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
 
     def fair_share_standing(self) -> dict[str, dict[str, Any]]:
         """Each project's long-run fair share of the train pool and how much of it it used lately."""
+        capacity, inputs = self._share_inputs()
+        average = self._usage.average_milli(time.time(), "train")
+        return fair_share_standing(capacity, inputs, average, self._usage.half_life_s > 0)
+
+    def _fair_share_figures(self, now: float) -> dict[str, tuple[float, float]]:
+        """Each project's (long-run share, recent training use) in milli-GPU, unrounded."""
+        capacity, inputs = self._share_inputs()
+        return fair_share_figures(capacity, inputs, self._usage.average_milli(now, "train"))
+
+    def _share_inputs(self) -> tuple[int, dict[str, ShareInput]]:
+        """The train pool's capacity and every project's numbers for its long-run share (all of it wanted)."""
         capacity = sum(g.capacity_milli for n in self._nodes if TRAIN_POOL in n.pools for g in n.gpus)
         inputs = {p.name: ShareInput(p.train_guarantee_milli, p.train_limit_milli, p.weight, 0)
                   for p in self._projects().values()}
-        average = self._usage.average_milli(time.time(), "train")
-        return fair_share_standing(capacity, inputs, average, self._usage.half_life_s > 0)
+        return capacity, inputs
 
     def _trim_events(self) -> None:
         """Keep the newest ``events_max_rows`` events; a write only once a tenth more have come."""

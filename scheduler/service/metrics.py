@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler.policy.model import MILLI
+from scheduler.service.usage import gpu_hours, used_ratio
 from scheduler.store import JobRecord
 
 LiveView = Callable[[], tuple[Iterable[JobRecord], Iterable[str]]]
@@ -90,3 +91,21 @@ class Metrics:
         """Where the queue, running and allocation gauges come from: ``view()`` is read at each scrape
         (on the loop that serves /metrics, the core's own)."""
         self._live.view = view
+
+    def show_usage(self, recent: Mapping[tuple[str, str], float],
+                   fair: Mapping[str, tuple[float, float]] | None) -> None:
+        """Set the recent-use gauges: GPU-hours per (project, kind), and each project's used fair share.
+
+        ``recent``: decayed milli-GPU-seconds per (project, kind); ``fair``:
+        per project, its (long-run share, recent training use) in milli-GPU,
+        unrounded, or None when no history is kept. The ratio is taken from
+        those (:func:`used_ratio`), never from the rounded figures shown to
+        users, and left unset where there is none (a share of 0): a project
+        with a tiny weight must never stop the tick that calls this.
+        """
+        for (project, kind), value in recent.items():
+            self.recent_usage.labels(project, kind).set(gpu_hours(value))
+        for project, (share, used) in (fair or {}).items():
+            ratio = used_ratio(share, used)
+            if ratio is not None:
+                self.fair_share_used.labels(project).set(ratio)

@@ -82,6 +82,33 @@ class DecayedUsage:
         return ((p, k, v) for (p, k), v in self.values.items())
 
 
+def used_ratio(share_milli: float, recent_milli: float) -> float | None:
+    """Recent use over the long-run share, from the unrounded figures; None when there is no such number.
+
+    Why not the shown figures: a project whose share is a few micro-GPUs (a
+    weight of 1e-9, or one of thousands of personal projects) shows ``0.0``
+    GPUs, and dividing by that stopped the service's tick (issue 22). A share
+    of 0 has no ratio, and neither has a share so small that the quotient
+    overflows a float: both read None (the gauge is then absent, the CLI shows
+    no percentage), never an infinity or an error.
+    """
+    if not share_milli > 0 or not math.isfinite(share_milli) or not math.isfinite(recent_milli):
+        return None
+    ratio = max(recent_milli, 0.0) / share_milli
+    return ratio if math.isfinite(100.0 * ratio) else None
+
+
+def fair_share_figures(train_capacity_milli: int, projects: Mapping[str, ShareInput],
+                       average_train_milli: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """Per project, (long-run share, recent training use) in milli-GPU, unrounded.
+
+    The one source of both the wire ``fair_share`` and the used-ratio gauge, so
+    that neither divides by a figure that was rounded for showing.
+    """
+    shares = entitlements(train_capacity_milli, projects)
+    return {name: (shares.get(name, 0.0), average_train_milli.get(name, 0.0)) for name in projects}
+
+
 def fair_share_standing(train_capacity_milli: int, projects: Mapping[str, ShareInput],
                         average_train_milli: Mapping[str, float], history: bool) -> dict[str, dict[str, Any]]:
     """Per project, the wire ``fair_share``: its long-run share, its recent training use and the ratio.
@@ -89,15 +116,16 @@ def fair_share_standing(train_capacity_milli: int, projects: Mapping[str, ShareI
     ``gpus``: the project's share of the train pool when every project wants
     all of it (guarantee, then idle GPUs by weight); ``recent_gpus``: the GPUs
     it held on average lately (the policy's measure); ``percent``: the second
-    over the first, ``None`` when no history is kept or the share is 0.
+    over the first, from the unrounded figures (:func:`used_ratio`), ``None``
+    when no history is kept or the share has no ratio. The shown figures are
+    rounded to a milli-GPU, so a share of a few micro-GPUs shows ``0.0``.
     """
-    shares = entitlements(train_capacity_milli, projects)
     out: dict[str, dict[str, Any]] = {}
-    for name in projects:
-        share, recent = shares.get(name, 0.0), average_train_milli.get(name, 0.0)
+    for name, (share, recent) in fair_share_figures(train_capacity_milli, projects, average_train_milli).items():
+        ratio = used_ratio(share, recent) if history else None
         out[name] = {
             "gpus": round(share / 1000.0, 3),
             "recent_gpus": round(recent / 1000.0, 3),
-            "percent": round(100.0 * recent / share) if history and share > 0 else None,
+            "percent": round(100.0 * ratio) if ratio is not None else None,
         }
     return out
