@@ -282,11 +282,20 @@ class ApiMethodsMixin:
         return self.get_job(actor, rec.id)
 
     async def resume(self, actor: Actor, job_id: str) -> dict[str, Any]:
-        """Put a paused job back in the queue (it restarts in its workdir with GPUPOOL_RESUME=1)."""
+        """Put a paused job back in the queue (it restarts in its workdir with GPUPOOL_RESUME=1).
+
+        A job that is not paused (nor being paused) is a 409 that says what it is doing: answering with
+        the job as if resumed told a user who resumed a running job nothing, and did nothing.
+        """
         self._check_open()
         rec = self._owned(actor, job_id, "resume")
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; only paused jobs can be resumed")
+        if rec.state == "running" and rec.stop_intent != "pause":
+            raise Conflict(f"job {rec.id} is already running; only paused jobs can be resumed")
+        if rec.state == "queued":
+            raise Conflict(f"job {rec.id} is already queued (it runs when GPUs free up); only paused jobs can "
+                           "be resumed")
         if rec.state == "paused":
             self._transition(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
             self._cycle()

@@ -113,3 +113,18 @@ def test_json_and_url_go_before_or_after_the_command(svc, gp, monkeypatch):
     assert code == 0 and job_id in [j["id"] for j in json.loads(out)], err
     code, out, err = gp("--json", "cancel", job_id, "--url", svc.url)
     assert code == 0 and json.loads(out)["state"] == "cancelled", err
+
+
+def test_resume_of_a_job_that_is_not_paused_says_what_it_is_doing_and_exits_1(svc, gp):
+    job_id = _submit(gp, "--gpus", "1")
+    _wait_state(svc, job_id, "running")
+    code, out, err = gp("resume", job_id)
+    assert (code, out) == (1, ""), (code, out, err)
+    assert err == f"gpupool: error: job {job_id} is already running; only paused jobs can be resumed\n"
+    assert gp("pause", job_id)[0] == 0
+    _wait_state(svc, job_id, "paused")
+    code, out, err = gp("resume", job_id)  # a paused job resumes as before
+    assert code == 0 and out.startswith(f"{job_id} "), err
+    assert gp("cancel", job_id)[0] == 0
+    code, _, err = gp("resume", job_id)
+    assert code == 1 and f"job {job_id} is cancelled; only paused jobs can be resumed" in err
