@@ -24,6 +24,16 @@ from scheduler.service.validation import validate_project, validate_spec, valida
 from scheduler.service.views import job_filters, pool_view, read_log_chunk
 from scheduler.store import JobRecord, ProjectRecord
 
+WHO_IS_ADMIN = ("an admin is whoever holds the scheduler's admin token (gpupool serve says where it is, by default "
+                "<state dir>/admin_token) or, on a JupyterHub, a Hub admin; ask one, or see docs/cli.md "
+                "(Administration)")
+"""How to become an admin, said with every admin-only refusal: "only an admin may" alone leaves a user stuck."""
+
+
+def _admin_only(actor: Actor, what: str) -> Forbidden:
+    """The refusal of an admin-only action, naming the caller and how admins are made."""
+    return Forbidden(f"only an admin may {what}, and {actor.user} is not one: {WHO_IS_ADMIN}")
+
 
 class ApiMethodsMixin:
     """What callers of the core may ask (state lives on the core; see SchedulerCore.__init__)."""
@@ -172,7 +182,7 @@ class ApiMethodsMixin:
         """Create or change a project (admin only); quotas in GPUs."""
         self._check_open()
         if not actor.admin:
-            raise Forbidden("only an admin may change projects")
+            raise _admin_only(actor, "change projects")
         changes = validate_project(name, fields, None if self._limits().elastic else len(self._gpus))
         cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
@@ -186,7 +196,7 @@ class ApiMethodsMixin:
     def delete_project(self, actor: Actor, name: str) -> None:
         self._check_open()
         if not actor.admin:
-            raise Forbidden("only an admin may delete projects")
+            raise _admin_only(actor, "delete projects")
         if not isinstance(name, str) or self._store.project(name) is None:
             raise NotFound(f"no project {name!r}")
         live = self._store.count_live_jobs(name)
@@ -334,7 +344,7 @@ class ApiMethodsMixin:
     # ================================================================ tokens
     def create_token(self, actor: Actor, user: str) -> dict[str, Any]:
         if not actor.admin:
-            raise Forbidden("only an admin may create tokens")
+            raise _admin_only(actor, "create tokens")
         user = validate_user(user)
         if user == self.config.admin_user:
             # Ownership is by user name: a plain token named like the admin would own the admin's jobs.

@@ -128,3 +128,15 @@ def test_resume_of_a_job_that_is_not_paused_says_what_it_is_doing_and_exits_1(sv
     assert gp("cancel", job_id)[0] == 0
     code, _, err = gp("resume", job_id)
     assert code == 1 and f"job {job_id} is cancelled; only paused jobs can be resumed" in err
+
+
+def test_admin_commands_by_a_non_admin_say_how_admins_are_made(svc, gp):
+    for argv, what in ((["projects", "set", "vision", "--guarantee", "2"], "change projects"),
+                       (["projects", "delete", "vision"], "delete projects"),
+                       (["tokens", "create", "carol"], "create tokens")):
+        code, out, err = gp(*argv)
+        assert (code, out) == (1, ""), (argv, err)
+        assert err.startswith(f"gpupool: error: only an admin may {what}, and alice is not one: "), err
+        assert "admin token" in err and "Hub admin" in err and "docs/cli.md" in err, err
+    vision = [p for p in GpupoolClient(svc.url, svc.alice).projects() if p["name"] == "vision"]
+    assert vision and vision[0]["train_guarantee"] == 1  # nothing changed
