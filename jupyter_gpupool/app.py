@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import signal
+import threading
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
@@ -28,6 +30,36 @@ from jupyter_gpupool.hub import shared_scheduler_token, shared_scheduler_url
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
 from jupyter_gpupool.sessions import session_handlers
+
+
+def stop_cleanly_on_sigint(serverapp: Any, log: Any) -> bool:
+    """Make SIGINT stop the server as SIGTERM does (shutdown hooks, extensions, kernels); True if it now does.
+
+    Why: JupyterHub stops a server (Stop My Server, the idle culler, deleting a
+    user) with SIGINT. Jupyter Server only handles SIGINT when its stdin is a
+    terminal (to ask "Shut down this server?"); a Hub started by systemd gives
+    it none, so SIGINT stays Python's KeyboardInterrupt, which ends the event
+    loop at once: no extension's stop runs, kernel shares are not given back
+    and stay held until their lease runs out (two minutes by default).
+
+    Only done where the server installed its own stop signals (its SIGTERM
+    handler is there) and left SIGINT to Python: an interactive server keeps
+    its confirmation prompt, and a server run inside another program (tests,
+    embedding) keeps that program's signal handling.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    server_stop = getattr(serverapp, "_signal_stop", None)
+    if server_stop is None or signal.getsignal(signal.SIGTERM) != server_stop:
+        return False
+    current = signal.getsignal(signal.SIGINT)
+    if current == server_stop:
+        return True  # JupyterHub's single-user server with a terminal already does this
+    if current is not signal.default_int_handler:
+        return False  # the interactive prompt, or someone else's handler
+    signal.signal(signal.SIGINT, server_stop)
+    log.debug("gpupool: SIGINT stops this server cleanly (as SIGTERM), giving GPU shares back")
+    return True
 
 
 class GPUPool(ExtensionApp):
@@ -176,6 +208,7 @@ class GPUPool(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         """Connect to the scheduler now (not at the first request) and start the periodic tasks."""
+        stop_cleanly_on_sigint(serverapp, self.log)
         self.start_background()
         try:
             assert self.connection is not None
