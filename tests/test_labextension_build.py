@@ -64,9 +64,11 @@ def test_jupyter_lists_the_extension_enabled() -> None:
         text=True,
         timeout=120,
     )
-    out = proc.stdout + proc.stderr
-    line = next((x for x in out.splitlines() if "jupyter-gpupool" in x), "")
-    assert "enabled" in line and "OK" in line, out
+    out = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # the colours of "enabled" and "OK"
+    # The extension's own line starts with its name. Matching "jupyter-gpupool" anywhere also matched the
+    # labextensions folder's line above it in a clone named jupyter-gpupool/ (git clone's default).
+    line = next((x for x in out.splitlines() if x.split()[:1] == ["jupyter-gpupool"]), "")
+    assert re.search(r"\benabled\b.*\bOK\b", line), out
     assert "(python, jupyter-gpupool)" in line, out
 
 
