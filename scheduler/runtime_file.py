@@ -12,8 +12,11 @@ config still come first (see :func:`scheduler.client.resolve_connection`).
 The file holds a token, so: the directory is made 0700, the file is written
 0600 through a temporary name and renamed (no reader sees half a file, no
 moment where it is readable by others), and files not owned by this user are
-never trusted. Stale files (the process died without cleaning up) are skipped
-and removed.
+never trusted. Stale files (the process died without cleaning up: kill -9, a
+crash, a reboot) are skipped and removed. A process id alone does not prove the
+writer still runs, since ids are reused: on Linux the file also records its
+writer's start time (in clock ticks since boot, which no clock change moves),
+and a live process with that id but another start time is somebody else.
 
 Imported by every CLI call: only ``os``, ``time`` and :mod:`scheduler.jsonlite` here.
 """
@@ -63,7 +66,10 @@ def write(url: str, token: str | None, **extra: object) -> str:
         if os.stat(directory).st_uid != os.getuid():
             raise PermissionError(f"{directory} belongs to another user; not writing a token there")
         os.chmod(directory, 0o700)  # an existing dir made with a looser umask
-    info = {"url": url, "token": token, "pid": os.getpid(), "started": time.time(), **extra}
+    info: dict[str, object] = {"url": url, "token": token, "pid": os.getpid(), "started": time.time(), **extra}
+    ticks = process_start_ticks(os.getpid())
+    if ticks is not None:
+        info["process_start"] = ticks
     path = path_for(url)
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -104,11 +110,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux ``/proc``); None where unknown.
+
+    What tells a scheduler's process from a later one given the same id.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # fields after "(comm)", which may itself hold spaces and parentheses; starttime is field 22
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def writer_alive(info: dict[str, object]) -> bool:
+    """Whether the process that wrote this runtime file still runs (not just some process with its id)."""
+    pid = info.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return False
+    recorded = info.get("process_start")
+    if not isinstance(recorded, int):
+        return True  # written where /proc was unreadable: the id is all there is
+    now = process_start_ticks(pid)
+    return now is None or now == recorded
+
+
 def running() -> list[dict[str, object]]:
     """Live schedulers of this user, newest first; each dict also carries its ``path``.
 
-    Files of dead processes are removed on the way; unreadable ones or ones owned
-    by someone else are ignored.
+    Files whose writer is gone (dead, or its id now another process's) are
+    removed on the way; unreadable ones or ones owned by someone else are ignored.
     """
     directory = runtime_dir()
     try:
@@ -129,8 +161,7 @@ def running() -> list[dict[str, object]]:
             continue
         if not isinstance(info, dict) or not isinstance(info.get("url"), str):
             continue
-        pid = info.get("pid")
-        if not isinstance(pid, int) or not pid_alive(pid):
+        if not writer_alive(info):
             _unlink(path)
             continue
         info["path"] = path

@@ -98,6 +98,11 @@ class Hub:
         return path.read_text(errors="replace")[-6000:] if path.exists() else ""
 
 
+def runtime_dir(tmp: Path) -> Path:
+    """The runtime folder of a Hub's gpupool service (where it publishes its URL and token): the test's own."""
+    return tmp / "gpupool-runtime"
+
+
 def start_hub(tmp: Path, settings: dict[str, Any], *, run_jobs_as: str | None = None, users: list[str] | None = None,
               groups: dict[str, list[str]] | None = None, gpupool_port: int = 0, external_token: str = "",
               hub_port: int = 0) -> Hub:
@@ -119,13 +124,17 @@ def start_hub(tmp: Path, settings: dict[str, Any], *, run_jobs_as: str | None = 
         port=port, hub_port=hub_port, proxy_api_port=proxy_api, gpupool_port=gp_port, chp=chp,
         python=sys.executable, state_dir=str(tmp / "gpupool-state"), settings_file=str(settings_file),
         driver_token=driver, gpupool_admin_token=gp_admin, users=users, groups=groups, external_token=external_token,
-        run_jobs_as=os.environ.get("GPUPOOL_RUN_JOBS_AS", "") if run_jobs_as is None else run_jobs_as))
+        run_jobs_as=os.environ.get("GPUPOOL_RUN_JOBS_AS", "") if run_jobs_as is None else run_jobs_as,
+        runtime_dir=str(runtime_dir(tmp))))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "JUPYTERHUB_", "JPY_"))}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     log = open(tmp / "hub.log", "wb")
+    # stdin not a terminal, as for a Hub that systemd runs: the servers it spawns inherit it, and a server
+    # without one handles SIGINT (the Hub's way of stopping it) unlike one run in a terminal
     proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(tmp / "jupyterhub_config.py")],
-                            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     log.close()
     hub = Hub(url=f"http://127.0.0.1:{port}", api=f"http://127.0.0.1:{port}/hub/api",
               gpupool=f"http://127.0.0.1:{gp_port}", driver_token=driver, gpupool_admin_token=gp_admin,

@@ -66,6 +66,13 @@ c.JupyterHub.load_roles.append(
       "scopes": ["admin:users", "admin:groups", "tokens", "admin:servers", "access:servers", "access:services"]}})
 if {external_token!r}:
     c.JupyterHub.services = [{{"name": "gpupool", "url": gpupool_url, "api_token": {external_token!r}}}, driver]
+
+# --- test-only: the service publishes its runtime file in the test's folder (the Hub passes a service
+# none of its own environment: it would write into the real ~/.local/share/gpupool/runtime)
+services = c.JupyterHub.services  # appended to: traitlets' lazy value until the Hub reads it; set: a list
+for service in services if isinstance(services, list) else services.get_value([]):
+    if "environment" in service:
+        service["environment"]["GPUPOOL_RUNTIME_DIR"] = {runtime_dir!r}
 '''
 
 
@@ -75,14 +82,14 @@ GROUPS = {"vision": ["alice", "carol"], "nlp": ["bob"], "robotics": []}
 
 def hub_config_text(*, port: int, hub_port: int, proxy_api_port: int, gpupool_port: int, chp: str, python: str,
                     state_dir: str, settings_file: str, driver_token: str, gpupool_admin_token: str,
-                    run_jobs_as: str, users: list[str] | None = None,
+                    run_jobs_as: str, runtime_dir: str, users: list[str] | None = None,
                     groups: dict[str, list[str]] | None = None, external_token: str = "") -> str:
     """The config file's text with the test's ports, paths, tokens, users and groups filled in
-    (hubadmin is always the Hub's admin)."""
+    (hubadmin is always the Hub's admin); ``runtime_dir``: the managed service's runtime folder."""
     singleuser = str(Path(python).with_name("jupyterhub-singleuser"))
     homes = str(Path(state_dir).parent / "homes")
     users = sorted(set(users if users is not None else USERS) | {"hubadmin"})
     return TEMPLATE.format(external_token=external_token, homes=homes, users=users, groups=GROUPS if groups is None else groups, port=port, hub_port=hub_port, proxy_api_port=proxy_api_port, gpupool_port=gpupool_port,
                            chp=chp, python=python, state_dir=state_dir, settings_file=settings_file,
                            driver_token=driver_token, gpupool_admin_token=gpupool_admin_token,
-                           run_jobs_as=run_jobs_as, singleuser=singleuser)
+                           run_jobs_as=run_jobs_as, singleuser=singleuser, runtime_dir=runtime_dir)

@@ -8,11 +8,15 @@ its own, and charge each kernel to its user's group.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 from tests.api.servers import http, wait_until
-from tests.hub.conftest import Hub
+from tests.hub.conftest import Hub, runtime_dir
+
+RELEASE_S = 5.0  # issue 22: a stopped server's shares are back within 5 s
 
 
 def _start_server(hub: Hub, user: str) -> None:
@@ -66,3 +70,38 @@ def test_each_users_server_gets_a_quarter_gpu_kernel_from_the_one_pool(hub: Hub)
             _server(hub, user, "DELETE", f"api/kernels/{kernel_id}")
         for user in ("alice", "bob"):
             hub.call("DELETE", f"/users/{user}/server")
+
+
+def test_stop_my_server_gives_its_kernel_shares_back_at_once(hub: Hub) -> None:
+    """The Hub stops a server (Stop My Server, the idle culler, deleting the user) with SIGINT."""
+    assert hub.gp("PUT", "/projects/vision", "hubadmin", body={"build_quota": 0.5})[0] == 200
+
+    def carols_shares() -> list[dict[str, Any]]:
+        status, jobs = hub.gp("GET", "/jobs?kind=build", "carol")
+        assert status == 200, jobs
+        return [j for j in jobs if j["user"] == "carol" and j["state"] in ("queued", "running")]
+
+    try:
+        _start_server(hub, "carol")
+        status, kernel = _server(hub, "carol", "POST", "api/kernels", {"name": "gpupool-python3-0.25"})
+        assert status == 201, kernel
+        (share,) = wait_until(carols_shares, timeout=30, what="carol's share")
+        status, reply = hub.call("DELETE", "/users/carol/server")  # what Stop My Server does
+        assert status in (202, 204), reply
+        stopped = time.monotonic()
+        try:
+            wait_until(lambda: not carols_shares(), timeout=RELEASE_S, interval=0.1, what="the share back")
+        except AssertionError as err:
+            raise AssertionError(f"share {share['id']} still held {time.monotonic() - stopped:.1f} s after the "
+                                 f"Hub stopped the server:\n{hub.log()}") from err
+        status, ended = hub.gp("GET", f"/jobs/{share['id']}", "carol")
+        assert ended["state"] == "cancelled" and "lease" not in (ended.get("reason") or ""), ended
+    finally:
+        hub.call("DELETE", "/users/carol/server")
+
+
+def test_the_hubs_scheduler_publishes_in_the_tests_runtime_folder(hub: Hub) -> None:
+    """Not in the runtime folder of whoever runs the tests, where their `gpupool status` would find it."""
+    port = int(hub.gpupool.rsplit(":", 1)[1])
+    published = [json.loads(p.read_text()) for p in runtime_dir(hub.dir).glob("scheduler-*.json")]
+    assert [info["url"] for info in published] == [f"http://127.0.0.1:{port}"], (published, hub.log())
