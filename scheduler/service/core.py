@@ -214,8 +214,9 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
             asyncio.create_task(self._loop(self.config.poll_s, self._check_processes), name="gpupool-monitor"),
             asyncio.create_task(self._loop(self.config.tick_s, self._tick), name="gpupool-tick"),
         ]
-        self._emit("pool", reason=f"scheduler started with {len(self._gpus)} "
-                   f"{'simulated ' if self.simulated else ''}GPU(s)")
+        n = len(self._gpus)
+        self._emit("pool", reason=f"scheduler started with {n} {'simulated ' if self.simulated else ''}"
+                   f"GPU{'' if n == 1 else 's'}")
 
     async def stop(self) -> None:
         """Stop the loops; then pause running jobs (``on_shutdown="stop"``) or leave them for re-adoption."""
