@@ -138,7 +138,9 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
 
 
 def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> None:
-    job = client.submit(submit_spec(args, command))
+    from scheduler.client import with_submit_dir
+
+    job = client.submit(with_submit_dir(submit_spec(args, command), client.url))
     _print_json(job) if args.json else print(submitted_line(job))
 
 
@@ -154,7 +156,26 @@ def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
     elif not args.all:
         filters["state"] = "queued,running,paused"
     jobs = client.jobs(**filters)
+    if not args.state and not args.all:
+        jobs = _with_just_finished(client, jobs, filters)
     _print_json(jobs) if args.json else print(_tables().jobs_table(jobs))
+
+
+JUST_FINISHED_S = 600
+
+
+def _with_just_finished(client: GpupoolClient, live: list[dict[str, Any]],
+                        filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """The live jobs and, after them, those that ended in the last 10 minutes (newest first).
+
+    A job that failed a second after its submit would otherwise vanish from
+    ``gpupool list`` before its owner looked: they see it, and its reason.
+    """
+    import time
+
+    ended = client.jobs(**{**filters, "state": "succeeded,failed,cancelled,rejected", "limit": 20})
+    since = time.time() - JUST_FINISHED_S
+    return live + [j for j in ended if (j.get("finished_at") or 0) >= since]
 
 
 def cmd_describe(client: GpupoolClient, args: argparse.Namespace) -> None:

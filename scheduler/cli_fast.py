@@ -138,12 +138,13 @@ def submitted_line(job: dict[str, Any]) -> str:
 
 
 def _submit(parsed: tuple[dict[str, Any], str | None, str | None]) -> int:
-    from scheduler.client import GpupoolClient
+    from scheduler.client import GpupoolClient, with_submit_dir
     from scheduler.errors import GpupoolError, Unavailable
 
     spec, url, token = parsed
     try:
-        job = GpupoolClient(url, token).submit(spec)
+        client = GpupoolClient(url, token)
+        job = client.submit(with_submit_dir(spec, client.url))
     except Unavailable as e:
         from scheduler.cli import _fail, where_to_look
 

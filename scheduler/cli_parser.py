@@ -203,7 +203,8 @@ def _add_submit(sub: Any) -> None:
     p.add_argument("--gpu-model", help="GPU model, e.g. A100-80GB")
     p.add_argument("--priority", type=int, default=None, help="higher runs first (default 0)")
     p.add_argument("--name", help="job name (default: from the command)")
-    p.add_argument("--workdir", help="working directory (default: a fresh one on the scheduler)")
+    p.add_argument("--workdir", help="working directory (default: the current folder when the scheduler runs on "
+                   "this machine, else a fresh one on the scheduler)")
     p.add_argument("--kind", choices=["train", "build"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--env", type=_key_value, action="append", default=[], metavar="K=V", help="extra environment")
     p.add_argument("--label", type=_key_value, action="append", default=[], metavar="K=V", help="free-form label")
@@ -225,7 +226,7 @@ def _add_list(sub: Any) -> None:
     p.add_argument("--state", help="comma-separated states, e.g. queued,running,paused")
     p.add_argument("--kind", choices=["train", "build"])
     p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--all", "-a", action="store_true", help="include finished jobs (default: live ones)")
+    p.add_argument("--all", "-a", action="store_true", help="every finished job too (default: live ones and those that ended in the last 10 minutes)")
 
 
 def _add_describe(sub: Any) -> None:

@@ -58,6 +58,34 @@ def config_path() -> Path:
     return Path(_config_file())
 
 
+def on_this_machine(url: str) -> bool:
+    """Whether ``url`` reaches a scheduler on this machine (a loopback host: 127.0.0.0/8, ::1, localhost).
+
+    Then the caller's folders are the scheduler's too: the CLI offers the
+    folder it runs in as a job's working directory (``submit_dir``).
+    """
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host = rest[1:].split("]", 1)[0] if rest.startswith("[") else rest.split(":", 1)[0]
+    host = host.lower()
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def with_submit_dir(spec: dict[str, Any], url: str) -> dict[str, Any]:
+    """``spec`` with ``submit_dir`` (the current folder) when it names no workdir and the scheduler is local.
+
+    A train job submitted from a shell then runs where the user typed the
+    command, as they expect; the scheduler checks that the job's account may
+    work there. Left out for another machine's scheduler, whose folders are not
+    the caller's, and when the current folder is gone.
+    """
+    if "workdir" in spec or spec.get("kind", "train") != "train" or not on_this_machine(url):
+        return spec
+    try:
+        return {**spec, "submit_dir": os.getcwd()}
+    except OSError:
+        return spec
+
+
 def resolve_connection(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
     """Find the scheduler URL and token.
 

@@ -108,6 +108,10 @@ JOB_SPEC: dict[str, Any] = {
         "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
                     "items": _str(MAX_STRING)},
         "workdir": _str(MAX_STRING, nullable=True),
+        "submit_dir": {**_str(MAX_STRING, nullable=True), "description": "Train jobs: the folder the job was "
+                       "submitted from (the CLI sends it when it runs on the scheduler's machine). A local "
+                       "scheduler runs a job that names no workdir there, if the job's account may enter and read "
+                       "it (else a 400 naming workdir); other backends ignore it."},
         "env": _string_map(ENV_NAME),
         "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
         "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},

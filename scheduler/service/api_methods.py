@@ -14,13 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from scheduler.executor.accounts import job_account
+from scheduler.executor.accounts import RunAs, blocked_at, job_account
 from scheduler.policy.model import MILLI
 from scheduler.service.actor import Actor
 from scheduler.service.build_quota import build_holders, check_build_quota
 from scheduler.service.jobs import held_milli, job_to_wire, project_to_wire
 from scheduler.service.membership import is_member, unix_groups
-from scheduler.service.validation import validate_project, validate_spec, validate_user
+from scheduler.service.validation import JobSpec, validate_project, validate_spec, validate_user
 from scheduler.service.views import job_filters, pool_view, read_log_chunk
 from scheduler.store import JobRecord, ProjectRecord
 
@@ -223,6 +223,27 @@ class ApiMethodsMixin:
                                 held_milli, self._estimate_milli)
         check_build_quota(project, self._estimate_milli(request), holders)
 
+    @staticmethod
+    def _local_workdir(js: JobSpec, run_as: RunAs | None) -> str | None:
+        """Where a local train job runs: its workdir, else the folder it was submitted from, else None (a fresh one).
+
+        Checked now for the account the job runs as, so a folder it may not
+        enter is a 400 that says what to do, not a job that fails at start.
+        """
+        for given, what in ((js.workdir, "workdir"), (js.submit_dir, None)):
+            if given is None:
+                continue
+            where = blocked_at(given, run_as)
+            if where is None:
+                return given
+            account = f"account {run_as.name!r}" if run_as is not None else "the scheduler's account"
+            if what is None:
+                raise InvalidRequest(f"the job would run in {given} (the folder you submitted from), but its "
+                                     f"{account} cannot enter and read {where}; give --workdir DIR (a folder it "
+                                     "can use), or submit from one")
+            raise InvalidRequest(f"workdir {given}: the job's {account} cannot enter and read {where}")
+        return None
+
     async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Validate, store as queued, decide; ``(job, created)`` (created False for a client_key match).
 
@@ -249,8 +270,10 @@ class ApiMethodsMixin:
             self._check_build_quota(project, request)
         else:
             # refused now, not at start
-            job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
-                        self.config.job_account_template, self.config.allowed_system_accounts)
+            run_as = job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
+                                 self.config.job_account_template, self.config.allowed_system_accounts)
+            if self.config.backend == "local":
+                js.workdir = self._local_workdir(js, run_as)
         now = time.time()
         job_id = self._insert_new_job(lambda job_id, num: JobRecord(
             id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",

@@ -21,7 +21,7 @@ from scheduler.service.membership import validate_members
 
 SPEC_FIELDS = {
     "project", "kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "command",
-    "workdir", "env", "cpu", "memory", "labels", "client_key", "image", "replicas",
+    "workdir", "env", "cpu", "memory", "labels", "client_key", "image", "replicas", "submit_dir",
 }
 PROJECT_FIELDS = {"build_quota", "train_guarantee", "train_limit", "weight", "members"}
 # Limits on wire fields, defined once: enforced below and published by the OpenAPI
@@ -86,6 +86,9 @@ class JobSpec:
     priority: int = 0
     command: list[str] | None = None
     workdir: str | None = None
+    # The folder the submitter was in (the CLI sends it when it shares the scheduler's machine): the
+    # working directory of a local train job that names none. Not stored: it only picks the workdir.
+    submit_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     cpu: float | None = None
     memory: int | None = None
@@ -316,6 +319,10 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
             raise InvalidRequest("workdir must be an absolute path")
         if not os.path.isdir(workdir):
             raise InvalidRequest(f"workdir {workdir!r} is not an existing directory")
+    submit_dir = spec.get("submit_dir")
+    if submit_dir is not None and (not isinstance(submit_dir, str) or not os.path.isabs(submit_dir)
+                                   or len(submit_dir) > 65_536):
+        raise InvalidRequest("submit_dir must be an absolute path (the folder the job was submitted from)")
 
     cpu = spec.get("cpu")
     if cpu is not None:
@@ -354,6 +361,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
     return JobSpec(
         project=project, kind=kind, name=name.strip(), replicas=replicas, gpus=n_gpus, gpu_fraction=fraction, gpu_memory=memory_req,
         gpu_model=model, priority=priority, command=list(command) if command else None, workdir=workdir,
+        submit_dir=submit_dir if kind == "train" else None,
         env=_str_map(spec.get("env"), "env", ENV_KEY_RE), cpu=cpu, memory=memory,
         labels=_str_map(spec.get("labels"), "labels", plain=True), client_key=client_key, image=image,
     )

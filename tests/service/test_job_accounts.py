@@ -115,10 +115,25 @@ async def test_jobs_of_users_without_an_account_or_of_root_are_refused(accounts,
         share, _ = await core.submit(Actor("no-such-account-x"), {"project": "p", "kind": "build",
                                                                   "gpu_fraction": 0.5})
         assert share["state"] == "running"
-        # a working directory the owner may not enter: the job fails and its log says why
-        job, _ = await core.submit(Actor(ALICE), {**spec, "workdir": "/root"})
-        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "failed", what="the refused workdir")
-        assert "working directory /root: Permission denied" in core.read_log(Actor(ALICE), job["id"])["data"]
+        # a working directory the owner may not enter: refused at submit, saying whose account and where
+        closed = state_dir.parent / "closed"
+        (closed / "inside").mkdir(parents=True)
+        os.chmod(closed, 0o700)
+        with pytest.raises(InvalidRequest, match=f"workdir {closed}/inside: the job's account '{ALICE}' cannot "
+                                                 f"enter and read {closed}$"):
+            await core.submit(Actor(ALICE), {**spec, "workdir": str(closed / "inside")})
+        # submitted from such a folder (the CLI sends it): the message names --workdir (issue 22, item 11)
+        with pytest.raises(InvalidRequest, match="the folder you submitted from.*cannot enter and read /root; "
+                                                 "give --workdir"):
+            await core.submit(Actor(ALICE), {**spec, "submit_dir": "/root"})
+        # a folder it may use runs the job there
+        mine = state_dir.parent / "alice-here"
+        mine.mkdir()
+        os.chown(mine, accounts[ALICE].pw_uid, accounts[ALICE].pw_gid)
+        os.chmod(mine, 0o700)
+        job, _ = await core.submit(Actor(ALICE), {**spec, "submit_dir": str(mine), "command": ["sh", "-c", "pwd"]})
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="alice's job")
+        assert core.read_log(Actor(ALICE), job["id"])["data"].splitlines()[-1] == str(mine)
     finally:
         await core.stop()
 
