@@ -19,7 +19,7 @@ from typing import Any
 from scheduler.policy import schedule
 from scheduler.policy.model import MILLI, Decisions, Project, Snapshot, Start, Workload
 from scheduler.service import fallback_policy
-from scheduler.service.jobs import job_reason, split_workload_id
+from scheduler.service.jobs import flag_reason, held_milli, job_reason, split_workload_id
 from scheduler.service.usage import DecayedUsage
 from scheduler.store import JobRecord
 
@@ -194,11 +194,28 @@ class CycleMixin:
                 if rec.state in ("queued", "paused") and not rec.user_paused:
                     self._set_reason(rec, reason)
             over = {split_workload_id(i)[0] for i in decisions.preemptible}
+            project_milli: dict[str, int] = {}  # per project whose flags flip: what its training jobs hold now
             for rec in running:
                 if rec.kind == "train" and rec.stop_intent is None and rec.preemptible != (rec.id in over):
-                    self._update(rec.id, preemptible=rec.id in over)
+                    self._flip_preemptible(rec, rec.id in over, project_milli)
         self._last_cycle_s = time.perf_counter() - t0
         self._metrics.cycle.observe(self._last_cycle_s)
+
+    def _flip_preemptible(self, rec: JobRecord, preemptible: bool, project_milli: dict[str, int]) -> None:
+        """Set a running job's preemptible flag and say so in its reason (:func:`flag_reason`).
+
+        ``project_milli`` caches, for this cycle, what each project's running
+        training jobs hold (those being stopped left out): a flip is rare, but
+        lowering a guarantee may flip thousands of jobs in one cycle.
+        """
+        held = project_milli.get(rec.project)
+        if held is None:
+            held = project_milli[rec.project] = sum(
+                held_milli(r) for r in self._live.values()
+                if r.project == rec.project and r.kind == "train" and r.state == "running" and r.stop_intent is None)
+        project = self._projects().get(rec.project)
+        guarantee = project.train_guarantee_milli if project is not None else 0
+        self._update(rec.id, preemptible=preemptible, reason=flag_reason(rec, preemptible, guarantee, held))
 
     def _request_cycle(self, urgent: bool = False) -> None:
         """Run a cycle now (``urgent``), else soon: one deferred cycle covers every request made before it.

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from typing import Any
 
+from scheduler.policy import reasons as txt
 from scheduler.policy.model import MILLI, Assignment, Kind, Request, Workload
 from scheduler.store import JobRecord, ProjectRecord
 
@@ -113,6 +114,33 @@ def job_reason(rec: JobRecord, reason: str) -> str:
     if m is not None and m["gang"] == rec.id:
         return f"starts {m['size']} together on {m['nodes']} {m['why']}"
     return reason.replace(f"gang {rec.id} of ", "")
+
+
+_RESUMED = re.compile(r"^resumed \(attempt \d+\): ")
+
+
+def flag_reason(rec: JobRecord, preemptible: bool, guarantee_milli: int, project_milli: int) -> str:
+    """A running training job's reason once its preemptible flag flipped, ``preemptible`` being the new flag.
+
+    Why it is rewritten: the reason of a start says whether the job runs
+    within its project's guarantee or "as preemptible" on idle GPUs, and the
+    flag changes while it runs (the project's other jobs end, the admin
+    changes the guarantee, a job of higher priority starts); ``describe``
+    must not keep "as preemptible" once the job can no longer be paused for
+    another project, nor the other way round. ``project_milli``: what the
+    project's running training jobs hold now. A resumed job keeps its
+    "resumed (attempt N): " prefix.
+    """
+    m = _RESUMED.match(rec.reason)
+    prefix = m.group(0) if m else ""
+    nodes = ", ".join(dict.fromkeys(str(r.get("node")) for r in (rec.assignment or {}).get("replicas", []))) \
+        or str((rec.assignment or {}).get("node"))
+    used, guarantee = txt.gpus(project_milli), txt.gpus(guarantee_milli)
+    if preemptible:
+        return (f"{prefix}runs on {nodes} as preemptible: project {rec.project} runs {used} of training, over its "
+                f"guarantee of {guarantee}; this job is beyond the guarantee and may be paused to make room")
+    return (f"{prefix}runs on {nodes} within project {rec.project}'s guarantee of {guarantee} (the project runs "
+            f"{used} of training); no longer preemptible")
 
 
 def workloads_of(rec: JobRecord) -> tuple[Workload, ...]:

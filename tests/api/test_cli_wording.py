@@ -140,3 +140,20 @@ def test_admin_commands_by_a_non_admin_say_how_admins_are_made(svc, gp):
         assert "admin token" in err and "Hub admin" in err and "docs/cli.md" in err, err
     vision = [p for p in GpupoolClient(svc.url, svc.alice).projects() if p["name"] == "vision"]
     assert vision and vision[0]["train_guarantee"] == 1  # nothing changed
+
+
+def test_describe_stops_saying_preemptible_once_the_flag_is_cleared(svc, gp):
+    first = _submit(gp, "--gpus", "1")
+    _wait_state(svc, first, "running")
+    second = _submit(gp, "--gpus", "1")  # beyond vision's guarantee of 1: preemptible
+    assert _wait_state(svc, second, "running")["preemptible"] is True
+    shown = gp("describe", second)[1]
+    assert " as preemptible: " in shown and "preemptible:      True" in shown, shown
+    assert gp("cancel", first)[0] == 0  # the second job now runs within the guarantee
+    client = GpupoolClient(svc.url, "admin-t")
+    wait_until(lambda: client.job(second)["preemptible"] is False, what=f"{second} no longer preemptible")
+    code, shown, err = gp("describe", second)
+    assert code == 0, err
+    assert "as preemptible" not in shown and "preemptible:      False" in shown, shown
+    assert "within project vision's guarantee of 1 GPU" in shown and "no longer preemptible" in shown, shown
+    assert gp("cancel", second)[0] == 0

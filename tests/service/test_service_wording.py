@@ -7,6 +7,10 @@ fair-share standing.
 
 from __future__ import annotations
 
+from tests.service.helpers import ADMIN, ALICE, PY, started, wait_for
+
+SLEEP = [PY, "-c", "import time; time.sleep(60)"]
+
 
 async def test_the_start_event_counts_gpus_in_words(make_core, tmp_path):
     one = await make_core(simulate="1xA100-80GB", state_dir=tmp_path / "one")
@@ -16,3 +20,27 @@ async def test_the_start_event_counts_gpus_in_words(make_core, tmp_path):
         said[name] = [e["reason"] for e in core.events_since(0) if e["type"] == "pool"]
     assert said["one"] == ["scheduler started with 1 simulated GPU"], said
     assert said["two"] == ["scheduler started with 2 simulated GPUs"], said
+
+
+async def test_a_running_jobs_reason_follows_its_preemptible_flag(make_core):
+    core = await make_core(simulate="2xA100-80GB")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    first, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1, "command": SLEEP})
+    assert (await started(core, first["id"]))["state"] == "running"
+    second, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1, "command": SLEEP})
+    job = await started(core, second["id"])
+    assert job["preemptible"] is True and " as preemptible: " in job["reason"], job
+
+    await core.cancel(ALICE, first["id"])  # the second job is now the one within the guarantee
+    job = await wait_for(lambda: (j := core.get_job(ALICE, second["id"]))["preemptible"] is False and j,
+                         what="the flag cleared")
+    assert "preemptible:" not in job["reason"], job["reason"]
+    assert job["reason"] == ("runs on testhost within project vision's guarantee of 1 GPU (the project runs 1 GPU "
+                             "of training); no longer preemptible"), job["reason"]
+
+    core.set_project(ADMIN, "vision", {"train_guarantee": 0})  # and back: beyond a guarantee of 0
+    job = await wait_for(lambda: (j := core.get_job(ALICE, second["id"]))["preemptible"] is True and j,
+                         what="the flag set again")
+    assert job["reason"] == ("runs on testhost as preemptible: project vision runs 1 GPU of training, over its "
+                             "guarantee of 0 GPUs; this job is beyond the guarantee and may be paused to make room"), job["reason"]
+    await core.cancel(ALICE, second["id"])
