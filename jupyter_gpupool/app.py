@@ -215,6 +215,11 @@ class GPUPool(ExtensionApp):
             await self.connection.client()
         except Exception as err:  # the UI reports it; the server must still start
             self.log.error("gpupool: scheduler not available: %s", err)
+            return
+        embedded = self.connection.embedded
+        if embedded is not None and embedded.simulate:  # no NVML GPU here, or c.GPUPool.simulate asked for them
+            self.log.warning("gpupool: the GPUs are SIMULATED (%s): kernels and jobs get no real GPU",
+                             embedded.simulate)
 
     def start_background(self) -> None:
         """Start lease renewal and idle culling in the running loop (idempotent)."""
