@@ -171,8 +171,6 @@ def _with_just_finished(client: GpupoolClient, live: list[dict[str, Any]],
     A job that failed a second after its submit would otherwise vanish from
     ``gpupool list`` before its owner looked: they see it, and its reason.
     """
-    import time
-
     ended = client.jobs(**{**filters, "state": "succeeded,failed,cancelled,rejected", "limit": 20})
     since = time.time() - JUST_FINISHED_S
     return live + [j for j in ended if (j.get("finished_at") or 0) >= since]
@@ -183,8 +181,43 @@ def cmd_describe(client: GpupoolClient, args: argparse.Namespace) -> None:
     _print_json(job) if args.json else print(_tables().job_text(job))
 
 
-def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> None:
+def cmd_action(client: GpupoolClient, args: argparse.Namespace) -> int | None:
+    if args.command == "cancel" and getattr(args, "user", None) is not None:
+        return cancel_users_jobs(client, args)
     _print_job_line(getattr(client, args.command)(args.job), args)
+    return None
+
+
+def cancel_users_jobs(client: GpupoolClient, args: argparse.Namespace) -> int:
+    """``gpupool cancel --user NAME``: cancel each unfinished job of NAME, say what happened to each; 1 if any failed.
+
+    What a Hub admin does for a deleted user (docs/jupyterhub.md): their jobs
+    are not tied to their login and would otherwise run on. Each job is
+    cancelled on its own, as ``gpupool cancel JOB`` would (the server decides
+    who may), so one refusal does not stop the others.
+    """
+    done: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    while True:
+        jobs = [j for j in client.jobs(user=args.user, state="queued,running,paused") if j["id"] not in failed]
+        if not jobs:
+            break
+        for job in jobs:
+            try:
+                done.append(client.cancel(job["id"]))
+            except GpupoolError as e:
+                failed.add(job["id"])
+                print(f"gpupool: error: {job['id']}: {escape(e.message)}", file=sys.stderr)
+                continue
+            if not args.json:
+                _print_job_line(done[-1], args)
+    if args.json:
+        _print_json(done)
+    else:
+        who = escape(args.user)
+        print(f"cancelled {len(done)} job{'' if len(done) == 1 else 's'} of {who}" if done or failed
+              else f"{who} has no queued, running or paused job")
+    return EXIT_SERVER if failed else 0
 
 
 def cmd_logs(client: GpupoolClient, args: argparse.Namespace, poll_s: float = 0.5) -> None:
@@ -312,8 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = GpupoolClient(args.url, args.token, timeout=args.timeout)
         if args.command == "submit":
             cmd_submit(client, args, command)
-        else:
-            COMMANDS[args.command](client, args)
+        elif (code := COMMANDS[args.command](client, args)) is not None:
+            return int(code)
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)
     except Unavailable as e:

@@ -252,6 +252,14 @@ def _job_action(name: str, text: str) -> Callable[[Any], None]:
     return add
 
 
+def _add_cancel(sub: Any) -> None:
+    p = _reader(sub, "cancel", "cancel a job, or every unfinished job of a user")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("job", nargs="?", help="the job to cancel")
+    which.add_argument("--user", metavar="NAME", help="cancel every queued, running and paused job of NAME "
+                       "(an admin's way to settle a departed user's work; yours with your own name)")
+
+
 def _add_login(sub: Any) -> None:
     sub.add_parser("login", help="check --url/--token (or $GPUPOOL_URL/$GPUPOOL_TOKEN) and save them "
                    "in the client config", description="Check the URL and token work, then save them in "
@@ -280,7 +288,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "submit": _add_submit, "list": _add_list, "describe": _add_describe, "logs": _add_logs,
     "pause": _job_action("pause", "pause a running job (it resumes later)"),
     "resume": _job_action("resume", "resume a paused job"),
-    "cancel": _job_action("cancel", "cancel a job"),
+    "cancel": lambda sub: _add_cancel(sub),
     "renew": _job_action("renew", "renew a build job's lease"),
     "login": _add_login, "events": _add_events, "tokens": _add_tokens,
     "node-agent": lambda sub: _node_agent().add_parser(sub),
