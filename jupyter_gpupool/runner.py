@@ -3,8 +3,9 @@
 ``python -m jupyter_gpupool.runner --staging .staging-X.ipynb -- <papermill args>``
 starts in ``<name>.runs/`` (the job's working directory), takes its snapshot
 into ``<job-id>/input.ipynb`` (see :mod:`jupyter_gpupool.promote`), and runs
-``python -m papermill input.ipynb output.ipynb ...`` there with the job's GPU
-environment. papermill's output goes both to stdout (the scheduler's job log)
+papermill (``input.ipynb output.ipynb ...``) there with the job's GPU
+environment, through :mod:`jupyter_gpupool.headless`: papermill's own CLI with
+the kernel on IPC sockets, not plain-text TCP ports. papermill's output goes both to stdout (the scheduler's job log)
 and to ``job.log`` beside the notebooks. Stop signals are passed on so a pause
 or cancel stops the notebook's kernel too.
 
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpupool runner: no notebook snapshot for job {job_id} in {run_dir}", file=sys.stderr)
         return 2
     rank = replica_rank()
-    command = [sys.executable, "-m", "papermill", *for_replica(papermill_args, rank)]
+    command = [sys.executable, "-m", "jupyter_gpupool.headless", *for_replica(papermill_args, rank)]
     with open(os.path.join(run_dir, replica_file("job.log", rank)), "ab", buffering=0) as log:
         attempt = os.environ.get("GPUPOOL_ATTEMPT", "")
         who = f" replica {rank} of {os.environ.get('GPUPOOL_REPLICAS', '?')}" if "GPUPOOL_REPLICA" in os.environ else ""
