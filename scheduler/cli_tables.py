@@ -251,12 +251,16 @@ def job_text(job: dict[str, Any]) -> str:
     """describe: every field of a job, the important ones first, each escaped (another user's text is shown,
     never obeyed)."""
     order = ["id", "name", "state", "reason", "project", "user", "kind", "priority", "request", "preemptible",
-             "attempts", "submitted_at", "started_at", "finished_at", "exit_code", "assignment", "command",
+             "attempts", "submitted_at", "started_at", "finished_at", "exit_code", "assignment", "ran_on", "command",
              "workdir", "labels", "lease_expires_at", "env"]
     keys = [k for k in order if k in job] + sorted(k for k in job if k not in order)
     lines = []
     for key in keys:
         value = job[key]
+        if key == "ran_on":  # where a job that is not running ran last; a running one shows its assignment
+            if isinstance(value, dict):
+                lines.append(f"{'ran on:':<18}{ran_on_text(value)}")
+            continue
         if key.endswith("_at") and isinstance(value, int | float):
             text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({ago(value)})"
         elif key == "request":
@@ -287,6 +291,27 @@ def assignment_text(assignment: dict[str, Any]) -> str:
         return f"{escape(str(assignment.get('node')))}: " + shares(assignment.get("gpus"))
     return f"\n{'':18}".join(f"replica {r.get('rank')} on {escape(str(r.get('node')))}: {shares(r.get('gpus'))}"
                               for r in replicas)
+
+
+def ran_on_text(assignment: dict[str, Any]) -> str:
+    """Where a job's last attempt ran, for people: ``GPU 0 (testhost)``, ``GPUs 0, 1 (node-a)``,
+    ``0.25 of GPU 1 (testhost)``; a gang's nodes joined by ``; ``. Each part is escaped."""
+
+    def on(node: Any, gpus: Any) -> str:
+        held = [g for g in gpus or [] if isinstance(g, dict)]
+        where = f"({escape(str(node))})"
+        if not held:
+            return f"no GPU {where}"
+        indexes = ", ".join(escape(str(g.get("index"))) for g in held)
+        milli = held[0].get("milli") or 0
+        if len(held) == 1 and isinstance(milli, int) and 0 < milli < 1000:
+            return f"{gpus_text(milli / 1000)} of GPU {indexes} {where}"
+        return f"GPU{'s' if len(held) > 1 else ''} {indexes} {where}"
+
+    replicas = [r for r in assignment.get("replicas") or [] if isinstance(r, dict)]
+    if not replicas:
+        return on(assignment.get("node"), assignment.get("gpus"))
+    return "; ".join(on(r.get("node"), r.get("gpus")) for r in replicas)
 
 
 def _shell_quote(arg: str) -> str:

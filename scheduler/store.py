@@ -66,6 +66,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid INTEGER,
     pid_start INTEGER,
     replicas INTEGER NOT NULL DEFAULT 1,
+    last_assignment TEXT,
     image TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
@@ -114,13 +115,16 @@ class JobRecord:
     pid_start: int | None = None
     image: str | None = None  # the spec's container image (cluster backends); None: the configured default
     replicas: int = 1  # a multi-node gang's replica count (JobSpec.replicas); 1 for every other job
+    # The assignment of the job's last attempt, kept when the attempt ends (finished, paused, preempted):
+    # ``assignment`` is cleared then, because project usage counts what it holds.
+    last_assignment: dict[str, Any] | None = None
 
     @property
     def live(self) -> bool:
         return self.state in LIVE_STATES
 
 
-_JSON_COLS = {"request", "assignment", "command", "env", "job_env", "labels"}
+_JSON_COLS = {"request", "assignment", "command", "env", "job_env", "labels", "last_assignment"}
 _BOOL_COLS = {"preemptible", "user_paused"}
 _CODED_COLS = _JSON_COLS | _BOOL_COLS
 _COLS = [f.name for f in fields(JobRecord)]
@@ -170,7 +174,7 @@ def _project_of(row: sqlite3.Row) -> ProjectRecord:
 
 
 _ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"),
-                  ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"))
+                  ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"), ("jobs", "last_assignment", "TEXT"))
 """Columns added after a table was first released: added to an older store when it is opened."""
 
 

@@ -192,6 +192,9 @@ JOB: dict[str, Any] = {
                          "items": {"type": "object", "properties": {
                              "rank": {"type": "integer"}, "node": {"type": "string"},
                              "gpus": {"type": "array", "items": _GPU_SHARE}}}}}},
+        "ran_on": {"type": "object", "nullable": True, "description": "Where the job's last attempt ran, in the "
+                   "shape of assignment, while it is not running (finished, paused, queued again); null while it "
+                   "runs (see assignment) and for a job that never ran."},
         "exit_code": {"type": "integer", "nullable": True},
         "workdir": {"type": "string", "nullable": True},
         "command": {"type": "array", "nullable": True, "items": {"type": "string"}},

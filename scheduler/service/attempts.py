@@ -37,6 +37,17 @@ def _gone_node(rec: JobRecord, gpus: dict[str, Any]) -> str:
     return str((rec.assignment or {}).get("node"))
 
 
+def _ran_on(rec: JobRecord) -> dict[str, Any]:
+    """``last_assignment`` for an attempt that ends now: where it ran; nothing when it held no GPUs.
+
+    The attempt's ``assignment`` is cleared as it ends (what a project holds
+    is counted from it), so this copy is what still says, once the job is
+    finished or paused, which GPUs it last ran on. A job that ends without
+    holding any (cancelled while queued or paused) keeps the last one it had.
+    """
+    return {"last_assignment": rec.assignment} if rec.assignment else {}
+
+
 class AttemptsMixin:
     """Process attempts of the core's jobs (state lives on the core; see SchedulerCore.__init__)."""
 
@@ -254,7 +265,7 @@ class AttemptsMixin:
             reason = rec.reason or PAUSE_INTENTS[intent]
             self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                              pid_start=None, stop_intent=None, exit_code=code, reason=reason,
-                             user_paused=(intent == "pause"), preemptible=False)
+                             user_paused=(intent == "pause"), preemptible=False, **_ran_on(rec))
             if intent != "preempt":
                 self._metrics.pauses.labels(intent).inc()
         elif intent == "cancel":
@@ -264,7 +275,7 @@ class AttemptsMixin:
         elif lost:
             self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                              pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
-                             reason=lost_reason)
+                             reason=lost_reason, **_ran_on(rec))
         elif code is None:
             self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
         elif code == 0:
@@ -279,7 +290,7 @@ class AttemptsMixin:
     def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
         self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
                          assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
-                         lease_expires_at=None)
+                         lease_expires_at=None, **_ran_on(rec))
         self._metrics.finished.labels(state).inc()
         ev = self._settled.pop(rec.id, None)
         if ev is not None:

@@ -191,6 +191,7 @@ def job_to_wire(rec: JobRecord, show_env: bool) -> dict[str, Any]:
         "submitted_at": rec.submitted_at, "started_at": rec.started_at, "finished_at": rec.finished_at,
         "attempts": rec.attempts, "preemptible": rec.preemptible, "reason": rec.reason,
         "assignment": rec.assignment if rec.state == "running" else None,
+        "ran_on": rec.last_assignment if rec.state != "running" else None,
         "exit_code": rec.exit_code, "workdir": rec.workdir, "command": rec.command,
         "labels": dict(rec.labels), "lease_expires_at": rec.lease_expires_at,
     }

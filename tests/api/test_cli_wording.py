@@ -157,3 +157,22 @@ def test_describe_stops_saying_preemptible_once_the_flag_is_cleared(svc, gp):
     assert "as preemptible" not in shown and "preemptible:      False" in shown, shown
     assert "within project vision's guarantee of 1 GPU" in shown and "no longer preemptible" in shown, shown
     assert gp("cancel", second)[0] == 0
+
+
+def test_describe_of_a_finished_or_paused_job_says_which_gpus_it_ran_on(svc, gp):
+    code, out, err = gp("submit", "--project", "vision", "--gpus", "1", "--", sys.executable, "-c", "pass")
+    assert code == 0, err
+    done = out.split()[0]
+    job = _wait_state(svc, done, "succeeded")
+    node, gpu = job["ran_on"]["node"], job["ran_on"]["gpus"][0]["index"]  # the node is this host's name
+    code, shown, err = gp("describe", done)
+    assert code == 0, err
+    assert f"ran on:           GPU {gpu} ({node})\n" in shown, shown
+    paused = _submit(gp, "--gpus", "2")
+    running = _wait_state(svc, paused, "running")
+    assert "ran on:" not in gp("describe", paused)[1]  # running: its assignment says where
+    assert gp("pause", paused)[0] == 0
+    _wait_state(svc, paused, "paused")
+    indexes = ", ".join(str(g["index"]) for g in running["assignment"]["gpus"])
+    assert f"ran on:           GPUs {indexes} ({node})\n" in gp("describe", paused)[1]
+    assert gp("cancel", paused)[0] == 0

@@ -44,3 +44,31 @@ async def test_a_running_jobs_reason_follows_its_preemptible_flag(make_core):
     assert job["reason"] == ("runs on testhost as preemptible: project vision runs 1 GPU of training, over its "
                              "guarantee of 0 GPUs; this job is beyond the guarantee and may be paused to make room"), job["reason"]
     await core.cancel(ALICE, second["id"])
+
+
+async def test_a_job_that_is_not_running_shows_where_it_last_ran(make_core, tmp_path):
+    core = await make_core(simulate="2xA100-80GB")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    done, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1, "command": [PY, "-c", "pass"]})
+    job = await wait_for(lambda: (j := core.get_job(ALICE, done["id"]))["state"] == "succeeded" and j,
+                         what="the job finished")
+    assert job["assignment"] is None
+    ran = job["ran_on"]
+    assert ran["node"] == "testhost" and [(g["index"], g["milli"]) for g in ran["gpus"]] == [(0, 1000)], job
+    usage = {p["name"]: p["usage"] for p in core.list_projects()}["vision"]
+    assert usage["train"] == 0  # what it ran on is shown, not counted as held
+
+    held, _ = await core.submit(ALICE, {"project": "vision", "gpus": 2, "command": SLEEP})
+    running = await started(core, held["id"])
+    assert running["ran_on"] is None and running["assignment"]["node"] == "testhost"  # running: its assignment
+    await core.pause(ALICE, held["id"])
+    paused = await wait_for(lambda: (j := core.get_job(ALICE, held["id"]))["state"] == "paused" and j,
+                            what="the job paused")
+    assert paused["assignment"] is None
+    assert sorted(g["index"] for g in paused["ran_on"]["gpus"]) == [0, 1], paused
+    assert {p["name"]: p["usage"] for p in core.list_projects()}["vision"]["train"] == 0
+    await core.cancel(ALICE, held["id"])  # cancelled while paused: it still last ran on GPUs 0 and 1
+    assert sorted(g["index"] for g in core.get_job(ALICE, held["id"])["ran_on"]["gpus"]) == [0, 1]
+    await core.stop()
+    again = await make_core(simulate="2xA100-80GB")  # kept in the store across a restart
+    assert again.get_job(ALICE, done["id"])["ran_on"] == ran

@@ -149,3 +149,26 @@ def test_a_store_from_before_job_images_is_upgraded_in_place(tmp_path):
     assert again.job("j-000002").image == "registry.example/x:2"  # type: ignore[union-attr]
     assert again.job("j-000001").image is None  # type: ignore[union-attr]
     again.close()
+
+
+def test_a_store_from_before_last_assignments_is_upgraded_in_place(tmp_path):
+    """A state.db whose jobs table has no last_assignment column opens with its jobs intact and then keeps one."""
+    import scheduler.store as store_module
+
+    old_schema = store_module._SCHEMA.replace("\n    last_assignment TEXT,", "")
+    assert old_schema != store_module._SCHEMA
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(old_schema)
+    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, finished_at) "
+               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'succeeded', '{\"gpus\": 1}', 1.0, 2.0)")
+    db.commit()
+    db.close()
+    s = Store(tmp_path / "state.db")
+    old = s.job("j-000001")
+    assert old is not None and old.state == "succeeded" and old.last_assignment is None
+    ran = {"node": "testhost", "gpus": [{"id": "GPU-0", "index": 0, "model": "A100-80GB", "milli": 1000}]}
+    s.update_job("j-000001", last_assignment=ran)
+    s.close()
+    again = Store(tmp_path / "state.db")
+    assert again.job("j-000001").last_assignment == ran  # type: ignore[union-attr]
+    again.close()
