@@ -138,14 +138,14 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
     out = table(["PROJECT", "BUILD USE/QUOTA", "TRAIN USE/GUARANTEE", "OVER", "LIMIT", "WEIGHT", "PENDING", "PAUSED",
                  "RECENT GPU-h", "OF FAIR SHARE", "MEMBERS"], rows)
     if any(isinstance(p.get("fair_share"), dict) and p["fair_share"].get("percent") is not None for p in projects):
-        out += ("\n(OF FAIR SHARE: the training GPUs a project held on average lately, as a share of what it is "
-                "entitled to when every project wants GPUs;\n idle GPUs beyond guarantees go first to the "
-                "projects lowest here, see docs/policy.md)")
+        out += ("\n(OF FAIR SHARE: the training GPUs a project runs now plus those it held on average lately, as "
+                "a share of what it is entitled to when every project wants GPUs;\n idle GPUs beyond guarantees go "
+                "first to the projects lowest here, see docs/policy.md)")
     return out
 
 
 def standing_text(project: dict[str, Any]) -> str:
-    """'40% of 4' (recent training use as a share of the long-run fair share of 4 GPUs), or '-'."""
+    """'40% of 4' (training use now plus lately as a share of the long-run fair share of 4 GPUs), or '-'."""
     fair = project.get("fair_share")
     if not isinstance(fair, dict) or fair.get("percent") is None:
         return "-"

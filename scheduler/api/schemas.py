@@ -222,11 +222,13 @@ PROJECT: dict[str, Any] = {
         "fair_share": {
             "type": "object",
             "description": "The project's long-run share of the train pool when every project wants it all (gpus), "
-                           "the GPUs it held for training on average lately (recent_gpus, the measure by which idle "
-                           "GPUs beyond guarantees are handed out), and the second as a percentage of the first "
-                           "(null when no history is kept).",
+                           "the GPUs it held for training on average lately (recent_gpus), and how much of the "
+                           "share it uses by the policy's measure (percent).",
             "properties": {"gpus": {"type": "number"}, "recent_gpus": {"type": "number"},
-                           "percent": {"type": "integer", "nullable": True}},
+                           "percent": {"type": "integer", "nullable": True, "description": "The training GPUs the "
+                                       "project runs now plus recent_gpus, as a percentage of gpus: the measure by "
+                                       "which idle GPUs beyond guarantees are handed out, lowest first. Null when "
+                                       "no history is kept or the share is 0."}},
         },
     },
 }

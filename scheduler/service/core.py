@@ -465,15 +465,19 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         return out
 
     def fair_share_standing(self) -> dict[str, dict[str, Any]]:
-        """Each project's long-run fair share of the train pool and how much of it it used lately."""
+        """Each project's long-run fair share of the train pool and how much of it it uses, now and lately."""
         capacity, inputs = self._share_inputs()
         average = self._usage.average_milli(time.time(), "train")
-        return fair_share_standing(capacity, inputs, average, self._usage.half_life_s > 0)
+        return fair_share_standing(capacity, inputs, average, self._usage.half_life_s > 0, self._train_held())
 
     def _fair_share_figures(self, now: float) -> dict[str, tuple[float, float]]:
-        """Each project's (long-run share, recent training use) in milli-GPU, unrounded."""
+        """Each project's (long-run share, training use now plus lately) in milli-GPU, unrounded."""
         capacity, inputs = self._share_inputs()
-        return fair_share_figures(capacity, inputs, self._usage.average_milli(now, "train"))
+        return fair_share_figures(capacity, inputs, self._usage.average_milli(now, "train"), self._train_held())
+
+    def _train_held(self) -> dict[str, float]:
+        """Milli-GPU each project's running training jobs hold now: the policy's "use now"."""
+        return {project: float(milli) for (project, kind), milli in self._held.items() if kind == "train"}
 
     def _share_inputs(self) -> tuple[int, dict[str, ShareInput]]:
         """The train pool's capacity and every project's numbers for its long-run share (all of it wanted)."""

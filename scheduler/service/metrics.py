@@ -83,8 +83,8 @@ class Metrics:
             ["project", "kind"], registry=r)
         self.fair_share_used = Gauge(
             "gpupool_project_fair_share_used_ratio",
-            "Training GPUs a project held on average lately over its long-run fair share of the train pool "
-            "(idle GPUs go first to the lowest; absent when no history is kept)",
+            "Training GPUs a project runs now plus those it held on average lately, over its long-run fair share "
+            "of the train pool (idle GPUs go first to the lowest; absent when no history is kept)",
             ["project"], registry=r)
 
     def follow(self, view: LiveView) -> None:
@@ -97,7 +97,7 @@ class Metrics:
         """Set the recent-use gauges: GPU-hours per (project, kind), and each project's used fair share.
 
         ``recent``: decayed milli-GPU-seconds per (project, kind); ``fair``:
-        per project, its (long-run share, recent training use) in milli-GPU,
+        per project, its (long-run share, training use now plus lately) in milli-GPU,
         unrounded, or None when no history is kept. The ratio is taken from
         those (:func:`used_ratio`), never from the rounded figures shown to
         users, and left unset where there is none (a share of 0): a project

@@ -83,7 +83,10 @@ class DecayedUsage:
 
 
 def used_ratio(share_milli: float, recent_milli: float) -> float | None:
-    """Recent use over the long-run share, from the unrounded figures; None when there is no such number.
+    """Use over the long-run share, from the unrounded figures; None when there is no such number.
+
+    ``recent_milli``: the project's training use as the policy measures it,
+    what it runs now plus what it held on average lately (:func:`fair_share_figures`).
 
     Why not the shown figures: a project whose share is a few micro-GPUs (a
     weight of 1e-9, or one of thousands of personal projects) shows ``0.0``
@@ -99,33 +102,48 @@ def used_ratio(share_milli: float, recent_milli: float) -> float | None:
 
 
 def fair_share_figures(train_capacity_milli: int, projects: Mapping[str, ShareInput],
-                       average_train_milli: Mapping[str, float]) -> dict[str, tuple[float, float]]:
-    """Per project, (long-run share, recent training use) in milli-GPU, unrounded.
+                       average_train_milli: Mapping[str, float],
+                       current_train_milli: Mapping[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Per project, (long-run share, training use) in milli-GPU, unrounded.
 
-    The one source of both the wire ``fair_share`` and the used-ratio gauge, so
-    that neither divides by a figure that was rounded for showing.
+    The use is the policy's measure (``standing`` in the engine: idle GPUs
+    beyond guarantees go first to the lowest use over share): what the project
+    runs now (``current_train_milli``) plus what it held on average lately.
+    Why both: the average alone has a half-life of days, so a project that
+    has just started 3 GPUs on a guarantee of 1 read "0%" (issue 22) while the
+    policy already ranked it by those 3 GPUs.
+
+    The one source of both the wire ``fair_share`` percentage and the
+    used-ratio gauge, so that they agree, and neither divides by a figure that
+    was rounded for showing.
     """
     shares = entitlements(train_capacity_milli, projects)
-    return {name: (shares.get(name, 0.0), average_train_milli.get(name, 0.0)) for name in projects}
+    now = current_train_milli or {}
+    return {name: (shares.get(name, 0.0), max(now.get(name, 0.0), 0.0) + average_train_milli.get(name, 0.0))
+            for name in projects}
 
 
 def fair_share_standing(train_capacity_milli: int, projects: Mapping[str, ShareInput],
-                        average_train_milli: Mapping[str, float], history: bool) -> dict[str, dict[str, Any]]:
+                        average_train_milli: Mapping[str, float], history: bool,
+                        current_train_milli: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """Per project, the wire ``fair_share``: its long-run share, its recent training use and the ratio.
 
     ``gpus``: the project's share of the train pool when every project wants
     all of it (guarantee, then idle GPUs by weight); ``recent_gpus``: the GPUs
-    it held on average lately (the policy's measure); ``percent``: the second
-    over the first, from the unrounded figures (:func:`used_ratio`), ``None``
-    when no history is kept or the share has no ratio. The shown figures are
-    rounded to a milli-GPU, so a share of a few micro-GPUs shows ``0.0``.
+    it held on average lately; ``percent``: what it runs now
+    (``current_train_milli``) plus ``recent_gpus``, over ``gpus``, as the
+    policy ranks projects (:func:`fair_share_figures`), from the unrounded
+    figures (:func:`used_ratio`); ``None`` when no history is kept or the
+    share has no ratio (a share of 0). The shown figures are rounded to a
+    milli-GPU, so a share of a few micro-GPUs shows ``0.0``.
     """
     out: dict[str, dict[str, Any]] = {}
-    for name, (share, recent) in fair_share_figures(train_capacity_milli, projects, average_train_milli).items():
-        ratio = used_ratio(share, recent) if history else None
+    figures = fair_share_figures(train_capacity_milli, projects, average_train_milli, current_train_milli)
+    for name, (share, used) in figures.items():
+        ratio = used_ratio(share, used) if history else None
         out[name] = {
             "gpus": round(share / 1000.0, 3),
-            "recent_gpus": round(recent / 1000.0, 3),
+            "recent_gpus": round(average_train_milli.get(name, 0.0) / 1000.0, 3),
             "percent": round(100.0 * ratio) if ratio is not None else None,
         }
     return out

@@ -72,3 +72,26 @@ async def test_a_job_that_is_not_running_shows_where_it_last_ran(make_core, tmp_
     await core.stop()
     again = await make_core(simulate="2xA100-80GB")  # kept in the store across a restart
     assert again.get_job(ALICE, done["id"])["ran_on"] == ran
+
+
+async def test_a_project_running_beyond_its_guarantee_reads_so_in_its_fair_share_at_once(make_core):
+    core = await make_core(simulate="4xA100-80GB")  # the default 7-day half-life, and no history yet
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    core.set_project(ADMIN, "nlp", {"train_guarantee": 0})
+    core.set_project(ADMIN, "empty", {"train_guarantee": 0, "train_limit": 0})  # a share of 0
+    jobs = [(await core.submit(ALICE, {"project": "vision", "gpus": 1, "command": SLEEP}))[0] for _ in range(3)]
+    for job in jobs:
+        assert (await started(core, job["id"]))["state"] == "running"
+    fair = {p["name"]: p["fair_share"] for p in core.list_projects()}
+    # vision's long-run share: its guarantee of 1, then half of the 3 other GPUs (nlp has the same weight)
+    assert fair["vision"]["gpus"] == 2.5 and fair["vision"]["recent_gpus"] == 0.0
+    assert fair["vision"]["percent"] == 120, fair  # 3 GPUs now on a share of 2.5, as the policy ranks it; was 0
+    assert fair["nlp"]["percent"] == 0
+    assert fair["empty"]["gpus"] == 0.0 and fair["empty"]["percent"] is None
+    await wait_for(lambda: (core.registry.get_sample_value("gpupool_project_fair_share_used_ratio",
+                                                           {"project": "vision"}) or 0) > 1.19,
+                   what="the used-share gauge agreeing with the percentage")
+    for job in jobs:
+        await core.cancel(ALICE, job["id"])
+    fair = {p["name"]: p["fair_share"] for p in core.list_projects()}["vision"]
+    assert fair["percent"] == 0  # nothing runs now, and a few seconds of 3 GPUs is nothing over 7 days

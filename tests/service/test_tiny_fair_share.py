@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from scheduler.policy.fairshare import ShareInput
+from scheduler.policy.fairshare import ShareInput, entitlements
 from scheduler.service.metrics import Metrics
 from scheduler.service.usage import fair_share_figures, fair_share_standing, used_ratio
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, started, wait_for
@@ -139,6 +139,26 @@ def test_fair_share_standing_is_finite_for_any_weights_and_project_count(pool, h
             assert isinstance(fair["percent"], int) and fair["percent"] >= 0
         if fair["percent"] is not None and recent[name] == 0:
             assert fair["percent"] == 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@example(_ISSUE_22, 3)
+@example(_PERSONAL, 1)
+@given(_pools(), st.integers(min_value=0, max_value=8))
+def test_the_percentage_counts_what_runs_now_as_the_policy_ranks_projects(pool, gpus_now):
+    """percent = (use now + recent use) / long-run share, from the unrounded figures (issue 22, item 13)."""
+    capacity, projects, recent = pool
+    current = {name: float(gpus_now * 1000 if i % 2 == 0 else 0) for i, name in enumerate(projects)}
+    standing = fair_share_standing(capacity, projects, recent, True, current)
+    json.dumps(standing, allow_nan=False)
+    shares = entitlements(capacity, projects)
+    for name, fair in standing.items():
+        share = shares.get(name, 0.0)
+        if share <= 0:
+            assert fair["percent"] is None
+        elif share >= 1.0:  # at least a milli-GPU: a quotient that never overflows
+            assert fair["percent"] == round(100.0 * (current[name] + recent[name]) / share), (name, fair)
+        assert fair["recent_gpus"] == round(recent[name] / 1000.0, 3)  # what runs now is not "recent"
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -85,7 +85,8 @@ async def test_the_policy_is_given_each_projects_recent_training_use(make_core):
     assert recent["b"] == 0.0
     fair = {p["name"]: p["fair_share"] for p in core.list_projects()}
     assert fair["a"]["gpus"] == fair["b"]["gpus"] == 1.0  # two projects of weight 1 on 2 GPUs
-    assert fair["a"]["percent"] == 0 and fair["b"]["percent"] == 0  # a fraction of a percent so far
+    # a: 2 GPUs now (and a fraction of a milli-GPU lately) on a share of 1, as the policy ranks it; b: nothing
+    assert fair["a"]["percent"] == 200 and fair["b"]["percent"] == 0
     await wait_for(lambda: 'gpupool_project_fair_share_used_ratio{project="a"}' in _metrics(core), what="the gauge")
     await core.cancel(ALICE, job["id"])
 
