@@ -201,7 +201,8 @@ class ApiMethodsMixin:
             raise NotFound(f"no project {name!r}")
         live = self._store.count_live_jobs(name)
         if live:
-            raise Conflict(f"project {name!r} still has {live} live job(s); cancel them first")
+            raise Conflict(f"project {name!r} still has {live} live job{'' if live == 1 else 's'} (queued, running "
+                           f"or paused); cancel them first")
         self._project_cache = None
         self._store.delete_project(name)
         self._emit("project", project=name, reason=f"project {name} deleted by {actor.user}")
