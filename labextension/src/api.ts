@@ -115,7 +115,10 @@ export interface IProject {
   train_limit: number | null;
   weight: number;
   usage: { build: number; train: number; train_over_quota: number };
+  /** Its queued jobs (never ran); paused ones are counted apart in `paused`. */
   pending: number;
+  /** Its paused jobs (ran, were stopped, wait to resume); absent from schedulers before it. */
+  paused?: number;
   /** Who may submit into the project (users, '@group'); null: open to everyone. */
   members?: string[] | null;
   /** Whether the signed-in user may submit into the project. */
@@ -131,6 +134,8 @@ export interface IStatus {
   pool: IPool;
   projects: IProject[];
   queue: { pending: number; running: number; paused: number };
+  /** The scheduler's backend and its health (`backend`: 'local' or 'kubernetes'). */
+  backend?: { backend?: string };
   me: string;
   project: string | null;
   admin: boolean;

@@ -6,7 +6,7 @@
  * Each throws an Error whose message is one sentence naming the bad field.
  */
 import type { IParameter, IProjectUpdate, IPromoteRequest } from './api';
-import { MAX_REPLICAS, parseGpus, parseParameter } from './format';
+import { fewestNodes, formatGpuAmount, MAX_REPLICAS, parseGpus, parseParameter } from './format';
 
 /** What the user typed, kept between attempts when validation fails. */
 export interface IPromoteDraft {
@@ -32,10 +32,40 @@ export function parseReplicas(text: string | undefined): number {
 }
 
 /**
- * Validate a draft into the POST /promote body; throws an Error with one
- * sentence naming the field that is wrong.
+ * Why no node of the pool can hold a request, as one sentence, or null when it
+ * fits (or there is nothing to check). `nodeGpus`: each node's GPU count;
+ * empty when the pool's nodes are unknown or come and go (Kubernetes), where a
+ * request may wait for a node that is not there yet. Only whole GPUs are
+ * checked: a share of one GPU fits on any GPU.
  */
-export function toRequest(path: string, draft: IPromoteDraft, parameters: IParameter[]): IPromoteRequest {
+export function fitProblem(gpus: number | undefined, replicas: number, nodeGpus: number[]): string | null {
+  const whole = gpus ?? 0;
+  if (whole < 1 || nodeGpus.length === 0 || fewestNodes(replicas, whole, nodeGpus) !== null) {
+    return null;
+  }
+  const largest = Math.max(...nodeGpus);
+  const room = nodeGpus.reduce((n, size) => n + Math.floor(size / whole), 0);
+  const each = formatGpuAmount(whole);
+  if (room === 0) {
+    return `No node of the pool has ${each} (the largest has ${formatGpuAmount(largest)}): ask for at most ${largest}.`;
+  }
+  return (
+    `The pool's nodes hold at most ${room} replica${room === 1 ? '' : 's'} of ${each}, not ${replicas}: ` +
+    'ask for fewer replicas or fewer GPUs each.'
+  );
+}
+
+/**
+ * Validate a draft into the POST /promote body; throws an Error with one
+ * sentence naming the field that is wrong, or saying why the pool cannot hold
+ * it (`nodeGpus`, see `fitProblem`).
+ */
+export function toRequest(
+  path: string,
+  draft: IPromoteDraft,
+  parameters: IParameter[],
+  nodeGpus: number[] = []
+): IPromoteRequest {
   const body: IPromoteRequest = { path };
   if (draft.project) {
     body.project = draft.project;
@@ -48,6 +78,10 @@ export function toRequest(path: string, draft: IPromoteDraft, parameters: IParam
       throw new Error('Replicas above 1 need whole GPUs per replica (1, 2, 8…), not a fraction or CPU only.');
     }
     body.replicas = replicas;
+  }
+  const problem = fitProblem(amount.gpus, replicas, nodeGpus);
+  if (problem) {
+    throw new Error(problem);
   }
   const priority = draft.priority.trim() === '' ? 0 : Number(draft.priority);
   if (!Number.isInteger(priority)) {

@@ -23,11 +23,21 @@ export class EventStream implements IDisposable {
   private _error = '';
   private _received = new Signal<this, IGpupoolEvent[]>(this);
   private _reachableChanged = new Signal<this, boolean>(this);
+  private _opened = new Signal<this, void>(this);
   private _running = false;
 
   /** Events as they arrive, in sequence order (never the backlog before start). */
   get received(): ISignal<this, IGpupoolEvent[]> {
     return this._received;
+  }
+
+  /**
+   * Fires when the stream has learned where the scheduler's events are now, before
+   * any event after that point is emitted: what was true then is the starting state
+   * (the notifications read the user's jobs there, see notifications.ts).
+   */
+  get opened(): ISignal<this, void> {
+    return this._opened;
   }
 
   /** Fires when the events endpoint starts or stops answering. */
@@ -76,6 +86,7 @@ export class EventStream implements IDisposable {
           // (asking from 0 would return the oldest page of the backlog instead).
           const head = await api.events(Number.MAX_SAFE_INTEGER, 0, this._abort.signal);
           this._since = head.last;
+          this._opened.emit(undefined);
         } else {
           const reply = await api.events(this._since, POLL_TIMEOUT_S, this._abort.signal);
           // `last` is the newest event returned (a page holds at most 1000), or the

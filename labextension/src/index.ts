@@ -14,6 +14,7 @@ import {
 } from '@jupyterlab/application';
 import { ICommandPalette, ISessionContext, ToolbarButton } from '@jupyterlab/apputils';
 import { DocumentRegistry } from '@jupyterlab/docregistry';
+import { ILauncher } from '@jupyterlab/launcher';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { INotebookModel, INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -22,6 +23,7 @@ import { Widget } from '@lumino/widgets';
 
 import { EventStream } from './events';
 import { gpuIcon, promoteIcon } from './icons';
+import { orderGpuKernels } from './launcherorder';
 import { JobNotifier } from './notifications';
 import { GpuPoolPanel } from './panel';
 import { promoteWithDialog } from './promote';
@@ -58,7 +60,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU pool panel, promote-to-training and kernel GPU share for jupyter-gpupool.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [ICommandPalette, ILabShell, ILayoutRestorer, IStatusBar, IDefaultFileBrowser],
+  optional: [ICommandPalette, ILabShell, ILayoutRestorer, IStatusBar, IDefaultFileBrowser, ILauncher],
   activate: (
     app: JupyterFrontEnd,
     notebooks: INotebookTracker,
@@ -66,9 +68,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     labShell: ILabShell | null,
     restorer: ILayoutRestorer | null,
     statusBar: IStatusBar | null,
-    fileBrowser: IDefaultFileBrowser | null
+    fileBrowser: IDefaultFileBrowser | null,
+    launcher: ILauncher | null
   ) => {
     const { commands, shell } = app;
+    if (launcher) {
+      // GPU kernels in share order (¼, ½, 1 GPU), not in the collator's (1, ½, ¼).
+      orderGpuKernels(launcher);
+    }
     const stream = new EventStream();
     const openPath = (path: string): void => {
       void commands.execute('docmanager:open', { path });

@@ -6,6 +6,14 @@
  * failure) becomes a notification with links to the job and, once it exists,
  * to the output notebook. Kernel shares (build jobs) are not announced: the
  * status bar shows them.
+ *
+ * A notification announces a change of state, so each job's state before an
+ * event must be known. Events carry a job's state after each change of the job,
+ * and not every change is one of state: when a pause begins, the still running
+ * job's reason changes first (a `running` event carrying the pause reason), and
+ * `paused` follows once its process has stopped. So the user's jobs are read
+ * once when the event stream opens: a job that was running before Lab opened
+ * is known as running, and that first `running` event announces nothing.
  */
 import { Notification } from '@jupyterlab/apputils';
 
@@ -36,12 +44,24 @@ const AUTO_CLOSE_MS = 8000;
 
 export class JobNotifier {
   private _jobs = new Map<string, ITracked>();
+  /** The read of the user's jobs when the stream opened; events wait for it. */
+  private _seeded: Promise<void> = Promise.resolve();
+  /** Event batches are handled one after the other, in the order they came. */
+  private _handled: Promise<void> = Promise.resolve();
 
   constructor(
     private _host: INotifierHost,
     stream: EventStream
   ) {
-    stream.received.connect((_, events) => void this.handle(events));
+    stream.opened.connect(() => {
+      this._seeded = this._seed();
+    });
+    stream.received.connect((_, events) => {
+      this._handled = this._handled
+        .then(() => this._seeded)
+        .then(() => this.handle(events))
+        .catch(err => console.warn('gpupool: job notifications:', err));
+    });
     stream.reachableChanged.connect((sender, reachable) => {
       if (!reachable) {
         Notification.warning(sender.error || 'The GPU scheduler is unreachable.', {
@@ -102,10 +122,32 @@ export class JobNotifier {
     }
   }
 
+  /** Learn the states of the user's jobs as they are when the stream opens (see the module's note). */
+  private async _seed(): Promise<void> {
+    let jobs: IJob[];
+    try {
+      jobs = await api.jobs(true);
+    } catch {
+      return; // unreachable: the jobs are learned from their events instead
+    }
+    for (const job of jobs) {
+      if (!this._jobs.has(job.id)) {
+        this._jobs.set(job.id, {
+          state: job.state,
+          kind: job.kind,
+          name: job.name,
+          output: job.output_notebook ?? null,
+          wasPaused: job.state === 'paused'
+        });
+      }
+    }
+  }
+
   private async _lookup(id: string, known?: ITracked): Promise<ITracked | undefined> {
     try {
       const job = await api.job(id);
       const tracked: ITracked = {
+        // Not among the jobs read when the stream opened: submitted since, so it was queued.
         state: known?.state ?? 'queued',
         kind: job.kind,
         name: job.name,

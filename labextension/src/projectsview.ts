@@ -63,7 +63,7 @@ function projectRow(p: IProject, names: string[], admin: boolean, onEdit: (proje
       { scope: 'row' },
       h('span', { class: 'jp-gpupool-swatch', style: `background:${projectColor(p.name, names)}` }),
       p.name,
-      p.pending ? h('div', { class: 'jp-gpupool-help' }, `${p.pending} pending`) : null
+      waiting(p) ? h('div', { class: 'jp-gpupool-help' }, waiting(p)) : null
     ),
     h(
       'td',
@@ -100,6 +100,12 @@ function projectRow(p: IProject, names: string[], admin: boolean, onEdit: (proje
     cells.push(h('td', {}, edit));
   }
   return h('tr', { 'data-project': p.name, class: over ? 'jp-mod-over' : '' }, ...cells);
+}
+
+/** A project's waiting work as `gpupool status` counts it: "2 pending · 1 paused", or ''. */
+function waiting(p: IProject): string {
+  const parts = [p.pending ? `${p.pending} pending` : '', p.paused ? `${p.paused} paused` : ''];
+  return parts.filter(Boolean).join(' · ');
 }
 
 /** A small bar: used against a quota, overflowing in the warning color. */

@@ -13,7 +13,7 @@ import { Widget } from '@lumino/widgets';
 
 import { api, describeError, IParameter, IPromoteRequest, IStatus } from './api';
 import { h } from './dom';
-import { IPromoteDraft, toRequest } from './drafts';
+import { fitProblem, IPromoteDraft, parseReplicas, toRequest } from './drafts';
 import { basename, describeGang, formatGpuAmount, formatGpus, MAX_REPLICAS, parseGpus } from './format';
 
 let formCounter = 0;
@@ -26,6 +26,10 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
   private _replicas: HTMLInputElement;
   private _replicasCell: HTMLElement;
   private _params = new Map<string, HTMLInputElement>();
+  /** The node sizes a request is checked against (see `fitNodes`). */
+  private _fitNodes: number[];
+  /** Why the pool cannot hold what the fields ask for, or null. */
+  private _problem: string | null = null;
 
   constructor(
     readonly path: string,
@@ -52,7 +56,8 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       const p = status.projects.find(x => x.name === this._project.value);
       projectHelp.textContent = p
         ? `${formatGpuAmount(p.train_guarantee)} guaranteed for training, ${formatGpus(p.usage.train)} in use now; ` +
-          `${p.pending} ${p.pending === 1 ? 'job' : 'jobs'} pending.`
+          `${p.pending} ${p.pending === 1 ? 'job' : 'jobs'} pending` +
+          (p.paused ? `, ${p.paused} paused.` : '.')
         : '';
     };
     this._project.addEventListener('change', describeProject);
@@ -64,8 +69,10 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       type: 'text',
       inputmode: 'decimal',
       value: draft.gpus,
-      'aria-describedby': `${id}-gpus-help`
+      'aria-describedby': `${id}-gpus-help ${id}-gpus-fit`
     });
+    // Shown, and Promote disabled, while no node of the pool can hold the request.
+    const fitLine = h('div', { id: `${id}-gpus-fit`, class: 'jp-gpupool-error', role: 'alert', hidden: true });
     this._replicas = h('input', {
       id: `${id}-replicas`,
       name: 'replicas',
@@ -91,6 +98,7 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       )
     ));
     const nodeGpus = (status.pool?.nodes ?? []).map(n => n.gpus.length);
+    this._fitNodes = fitNodes(status);
     // Shown only for whole GPUs: a gang's replicas each hold whole GPUs of one node.
     const describeReplicas = (): void => {
       let whole = 0;
@@ -103,6 +111,10 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       const n = Number(this._replicas.value.trim() || '1');
       replicasTotal.textContent =
         whole >= 1 && Number.isInteger(n) && n >= 1 ? describeGang(n, whole, nodeGpus) : '';
+      this._problem = this._fitProblem();
+      fitLine.hidden = this._problem === null;
+      fitLine.textContent = this._problem === null ? '' : `Cannot promote: ${this._problem}`;
+      this._updateAccept();
     };
     this._gpus.addEventListener('input', describeReplicas);
     this._replicas.addEventListener('input', describeReplicas);
@@ -129,7 +141,8 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
           'div',
           { id: `${id}-gpus-help`, class: 'jp-gpupool-help' },
           'A whole number (1, 2) or a fraction of one GPU (0.25, 1/2). 0 for CPU only.'
-        )
+        ),
+        fitLine
       ),
       replicasLabel,
       replicasCell,
@@ -182,6 +195,34 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
     );
   }
 
+  protected onAfterAttach(): void {
+    this._updateAccept();
+  }
+
+  /** Why the pool cannot hold the GPUs × replicas typed (null while they fit or do not parse yet). */
+  private _fitProblem(): string | null {
+    try {
+      const replicas = this._replicasCell.hidden ? 1 : parseReplicas(this._replicas.value);
+      return fitProblem(parseGpus(this._gpus.value).gpus, replicas, this._fitNodes);
+    } catch {
+      return null; // the field's own message comes at submit
+    }
+  }
+
+  /**
+   * Promote is disabled while the request cannot fit. The dialog disables it by
+   * itself for invalid fields, on each input before this form hears of it; so this
+   * runs after, and keeps it disabled for either reason. (Enter still submits;
+   * `promoteWithDialog` then refuses with the same sentence.)
+   */
+  private _updateAccept(): void {
+    const dialog = this.node.closest('.jp-Dialog');
+    const accept = dialog?.querySelector<HTMLButtonElement>('.jp-Dialog-button.jp-mod-accept');
+    if (dialog && accept) {
+      accept.disabled = this._problem !== null || dialog.querySelector(':invalid') !== null;
+    }
+  }
+
   /** The raw field values (validated by `toRequest`). */
   getValue(): IPromoteDraft {
     const parameters: Record<string, string> = {};
@@ -197,6 +238,18 @@ export class PromoteForm extends Widget implements Dialog.IBodyWidget<IPromoteDr
       replicas: this._replicasCell.hidden ? '1' : this._replicas.value
     };
   }
+}
+
+/**
+ * Each node's GPU count, to check a request against; none on Kubernetes, whose
+ * nodes come and go (the scheduler lets such a request wait for a node that can
+ * hold it, docs/design.md).
+ */
+function fitNodes(status: IStatus): number[] {
+  if (status.backend?.backend === 'kubernetes') {
+    return [];
+  }
+  return (status.pool?.nodes ?? []).map(n => n.gpus.length);
 }
 
 /**
@@ -256,7 +309,7 @@ export async function promoteWithDialog(path: string): Promise<{ job: Awaited<Re
     draft = result.value;
     let request: IPromoteRequest;
     try {
-      request = toRequest(path, draft, parameters);
+      request = toRequest(path, draft, parameters, fitNodes(status));
     } catch (err) {
       error = (err as Error).message;
       continue;

@@ -6,7 +6,7 @@
 import { expect, test } from '@playwright/test';
 
 import type { IJob } from '../../src/api';
-import { parseReplicas, toProjectUpdate, toRequest } from '../../src/drafts';
+import { fitProblem, parseReplicas, toProjectUpdate, toRequest } from '../../src/drafts';
 import {
   describeGang,
   fewestNodes,
@@ -117,6 +117,20 @@ test.describe('gang jobs (replicas)', () => {
     expect(formatRequest({ ...request, replicas: 2 })).toBe('2 × 8 GPUs');
     expect(formatRequest({ ...request, gpus: 1, replicas: 4 })).toBe('4 × 1 GPU');
     expect(formatRequest({ ...request, replicas: 1 })).toBe('8 GPUs');
+  });
+
+  test('a request no node can hold is refused with the reason, before it is submitted', () => {
+    expect(fitProblem(8, 1, [4])).toBe('No node of the pool has 8 GPUs (the largest has 4 GPUs): ask for at most 4.');
+    expect(fitProblem(1, 5, [4])).toBe(
+      "The pool's nodes hold at most 4 replicas of 1 GPU, not 5: ask for fewer replicas or fewer GPUs each."
+    );
+    expect(fitProblem(8, 2, [8, 8])).toBeNull();
+    expect(fitProblem(4, 1, [4])).toBeNull();
+    expect(fitProblem(undefined, 1, [4])).toBeNull(); // a share of one GPU, or CPU only
+    expect(fitProblem(64, 1, [])).toBeNull(); // nodes unknown, or a pool whose nodes come and go
+    expect(() => toRequest('t.ipynb', { ...draft, replicas: '1' }, [], [4])).toThrow(/No node of the pool has 8 GPUs/);
+    expect(() => toRequest('t.ipynb', { ...draft, replicas: '3' }, [], [8, 8])).toThrow(/at most 2 replicas of 8 GPUs, not 3/);
+    expect(toRequest('t.ipynb', draft, [], [8, 8]).replicas).toBe(2);
   });
 
   test('the dialog total says how many GPUs and the fewest nodes that hold them', () => {

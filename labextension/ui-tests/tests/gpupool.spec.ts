@@ -85,6 +85,16 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     for (const label of ['Python 3 (¼ GPU)', 'Python 3 (½ GPU)', 'Python 3 (1 GPU)']) {
       await expect(notebookSection.locator('.jp-LauncherCard', { hasText: label })).toBeVisible();
     }
+    // In the order of their share, smallest first (a collator alone put them 1, ½, ¼), in both sections.
+    for (const section of ['Notebook', 'Console']) {
+      const labels = launcher
+        .locator('.jp-Launcher-section')
+        .filter({ has: page.locator('.jp-Launcher-sectionTitle', { hasText: section }) })
+        .locator('.jp-LauncherCard-label');
+      await expect
+        .poll(async () => (await labels.allTextContents()).filter(text => text.includes(' GPU)')))
+        .toEqual(['Python 3 (¼ GPU)', 'Python 3 (½ GPU)', 'Python 3 (1 GPU)']);
+    }
     await page.screenshot({ path: path.join(SHOTS, 'launcher.png') });
   });
 
@@ -257,6 +267,10 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await press(row.getByRole('button', { name: `Pause job ${id}` }));
     await expect(row).toHaveAttribute('data-state', 'paused', { timeout: 30000 });
     await expect(page.locator('.Toastify__toast', { hasText: `Job ${id}` }).filter({ hasText: 'was paused' })).toBeVisible();
+    // The projects table counts the paused job apart, as `gpupool status` does, not as pending.
+    const project = panel.locator('tr[data-project="vision"] th');
+    await expect(project).toContainText('1 paused', { timeout: 30000 });
+    await expect(project).not.toContainText('pending');
 
     await press(row.getByRole('button', { name: `Resume job ${id}` }));
     await expect(page.locator('.Toastify__toast', { hasText: `Job ${id}` }).filter({ hasText: 'resumed' })).toBeVisible({
@@ -267,6 +281,70 @@ test.describe('jupyter-gpupool in JupyterLab', () => {
     await press(row.getByRole('button', { name: `Cancel job ${id}` }));
     await expect(row).toHaveAttribute('data-state', 'cancelled', { timeout: 30000 });
     await expect(row.getByRole('button', { name: `Cancel job ${id}` })).toHaveCount(0);
+  });
+
+  test('a job running before Lab opened and paused after is announced only as paused', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent(trainingNotebook(400), 'text', `${tmpPath}/before.ipynb`);
+    const reply = await page.request.post('/gpupool/api/promote', { data: { path: `${tmpPath}/before.ipynb`, gpus: 1 } });
+    expect(reply.status()).toBe(201);
+    const id = (await reply.json()).id as string;
+    await expect
+      .poll(async () => (await (await page.request.get(`/gpupool/api/jobs/${id}`)).json()).state, { timeout: 60000 })
+      .toBe('running');
+
+    // Lab opens now, with the job already running; the pause comes once its event stream polls.
+    const polling = page.waitForRequest(/\/gpupool\/api\/events\?since=\d+&timeout=25/, { timeout: 60000 });
+    await page.goto();
+    await polling;
+    expect((await page.request.post(`/gpupool/api/jobs/${id}/pause`)).ok()).toBe(true);
+
+    const toasts = page.locator('.Toastify__toast', { hasText: `Job ${id}` });
+    await expect(toasts.filter({ hasText: 'was paused' })).toBeVisible({ timeout: 30000 });
+    // Toasts appear asynchronously: once a later event's toast is in, every earlier one is too.
+    expect((await page.request.post(`/gpupool/api/jobs/${id}/cancel`)).ok()).toBe(true);
+    await expect(toasts.filter({ hasText: 'was cancelled' })).toBeVisible({ timeout: 30000 });
+    // The pause began with a `running` event carrying its reason: no "started" or "resumed" from it.
+    // (Read once: a retrying assertion would wait for such a toast to close by itself.)
+    const texts = await toasts.allTextContents();
+    expect(texts.filter(text => /started|resumed/.test(text))).toEqual([]);
+    expect(texts).toHaveLength(2);
+  });
+
+  test('the promote dialog does not submit a request no node can hold', async ({ page, tmpPath }) => {
+    await page.contents.uploadContent(trainingNotebook(), 'text', `${tmpPath}/big8.ipynb`);
+    await page.notebook.openByPath(`${tmpPath}/big8.ipynb`);
+    await page.notebook.activate('big8.ipynb');
+    await page.locator('.jp-NotebookPanel-toolbar [data-jp-item-name="gpupool-promote"] button').click();
+    const dialog = page.locator('.jp-Dialog');
+    const gpus = dialog.locator('input[name="gpus"]');
+    const promote = dialog.locator('.jp-Dialog-button.jp-mod-accept');
+    await expect(promote).toBeEnabled();
+
+    // The demo pool is one node of 4 GPUs: 8 cannot run anywhere, and the dialog says why.
+    await gpus.fill('8');
+    const reason = dialog.getByRole('alert');
+    await expect(reason).toHaveText(
+      'Cannot promote: No node of the pool has 8 GPUs (the largest has 4 GPUs): ask for at most 4.'
+    );
+    await expect(gpus).toHaveAccessibleDescription(/No node of the pool has 8 GPUs/);
+    await expect(promote).toBeDisabled();
+    await page.screenshot({ path: path.join(SHOTS, 'promote-too-big.png') });
+
+    // Enter in the field (which submits a dialog) is refused too: the dialog comes back with the reason.
+    const before = (await (await page.request.get('/gpupool/api/jobs?mine=1')).json()).length;
+    await gpus.press('Enter');
+    await expect(dialog.locator('.jp-gpupool-error[role="alert"]').first()).toContainText('No node of the pool has 8 GPUs');
+    expect((await (await page.request.get('/gpupool/api/jobs?mine=1')).json()).length).toBe(before);
+
+    // Two replicas of 2 GPUs fit on the one node; three of 2 do not.
+    await dialog.locator('input[name="gpus"]').fill('2');
+    await expect(dialog.locator('.jp-Dialog-button.jp-mod-accept')).toBeEnabled();
+    await dialog.locator('input[name="replicas"]').fill('3');
+    await expect(dialog.locator('.jp-Dialog-button.jp-mod-accept')).toBeDisabled();
+    await expect(dialog.getByRole('alert').last()).toContainText("The pool's nodes hold at most 2 replicas of 2 GPUs, not 3");
+    await dialog.locator('input[name="replicas"]').fill('2');
+    await expect(dialog.locator('.jp-Dialog-button.jp-mod-accept')).toBeEnabled();
+    await dialog.locator('.jp-Dialog-button.jp-mod-reject').click();
   });
 
   test('training beyond the guarantee shows as over quota in the projects table', async ({ page, tmpPath }) => {
