@@ -10,11 +10,8 @@ scheduler, which outlives it, is asked whether the share is still held.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,36 +21,13 @@ import pytest
 
 from scheduler.client import GpupoolClient
 from tests.api.servers import ServeProcess, wait_until
+from tests.jupyter.server_process import ServerProcess, api
+from tests.jupyter.server_process import start_server as start_server_process
 
 pytestmark = pytest.mark.timeout(240)
 
-TOKEN = "gpupool-signal-test"
 RELEASE_S = 5.0  # issue 22: shares released within 5 s of the server stopping by SIGINT or SIGTERM
 LEASE_S = 6.0  # the scheduler's lease in the kill -9 case (long enough to hold while the kernel starts)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _api(port: int, path: str, method: str = "GET", body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    """(status, JSON body) of one Jupyter API call."""
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode() if body is not None else None,
-        method=method, headers={"Authorization": f"token {TOKEN}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=60) as reply:
-            return reply.status, json.loads(reply.read() or b"null")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
 
 
 def _scheduler(tmp_path: Path, lease_s: float) -> Iterator[tuple[ServeProcess, GpupoolClient, str]]:
@@ -80,43 +54,9 @@ def shared_short_lease(tmp_path: Path) -> Iterator[tuple[ServeProcess, GpupoolCl
     yield from _scheduler(tmp_path, lease_s=LEASE_S)
 
 
-def start_server(tmp_path: Path, url: str, token: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    """``python -m jupyter_server`` with the extension on the shared scheduler; everything under tmp_path."""
-    port = _free_port()
-    root, config = tmp_path / "root", tmp_path / "config"
-    root.mkdir()
-    config.mkdir()
-    (config / "jupyter_server_config.json").write_text(json.dumps({
-        "ServerApp": {
-            "ip": "127.0.0.1", "port": port, "port_retries": 0, "open_browser": False,
-            "root_dir": str(root), "allow_root": True,
-            "jpserver_extensions": {"jupyter_gpupool": True, "jupyterlab": False, "jupyter_lsp": False,
-                                    "notebook_shim": False, "jupyter_server_terminals": False},
-        },
-        "IdentityProvider": {"token": TOKEN},
-        "GPUPool": {"scheduler_url": url, "scheduler_token": token, "project": "vision"},
-    }))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_URL", "GPUPOOL_TOKEN", "JUPYTERHUB_"))}
-    env.update({"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_PLATFORM_DIRS": "1"})
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        # stdin not a terminal, as for a server a Hub started under systemd: Jupyter Server then leaves
-        # SIGINT to Python (KeyboardInterrupt), which skipped every shutdown hook
-        proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"jupyter server exited at start:\n{log.read_text()}")
-        try:
-            if _api(port, "/api/status")[0] == 200:
-                return proc, port, log
-        except OSError:
-            pass
-        time.sleep(0.3)
-    os.killpg(proc.pid, signal.SIGKILL)
-    pytest.fail(f"jupyter server did not start:\n{log.read_text()}")
+def start_server(tmp_path: Path, url: str, token: str) -> ServerProcess:
+    """The user's server, its extension on the shared scheduler by URL and user token (as a Hub's is)."""
+    return start_server_process(tmp_path, {"scheduler_url": url, "scheduler_token": token, "project": "vision"})
 
 
 def running_shares(admin: GpupoolClient) -> list[dict[str, Any]]:
@@ -125,10 +65,10 @@ def running_shares(admin: GpupoolClient) -> list[dict[str, Any]]:
             if j.get("kind") == "build" and j["state"] in ("queued", "running")]
 
 
-def start_gpu_kernel(port: int, admin: GpupoolClient, log: Path) -> dict[str, Any]:
+def start_gpu_kernel(server: ServerProcess, admin: GpupoolClient) -> dict[str, Any]:
     """A quarter-GPU kernel, and its share as the scheduler sees it (running)."""
-    status, kernel = _api(port, "/api/kernels", "POST", {"name": "gpupool-python3-0.25"})
-    assert status == 201, (kernel, log.read_text())
+    status, kernel = api(server.port, "/api/kernels", "POST", {"name": "gpupool-python3-0.25"})
+    assert status == 201, (kernel, server.text())
     (share,) = wait_until(lambda: [j for j in running_shares(admin) if j["state"] == "running"],
                           timeout=30, what="the kernel's share running")
     return dict(share)
@@ -139,9 +79,10 @@ def test_a_stopped_server_gives_its_shares_back_at_once(
     tmp_path: Path, shared: tuple[ServeProcess, GpupoolClient, str], sig: signal.Signals
 ) -> None:
     serve, admin, token = shared
-    proc, port, log = start_server(tmp_path, serve.url, token)
+    server = start_server(tmp_path, serve.url, token)
+    proc, log = server.proc, server.log
     try:
-        share = start_gpu_kernel(port, admin, log)
+        share = start_gpu_kernel(server, admin)
         proc.send_signal(sig)
         signalled = time.monotonic()
         try:
@@ -161,25 +102,20 @@ def test_a_stopped_server_gives_its_shares_back_at_once(
         assert "Shutting down 1 kernel" in text, text  # the server's own clean stop ran, kernels included
         print(f"{sig.name}: share released {released_after:.2f} s after the signal")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        server.kill()
 
 
 def test_a_killed_server_loses_its_shares_when_the_lease_runs_out(
     tmp_path: Path, shared_short_lease: tuple[ServeProcess, GpupoolClient, str]
 ) -> None:
     serve, admin, token = shared_short_lease
-    proc, port, log = start_server(tmp_path, serve.url, token)
+    server = start_server(tmp_path, serve.url, token)
     try:
-        share = start_gpu_kernel(port, admin, log)
-        os.killpg(proc.pid, signal.SIGKILL)  # the server and its kernel: nothing of it can say goodbye
-        proc.wait()
+        share = start_gpu_kernel(server, admin)
+        server.kill()  # the server and its kernel: nothing of it can say goodbye
         wait_until(lambda: not running_shares(admin), timeout=LEASE_S + RELEASE_S, interval=0.2,
                    what="the share released by its lease")
         ended = admin.job(share["id"])
         assert ended["state"] == "cancelled" and "lease expired" in ended["reason"], ended
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        server.kill()

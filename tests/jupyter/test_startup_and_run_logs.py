@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,58 +12,24 @@ from typing import Any
 import nbformat
 import pytest
 
+from tests.jupyter.server_process import start_server
+
 pytestmark = pytest.mark.timeout(240)
 
 SIMULATED_LINE = "gpupool: the GPUs are SIMULATED (2xA100-80GB)"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_server_start_log_says_the_gpus_are_simulated(tmp_path: Path) -> None:
     """A real ``jupyter server`` with the embedded scheduler on simulated GPUs says so as it starts."""
-    root, config = tmp_path / "root", tmp_path / "config"
-    root.mkdir()
-    config.mkdir()
-    (config / "jupyter_server_config.json").write_text(json.dumps({
-        "ServerApp": {
-            "ip": "127.0.0.1", "port": _free_port(), "port_retries": 0, "open_browser": False,
-            "root_dir": str(root), "allow_root": True,
-            "jpserver_extensions": {"jupyter_gpupool": True, "jupyterlab": False, "jupyter_lsp": False,
-                                    "notebook_shim": False, "jupyter_server_terminals": False},
-        },
-        "GPUPool": {"simulate": "2xA100-80GB", "state_dir": str(tmp_path / "state")},
-    }))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_URL", "GPUPOOL_TOKEN", "JUPYTERHUB_"))}
-    env.update({"JUPYTER_CONFIG_DIR": str(config), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_PLATFORM_DIRS": "1"})
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], cwd=root, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    server = start_server(tmp_path, {"simulate": "2xA100-80GB", "state_dir": str(tmp_path / "state")},
+                          ready=SIMULATED_LINE)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            text = log.read_text(errors="replace")
-            if "Jupyter Server" in text and "is running at" in text and SIMULATED_LINE in text:
-                break
-            time.sleep(0.3)
-        text = log.read_text(errors="replace")
-        assert "is running at" in text, text
+        text = server.text()
         lines = [line for line in text.splitlines() if SIMULATED_LINE in line]
         assert len(lines) == 1, text
         assert "kernels and jobs get no real GPU" in lines[0] and "[W " in lines[0], lines[0]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
 
 
 TRANSPORT_PROBE = (
