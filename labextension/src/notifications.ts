@@ -75,13 +75,7 @@ export class JobNotifier {
 
   /** Announce a promoted job and start following it. */
   submitted(job: IJob, path: string): void {
-    this._jobs.set(job.id, {
-      state: job.state,
-      kind: job.kind,
-      name: job.name,
-      output: job.output_notebook ?? null,
-      wasPaused: job.state === 'paused'
-    });
+    this._remember(job);
     const where = job.state === 'running' ? 'is running' : `is ${job.state}`;
     Notification.success(
       `Promoted ${basename(path)}: job ${job.id} (${job.project}, ${formatRequest(job.request)}) ${where}.`,
@@ -132,15 +126,20 @@ export class JobNotifier {
     }
     for (const job of jobs) {
       if (!this._jobs.has(job.id)) {
-        this._jobs.set(job.id, {
-          state: job.state,
-          kind: job.kind,
-          name: job.name,
-          output: job.output_notebook ?? null,
-          wasPaused: job.state === 'paused'
-        });
+        this._remember(job);
       }
     }
+  }
+
+  /** Follow ``job`` from the state it has now. */
+  private _remember(job: IJob): void {
+    this._jobs.set(job.id, {
+      state: job.state,
+      kind: job.kind,
+      name: job.name,
+      output: job.output_notebook ?? null,
+      wasPaused: job.state === 'paused'
+    });
   }
 
   private async _lookup(id: string, known?: ITracked): Promise<ITracked | undefined> {
