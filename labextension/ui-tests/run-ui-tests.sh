@@ -44,6 +44,9 @@ rm -f "$INSTALL_LOG"
 ROOT_DIR="$(mktemp -d "${TMPDIR:-/tmp}/gpupool-ui-XXXXXX")"
 trap 'rm -rf "$ROOT_DIR"' EXIT
 export JUPYTERLAB_GALATA_ROOT_DIR="$ROOT_DIR"
+# The test Lab's scheduler publishes its runtime file here, not in the user's own
+# ~/.local/share/gpupool/runtime (where `gpupool status` would answer from it).
+export GPUPOOL_RUNTIME_DIR="$ROOT_DIR/.gpupool-runtime"
 # A free port for the test server, unless one is given.
 export GPUPOOL_UI_PORT="${GPUPOOL_UI_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 
