@@ -128,6 +128,7 @@ async def run(minutes: float, interval: float, churn: float, widgets: str | None
             Path(tmp) / "state", simulate="4xA100-80GB",
             projects={"alice": {"build_quota": 1, "train_guarantee": 2}, "bob": {"build_quota": 1, "train_guarantee": 2}},
             config={"min_runtime_s": 0.0, "run_jobs_as": "service"},  # jobs as this account: the bench is about widgets
+            publish=False,  # no runtime file: the user's own `gpupool` must never find this scheduler
         )
         await sched.start()
         admin = AsyncGpupoolClient(sched.url, sched.admin_token)

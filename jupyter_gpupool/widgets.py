@@ -51,7 +51,8 @@ def _gib(n: float | None) -> str:
 
 
 def _gpus(n: float) -> str:
-    return f"{n:g} GPU"
+    """``1 GPU``, ``0.5 GPU``, ``2 GPUs``."""
+    return f"{n:g} GPU{'s' if n > 1 else ''}"
 
 
 def update(widget: w.Widget, **traits: Any) -> bool:
@@ -169,28 +170,6 @@ class _ProjectRow:
         close_tree(self.box)
 
 
-def waiting_by_project(status: dict[str, Any], paused_jobs: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    """Project name -> (pending, paused), paused jobs apart as ``gpupool status`` counts them.
-
-    A scheduler that counts a project's paused jobs apart says so with a
-    ``paused`` field, and its ``pending`` holds queued jobs only; one without
-    that field counts paused jobs in ``pending``, so they are counted here from
-    the paused jobs and taken out of it.
-    """
-    paused: dict[str, int] = {}
-    for job in paused_jobs:
-        paused[job.get("project", "")] = paused.get(job.get("project", ""), 0) + 1
-    out = {}
-    for project in status.get("projects") or []:
-        name = project.get("name", "")
-        pending = int(project.get("pending") or 0)
-        if "paused" in project:
-            out[name] = (pending, int(project.get("paused") or 0))
-        else:
-            out[name] = (max(pending - paused.get(name, 0), 0), paused.get(name, 0))
-    return out
-
-
 class _LiveWidget(w.VBox):
     """Shared machinery: a client, a refresh, and an asyncio task that keeps it fresh."""
 
@@ -289,14 +268,13 @@ class PoolMonitor(_LiveWidget):
         return {key: {"build": row.build, "train": row.train} for key, row in self.project_rows.items()}
 
     async def fetch(self) -> Any:
-        status, paused = await asyncio.gather(self.client.status(), self.client.jobs(state="paused"))
-        return {**status, "paused_jobs": paused}
+        return await self.client.status()
 
     def render(self, status: dict[str, Any]) -> None:
         """Redraw from a scheduler status (``{"simulated", "pool", "projects", "queue"}``).
 
-        ``paused_jobs`` (the paused jobs, as :meth:`fetch` adds them) lets a
-        project's paused jobs be shown apart from its pending ones.
+        A project's ``pending`` counts its queued jobs, ``paused`` its paused
+        ones, as ``gpupool status`` shows them (docs/design.md, Project).
         """
         queue = status.get("queue") or {}
         sim = " (simulated GPUs)" if status.get("simulated") else ""
@@ -306,8 +284,7 @@ class PoolMonitor(_LiveWidget):
                 for node in (status.get("pool") or {}).get("nodes", []) for gpu in node.get("gpus", [])]
         rows = _sync_rows(self.gpu_rows, gpus, lambda _key: _GpuRow(), _GpuRow.fill)
         update(self.gpu_box, children=tuple(row.box for row in rows))
-        waiting = waiting_by_project(status, status.get("paused_jobs") or [])
-        projects = [(p.get("name", ""), (p, *waiting.get(p.get("name", ""), (0, 0))))
+        projects = [(p.get("name", ""), (p, int(p.get("pending") or 0), int(p.get("paused") or 0)))
                     for p in status.get("projects") or []]
         prows = _sync_rows(self.project_rows, projects, lambda _key: _ProjectRow(), _ProjectRow.fill)
         update(self.project_box, children=tuple(row.box for row in prows))
