@@ -16,7 +16,8 @@ from a client process:
    queried through the API).
 
 Prints one table; with ``--append`` adds it, with the machine and date, to
-docs/benchmarks.md under "## Scheduler service API".
+docs/benchmarks-history.md under "## Scheduler service API" (the current figure
+in docs/benchmarks.md is then updated by hand).
 
     .venv/bin/python bench/api.py [--jobs 1000] [--concurrency 16] [--history 100000] [--append]
 """
@@ -319,7 +320,7 @@ def main() -> int:
                         help="SQLite synchronous mode of the service (default: the service's own default, NORMAL; "
                         "NORMAL is safe against kill -9, not power loss)")
     parser.add_argument("--skip-memory", action="store_true", help="leave out the history/RSS measurement")
-    parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks.md")
+    parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks-history.md")
     args = parser.parse_args()
     if args.sync:
         SETTINGS["sqlite_synchronous"] = args.sync
@@ -332,8 +333,8 @@ def main() -> int:
     print(header)
     print(table)
     if args.append:
-        path = ROOT / "docs" / "benchmarks.md"
-        text = path.read_text() if path.exists() else "# Benchmarks\n"
+        path = ROOT / "docs" / "benchmarks-history.md"
+        text = path.read_text() if path.exists() else "# Benchmark history\n"
         section = "## Scheduler service API"
         block = f"\n{header}\n\n{table}\n"
         last_section = [line for line in text.splitlines() if line.startswith("## ")][-1:]

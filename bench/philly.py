@@ -8,9 +8,10 @@ queueing delay, utilization, pauses, GPU-hours lost to pauses and guarantee
 violations. ``--json`` prints one JSON object instead.
 
 By default every job runs on one node and jobs wider than a node are left out
-(counted): the replay the first tables of docs/benchmarks.md were measured
-with. ``--real-sizes`` keeps every job at its trace GPU count: a job wider than
-a node runs as a multi-node gang of identical replicas (bench.sim.gangs: 16
+(counted): the replay the Philly figures of docs/benchmarks.md (and the first
+tables of docs/benchmarks-history.md) were measured with. ``--real-sizes``
+keeps every job at its trace GPU count: a job wider than a node runs as a
+multi-node gang of identical replicas (bench.sim.gangs: 16
 GPUs = 2 x 8, 12 GPUs = 2 x 6), on a cluster whose nodes sit in racks of
 ``--rack-nodes`` (node groups, so topology matters to the engine), and a job
 that a policy can never run (wider than the cluster, or than its team's static
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated subset of {','.join(POLICIES)}")
     p.add_argument("--real-sizes", action="store_true",
                    help="keep jobs wider than a node, as multi-node gangs of replicas (default: leave them out, "
-                        "the replay of the first tables in docs/benchmarks.md)")
+                        "the replay of the Philly figures in docs/benchmarks.md)")
     p.add_argument("--rack-nodes", type=int, default=4,
                    help="with --real-sizes: nodes per rack (node group); 0 = no racks (default 4)")
     p.add_argument("--max-reservations", type=int, default=PolicyConfig().max_reservations,

@@ -1,7 +1,8 @@
 """How long one policy cycle takes at cluster scale.
 
 Run: ``python -m bench.scale`` (``--quick`` for fewer repeats, ``--append`` to
-add the table to docs/benchmarks.md). Prints one table:
+add the table to docs/benchmarks-history.md; the current figures in
+docs/benchmarks.md are then updated by hand). Prints one table:
 
 * **openb 90%**: the Alibaba openb cluster (1,213 nodes, 6,212 GPUs) filled to
   about 90% of its GPU share with pods of ``openb_pod_list_default.csv``, and
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks.md")
+    parser.add_argument("--append", action="store_true", help="append the table to docs/benchmarks-history.md")
     parser.add_argument("--gangs-only", action="store_true", help="only the rows with multi-node gangs")
     args = parser.parse_args(argv)
     if not NODE_LIST.exists() or not POD_LIST.exists():
@@ -383,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     print(out)
     if args.append:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        doc = ROOT / "docs" / "benchmarks.md"
-        text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+        doc = ROOT / "docs" / "benchmarks-history.md"
+        text = doc.read_text() if doc.exists() else "# Benchmark history\n"
         doc.write_text(add_to_section(text, "## Policy cycle scale", block(stamp, repeats, out)))
     return 0
 

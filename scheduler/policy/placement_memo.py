@@ -9,7 +9,7 @@ placement (the free share each request type could still use, the free share
 left) does not depend on which node is in that state, only on the state, so it
 is kept here under the state's key (:meth:`FreeState._key_of`) and only states
 new to the request are computed. On a cluster of identical nodes filling up
-this cuts the scoring work about twentyfold (docs/benchmarks.md).
+this cuts the scoring work about twentyfold (docs/benchmarks-history.md).
 
 State keys are small dense integers, so a table is a plain index array from
 key to storage row: a lookup for the whole candidate list is one gather, an
@@ -123,7 +123,7 @@ class ScoreMemo:
     for good; once the tables hold twice the rows they held after the last
     sweep (and at least ``PRUNE_MIN``), every table forgets the states no node
     is in. That bounds the memo by the live states rather than by the cycle's
-    length (docs/benchmarks.md gives the peak).
+    length (docs/benchmarks-history.md gives the peak).
     """
 
     PRUNE_MIN = 8192
