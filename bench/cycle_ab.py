@@ -33,7 +33,14 @@ import hashlib, json, random, sys, time
 sys.path.insert(0, sys.argv[1])
 from bench.scale import (MILLI, applied, gang_jobs, openb_requests, pending_jobs, projects, snapshot,
                          synthetic_nodes, synthetic_running)
-from scheduler.policy import schedule
+from scheduler.policy import schedule as engine
+try:  # one PolicyCache through every cycle of the process, as the service keeps one
+    from scheduler.policy import PolicyCache
+    _cache = PolicyCache()
+    def schedule(s):
+        return engine(s, _cache)
+except ImportError:  # a checkout from before the PolicyCache: its carries were module state
+    schedule = engine
 
 def steady(case):
     if case == "plain":

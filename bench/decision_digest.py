@@ -18,6 +18,7 @@ import time
 from bench.scale import (
     MILLI,
     applied,
+    cycle,
     fill,
     gang_jobs,
     openb_nodes,
@@ -28,7 +29,7 @@ from bench.scale import (
     synthetic_nodes,
     synthetic_running,
 )
-from scheduler.policy import Decisions, Snapshot, schedule
+from scheduler.policy import Decisions, Snapshot
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     h = hashlib.sha256()
 
     def eat(s: Snapshot) -> Decisions:
-        d = schedule(s)
+        d = cycle(s)
         h.update(repr(d).encode())
         return d
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu = []
     for _ in range(repeats):
         c = time.process_time()
-        schedule(steady)
+        cycle(steady)
         cpu.append((time.process_time() - c) * 1000)
     print(f"steady synthetic 10k cycle: CPU p50 {statistics.median(cpu):.1f} ms, min {min(cpu):.1f} ms")
     return 0
@@ -92,9 +93,9 @@ def gang_digest() -> str:
         replicas = [w for w in replicas if w.gang != last]
     second = snapshot(snodes, sprojects, srunning + mixed + replicas)
     for s in (first, second):
-        d = schedule(s)
+        d = cycle(s)
         h.update(repr(d).encode())
-        h.update(repr(schedule(applied(s, d))).encode())
+        h.update(repr(cycle(applied(s, d))).encode())
     return h.hexdigest()[:16]
 
 

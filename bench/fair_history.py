@@ -22,6 +22,7 @@ import time
 
 from bench.scale import (
     applied,
+    cycle,
     openb_requests,
     pending_jobs,
     projects,
@@ -29,7 +30,7 @@ from bench.scale import (
     synthetic_nodes,
     synthetic_running,
 )
-from scheduler.policy import MILLI, Snapshot, schedule
+from scheduler.policy import MILLI, Snapshot
 
 
 def with_history(snap: Snapshot, rng: random.Random) -> Snapshot:
@@ -46,12 +47,12 @@ def steady(guaranteed: float, rng: random.Random) -> Snapshot:
     running = synthetic_running(nodes, rng)
     shapes = openb_requests(keep_models=False)
     fresh = snapshot(nodes, projects(len(nodes) * 8 * MILLI, guaranteed), running + pending_jobs(shapes, 10_000, rng))
-    return applied(fresh, schedule(fresh))
+    return applied(fresh, cycle(fresh))
 
 
 def timed(snap: Snapshot) -> float:
     t0 = time.perf_counter()
-    schedule(snap)
+    cycle(snap)
     return (time.perf_counter() - t0) * 1000.0
 
 
@@ -64,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, guaranteed in (("guarantees = the whole cluster", 1.0), ("guarantees = half the cluster", 0.5)):
         base = steady(guaranteed, rng)
         hist = with_history(base, rng)
-        schedule(base)  # warm-up (imports, caches)
-        schedule(hist)
+        cycle(base)  # warm-up (imports, caches)
+        cycle(hist)
         a, b = [], []
         for _ in range(args.repeats):
             a.append(timed(base))

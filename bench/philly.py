@@ -119,12 +119,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def engine_schedule() -> ScheduleFn:
+    """The engine as the service runs it: one PolicyCache carried through the replay's cycles."""
     from scheduler.policy import (
+        PolicyCache,
         engine,  # noqa: F401  (fail here, clearly, if the engine is missing)
         schedule,
     )
 
-    return schedule
+    cache = PolicyCache()
+    return lambda snapshot: schedule(snapshot, cache)
 
 
 def run(argv: list[str] | None = None) -> int:

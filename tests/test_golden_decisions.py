@@ -29,6 +29,17 @@ def test_the_policy_decides_as_recorded(scenario: Scenario) -> None:
     assert not diff, f"{scenario.name} decides differently from {expected_path(scenario).name}:\n" + "\n".join(diff)
 
 
+@pytest.mark.parametrize("name", ["reclaim-storm", "synthetic-full-10k-pending", "gangs-10k-jobs"])
+def test_the_same_decisions_without_the_cache(name: str) -> None:
+    """``schedule(snapshot, cache=None)`` decides as with the PolicyCache the service carries (issue 23, item 3)."""
+    scenario = next(s for s in SCENARIOS if s.name == name)
+    if scenario.needs_openb and not openb_present():
+        pytest.skip("needs the openb trace in ../shared/traces/openb beside the project root")
+    assert scenario.cycles > 1  # the carry is used from the second cycle on
+    diff = differences(read_expected(scenario), cycles(scenario, carry=False))
+    assert not diff, f"{scenario.name} without the cache decides differently:\n" + "\n".join(diff)
+
+
 def test_a_changed_decision_is_reported_by_workload() -> None:
     """The report a developer reads: the workload that moved, the wording that changed, not a bare hash."""
     want = [{"cycle": 0, "input": "a", "decisions": "x", "starts": ["q1 n1 g0:1000", "q2 n1 g1:1000"],

@@ -458,16 +458,21 @@ def test_default_starts_from_a_gang_prior_that_fades_as_work_is_seen() -> None:
 
 
 def test_layout_reused_only_for_the_same_node_objects() -> None:
-    """States over the same node objects share the hardware layout; equal-named new nodes get their own."""
+    """States over the same node objects share the hardware layout (within one PolicyCache, as in a cycle or
+    from one cycle to the next); equal-named new nodes get their own."""
+    from scheduler.policy.cache import PolicyCache, using
+
     nodes = cluster()
-    first = FreeState.from_nodes(nodes, [])
-    again = FreeState.from_nodes(list(nodes), [])
+    with using(PolicyCache()):
+        first = FreeState.from_nodes(nodes, [])
+        again = FreeState.from_nodes(list(nodes), [])
+        # same names, one node rebuilt with a smaller GPU: a fresh layout with the new capacity
+        changed = [Node("d", 8000, 16_000, (Gpu("d-g0", 0, "T4", 16_000, capacity_milli=500),))
+                   if n.name == "d" else n for n in nodes]
+        other = FreeState.from_nodes(changed, [])
+    assert FreeState.from_nodes(nodes, []).cap is not first.cap  # another cache (here: none) builds its own
     assert again.cap is first.cap and again.gpu_slot is first.gpu_slot
     assert not first.cap.flags.writeable  # shared, so nobody may write to it
-    # same names, one node rebuilt with a smaller GPU: a fresh layout with the new capacity
-    changed = [Node("d", 8000, 16_000, (Gpu("d-g0", 0, "T4", 16_000, capacity_milli=500),)) if n.name == "d" else n
-               for n in nodes]
-    other = FreeState.from_nodes(changed, [])
     assert other.cap is not first.cap
     d = other.node_index["d"]
     assert int(other.cap[d, 0]) == 500 and int(first.cap[d, 0]) == 1000

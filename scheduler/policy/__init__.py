@@ -5,6 +5,7 @@ imports), so it runs the same in the service, in the Jupyter extension, in the
 Kubernetes backend and in the benchmarks.
 """
 
+from scheduler.policy.cache import PolicyCache
 from scheduler.policy.model import (
     BUILD_POOL,
     MILLI,
@@ -27,13 +28,18 @@ from scheduler.policy.model import (
 
 __all__ = [
     "BUILD_POOL", "MILLI", "TRAIN_POOL", "Assignment", "Decisions", "Gpu", "Kind",
-    "Node", "PolicyConfig", "Preempt", "Project", "Reject", "Request", "Snapshot",
+    "Node", "PolicyCache", "PolicyConfig", "Preempt", "Project", "Reject", "Request", "Snapshot",
     "Start", "Wait", "Workload", "schedule",
 ]
 
 
-def schedule(snapshot: Snapshot) -> Decisions:
-    """Decide what starts where, what is paused and why, for one cycle."""
+def schedule(snapshot: Snapshot, cache: PolicyCache | None = None) -> Decisions:
+    """Decide what starts where, what is paused and why, for one cycle.
+
+    ``cache``: a :class:`PolicyCache` the caller keeps from cycle to cycle, so
+    a cycle over nearly the same pool and queue starts from the last one's
+    work; None starts from nothing. The decisions are the same either way.
+    """
     from scheduler.policy.engine import schedule as _schedule
 
-    return _schedule(snapshot)
+    return _schedule(snapshot, cache)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from scheduler.policy.cache import scoped
 from scheduler.policy.held import Held, held_by
 from scheduler.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
 from scheduler.policy.nodecache import for_nodes
@@ -39,6 +40,7 @@ class _NodeFacts:
 class Ledger:
     """Free CPU, memory and per-GPU share of every node, updated in place."""
 
+    @scoped
     def __init__(self, nodes: Sequence[Node], running: Iterable[Workload] = (), held: Held | None = None) -> None:
         """The nodes less what ``running`` holds, or less ``held`` (a count over exactly ``nodes``)."""
         facts = for_nodes("ledger", nodes, _NodeFacts)
@@ -243,6 +245,7 @@ class Ledger:
 class Capacity:
     """The per-pool placement states and the ledger, changed together."""
 
+    @scoped
     def __init__(
         self,
         nodes: Sequence[Node],

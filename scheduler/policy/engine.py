@@ -45,6 +45,7 @@ from operator import attrgetter
 
 from scheduler.policy import reasons as txt
 from scheduler.policy.build_reclaim import BuildReclaimMixin
+from scheduler.policy.cache import PolicyCache, using
 from scheduler.policy.capacity import Capacity
 from scheduler.policy.gang_reclaim import GangReclaimMixin
 from scheduler.policy.gangs import GangMixin
@@ -72,8 +73,11 @@ from scheduler.policy.reclaim import ReclaimMixin
 from scheduler.policy.training import TrainingMixin
 
 
-def schedule(snapshot: Snapshot) -> Decisions:
+def schedule(snapshot: Snapshot, cache: PolicyCache | None = None) -> Decisions:
     """Decide what starts where, what is paused and why, for one cycle.
+
+    ``cache``: what the caller's last cycle left to start from (scheduler/policy/cache.py);
+    None starts from nothing. The decisions are the same either way.
 
     The cyclic garbage collector is held off for the cycle: a cycle allocates
     tens of thousands of short-lived containers (freed by reference counting),
@@ -86,11 +90,12 @@ def schedule(snapshot: Snapshot) -> Decisions:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        cycle = _Cycle(snapshot)
-        try:
-            return cycle.run()
-        finally:
-            cycle.queue = None  # the queue holds a bound method of the cycle: break the loop
+        with using(cache if cache is not None else PolicyCache()):
+            cycle = _Cycle(snapshot)
+            try:
+                return cycle.run()
+            finally:
+                cycle.queue = None  # the queue holds a bound method of the cycle: break the loop
     finally:
         if enabled:
             gc.enable()

@@ -6,16 +6,15 @@ the ledger, a fifth of a steady cycle at 8,000 running jobs. Between two
 cycles only a few jobs change (started, paused, finished), and the service
 hands the engine the very same frozen :class:`Workload` object for a job that
 did not change (``scheduler.service.core``, ``_workload``). So the last count
-of a node list is kept together with the workload objects it counted, and the
+of a node list is kept (in the caller's :class:`~scheduler.policy.cache.PolicyCache`)
+together with the workload objects it counted, and the
 next count starts from it: jobs no longer there are given back, new ones are
 taken, both found by object identity. A caller that builds new objects every
 time still gets the right answer, at the cost of a count from scratch.
 
 The result is exactly a count from scratch (integer sums in any order; a test
 compares the two over random sequences of snapshots). Nothing is written in
-place: each call makes new arrays, so a count handed out earlier stays valid,
-and two callers at once (the service calls from one thread) can at worst lose
-the carry, never get a wrong count.
+place: each call makes new arrays, so a count handed out earlier stays valid.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from operator import attrgetter
 import numpy as np
 
 from scheduler.errors import InvalidRequest
+from scheduler.policy.cache import active
 from scheduler.policy.model import Node, Request, Workload
 from scheduler.policy.placement_layout import Layout, layout_of
 
@@ -56,9 +56,6 @@ class _Carry:
     tally: dict[int, tuple[Request, int]]  # id(request) -> (request, count)
 
 
-_carry: dict[int, _Carry] = {}
-
-
 def held_by(nodes: Sequence[Node], running: Iterable[Workload]) -> Held:
     """What ``running`` holds on ``nodes``, from the last count over the same node objects when there is one.
 
@@ -71,17 +68,18 @@ def held_by(nodes: Sequence[Node], running: Iterable[Workload]) -> Held:
     jobs = dict(zip(map(id, listed), listed, strict=True))
     if len(jobs) != len(listed):  # the same object twice: each counts, as in any fresh count; no carry
         return _apply(_empty(lay), {}, listed, [])[0]
-    last = _carry.get(id(lay))
+    carry: dict[int, _Carry] = active().held
+    last = carry.get(id(lay))
     if last is not None and last.layout is lay:
         before = last.jobs
         gone = [before[k] for k in before.keys() - jobs.keys()]
         new = [jobs[k] for k in jobs.keys() - before.keys()]
         if len(gone) + len(new) <= FRESH_SHARE * max(len(jobs), 1):
             held, tally = _apply(last.held, dict(last.tally), new, gone)
-            _remember(lay, jobs, held, tally)
+            _remember(carry, lay, jobs, held, tally)
             return held
     held, tally = _apply(_empty(lay), {}, listed, [])
-    _remember(lay, jobs, held, tally)
+    _remember(carry, lay, jobs, held, tally)
     return held
 
 
@@ -90,14 +88,12 @@ def _empty(lay: Layout) -> Held:
     return Held(lay, np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros((n, g), np.int64), ())
 
 
-def _remember(lay: Layout, jobs: dict[int, Workload], held: Held, tally: dict[int, tuple[Request, int]]) -> None:
-    _carry.pop(id(lay), None)
-    _carry[id(lay)] = _Carry(lay, jobs, held, tally)
-    while len(_carry) > KEEP:  # the least recently counted node lists go
-        try:
-            del _carry[next(iter(_carry))]
-        except (KeyError, RuntimeError, StopIteration):  # another caller changed the table meanwhile
-            break
+def _remember(carry: dict[int, _Carry], lay: Layout, jobs: dict[int, Workload], held: Held,
+              tally: dict[int, tuple[Request, int]]) -> None:
+    carry.pop(id(lay), None)
+    carry[id(lay)] = _Carry(lay, jobs, held, tally)
+    while len(carry) > KEEP:  # the least recently counted node lists go
+        del carry[next(iter(carry))]
 
 
 def _apply(base: Held, tally: dict[int, tuple[Request, int]], taken: list[Workload],

@@ -9,7 +9,8 @@ line of a steady cycle's profile), although the same objects come back
 cycle after cycle (the service hands over the very same frozen workload for
 a job that did not change, as :mod:`scheduler.policy.held` relies on).
 
-So the answer for each object is kept for the next cycle, by identity: an
+So the answer for each object is kept for the next cycle (in the caller's
+:class:`~scheduler.policy.cache.PolicyCache`), by identity: an
 object seen last cycle is known to equal the request it was interned to then,
 and only that one is hashed again (once per shape and cycle) to find this
 cycle's interned request. The carry keeps its objects alive, so an id is
@@ -20,19 +21,19 @@ the decisions are exactly those of interning from scratch.
 
 from __future__ import annotations
 
+from scheduler.policy.cache import PolicyCache, active
 from scheduler.policy.model import Request
-
-# id(request object) -> (that object, the request it was interned to in the last cycle)
-_last: dict[int, tuple[Request, Request]] = {}
 
 
 class Interner:
     """Interns the requests of one cycle; :meth:`keep` hands its answers to the next cycle."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: PolicyCache | None = None) -> None:
+        """``cache``: where the last cycle's answers are and this cycle's go (default: the active one)."""
         self.canon: dict[Request, Request] = {}
         """Each distinct request shape -> the one object that stands for it this cycle."""
-        self._carry = _last
+        self._cache = cache if cache is not None else active()
+        self._carry: dict[int, tuple[Request, Request]] = self._cache.interned
         self._fixed: dict[int, Request] = {}  # id(a request interned last cycle) -> its stand-in this cycle
         self._next: dict[int, tuple[Request, Request]] = {}
 
@@ -51,5 +52,4 @@ class Interner:
 
     def keep(self) -> None:
         """Hand this cycle's answers to the next one (only objects of this cycle's queue are kept)."""
-        global _last
-        _last = self._next
+        self._cache.interned = self._next

@@ -2,7 +2,8 @@
 
 The service and the benchmarks hand every cycle the same (frozen) node objects;
 what follows from the hardware only (GPU slots and capacities, models, memory
-sizes) need not be rebuilt from thousands of GPUs each cycle. Entries are keyed
+sizes) need not be rebuilt from thousands of GPUs each cycle. Entries live in
+the caller's :class:`~scheduler.policy.cache.PolicyCache`, keyed
 by the identity of every node in order, so a changed inventory (any new node
 object) builds afresh; the few latest lists are kept per kind. Callers must
 treat what they get as read-only.
@@ -13,19 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from scheduler.policy.cache import active
 from scheduler.policy.model import Node
 
 T = TypeVar("T")
 
 KEEP = 4  # node lists remembered per kind (a pool's subset and the whole list are different lists)
 
-_cache: dict[str, list[tuple[tuple[Node, ...], object]]] = {}
-
-
 def for_nodes(kind: str, nodes: Sequence[Node], build: Callable[[tuple[Node, ...]], T]) -> T:
     """``build(nodes)``, or what it returned before for exactly these node objects."""
     key = tuple(nodes)
-    known = _cache.setdefault(kind, [])
+    known = active().node_facts.setdefault(kind, [])
     for seen, value in known:
         if len(seen) == len(key) and all(a is b for a, b in zip(seen, key, strict=True)):
             return value  # type: ignore[return-value]

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from scheduler.errors import InvalidRequest
+from scheduler.policy.cache import scoped
 from scheduler.policy.held import Held, held_by
 from scheduler.policy.model import Assignment, Node, Request, Workload
 from scheduler.policy.placement_capacity import CapacityModel
@@ -83,6 +84,7 @@ class FreeState:
 
     DISTINCT_MIN = 96  # fewer candidates: scoring duplicate states costs less than finding them
 
+    @scoped
     def __init__(
         self,
         nodes: Sequence[Node],
@@ -142,6 +144,7 @@ class FreeState:
     # ------------------------------------------------------------ building
 
     @classmethod
+    @scoped
     def from_nodes(
         cls,
         nodes: Sequence[Node],

@@ -21,6 +21,7 @@ from scheduler.errors import InvalidRequest, Unavailable
 from scheduler.executor.accounts import check_reachable, resolve_mode
 from scheduler.executor.local import ProcessHandle
 from scheduler.inventory import GpuInfo, GpuSample, Inventory
+from scheduler.policy import PolicyCache
 from scheduler.policy.fairshare import ShareInput
 from scheduler.policy.model import (
     BUILD_POOL,
@@ -171,6 +172,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         self._metrics.simulated.set(1 if self.simulated else 0)
         self._metrics.follow(lambda: (self._live.values(), self._gpus))  # read at each scrape, not per cycle
         self._policy_override = policy
+        self._policy_cache = PolicyCache()  # the policy's carries from cycle to cycle: this core's alone
         self._gpus: dict[str, GpuInfo] = self.backend.gpus
         self._nodes = self.backend.nodes
         self._pool_limits: PoolLimits | None = None

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from scheduler.policy import schedule
+from scheduler.policy import PolicyCache, schedule
 from scheduler.policy.model import MILLI, Decisions, Project, Snapshot, Start, Workload
 from scheduler.service import fallback_policy
 from scheduler.service.jobs import flag_reason, held_milli, job_reason, split_workload_id
@@ -61,6 +61,7 @@ class CycleMixin:
     """Scheduling cycles of the core (state lives on the core; see SchedulerCore.__init__)."""
 
     _policy_override: PolicyFn | None
+    _policy_cache: PolicyCache
     _cycle_handle: asyncio.Handle | None
     _last_cycle: float
     _last_cycle_s: float
@@ -80,6 +81,8 @@ class CycleMixin:
     def _schedule(self, snapshot: Snapshot) -> Decisions:
         fn: PolicyFn = self._policy_override or schedule
         try:
+            if fn is schedule:  # the engine starts from what its last cycle here left (scheduler/policy/cache.py)
+                return schedule(snapshot, self._policy_cache)
             return fn(snapshot)
         except Exception:
             if fn is fallback_policy.schedule:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale import applied
-from scheduler.policy import Decisions, Snapshot, schedule
+from scheduler.policy import Decisions, PolicyCache, Snapshot, schedule
 from tests.golden.scenarios import SCENARIOS, Scenario, openb_present
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
@@ -77,12 +77,13 @@ def render(snap: Snapshot, d: Decisions) -> dict[str, Any]:
     }
 
 
-def cycles(scenario: Scenario) -> list[dict[str, Any]]:
-    """The scenario's chained cycles, rendered."""
+def cycles(scenario: Scenario, carry: bool = True) -> list[dict[str, Any]]:
+    """The scenario's chained cycles, rendered; ``carry``: one PolicyCache through them, as the service keeps one."""
     snap = scenario.build()
+    cache = PolicyCache() if carry else None
     out = []
     for n in range(scenario.cycles):
-        d = schedule(snap)
+        d = schedule(snap, cache)
         out.append({"cycle": n, **render(snap, d)})
         snap = applied(snap, d)
     return out
