@@ -70,3 +70,19 @@ def test_checker_catches_forbidden_imports(tmp_path: Path) -> None:
     problems = _violations(bad)
     for word in ("sqlite3", "subprocess", "os.path", "tornado", "pynvml", "kubernetes", "scheduler.store", "open()"):
         assert any(word in p for p in problems), word
+
+
+def test_no_module_of_the_policy_keeps_state_between_calls() -> None:
+    """Carries from one cycle to the next live in the caller's PolicyCache (scheduler/policy/cache.py), never in a
+    module: a dict, list, set or bytearray at module level would be state shared by every caller in the process."""
+    import importlib
+    import pkgutil
+
+    import scheduler.policy as policy
+
+    kept = []
+    for info in pkgutil.iter_modules(policy.__path__):
+        module = importlib.import_module(f"scheduler.policy.{info.name}")
+        kept += [f"{info.name}.{name}" for name, value in vars(module).items()
+                 if not name.startswith("__") and type(value) in (dict, list, set, bytearray)]
+    assert kept == [], f"module-level mutable state in the policy: {kept}"
