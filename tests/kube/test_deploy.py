@@ -107,3 +107,65 @@ async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, k
         assert core.status(ADMIN)["backend"]["ok"] is True
     finally:
         await core.stop()
+
+
+_PATHS = {"PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}",
+          "Service": "/api/v1/namespaces/{ns}/services/{name}",
+          "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+          "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets/{name}"}
+
+
+def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
+    """`kubectl apply --server-side` (and GitOps tools that use it) takes every workload manifest as it is.
+
+    Server-side apply merges lists by their keys; a Service port or a container port without
+    ``protocol`` has no complete key there, and the API server refuses the whole object (issue 24, item 5).
+    """
+    ensure_namespace(api)
+    for name in ("scheduler.yaml", "node-agent.yaml"):
+        for doc in documents(name):
+            path = _PATHS[doc["kind"]].format(ns=doc["metadata"]["namespace"], name=doc["metadata"]["name"])
+            ac = api.api_client
+            params = ac.param_serialize("PATCH", path, body=yaml.safe_dump(doc), auth_settings=["BearerToken"],
+                                        header_params={"Content-Type": "application/apply-patch+yaml",
+                                                       "Accept": "application/json"},
+                                        query_params=[("fieldManager", "gpupool-test"), ("dryRun", "All")])
+            reply = ac.call_api(*params)
+            body = (reply.read() or b"").decode("utf-8", "replace")
+            assert 200 <= reply.status < 300, f"{name}: {doc['kind']} refused by server-side apply: {body}"
+
+
+# What the scheduler's code calls (scheduler/kube: lists and watches of nodes and of pods everywhere; in its
+# namespace: pods created, listed, watched and deleted, bound, their logs read; ConfigMaps of kubectl pods; a
+# gang's headless Service; events). Nothing more: no `get` of a pod or a node, which it never reads one by one.
+SCHEDULER_RIGHTS = {
+    "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"}},
+    "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete"}, ("", "pods/binding"): {"create"},
+                               ("", "pods/log"): {"get"}, ("", "configmaps"): {"create", "delete"},
+                               ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"}},
+    "gpupool-kubectl-pods": {("", "pods"): {"delete"}, ("", "pods/binding"): {"create"}, ("", "pods/log"): {"get"},
+                             ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"}},
+}
+
+
+def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> None:
+    """rbac.yaml grants the least (issue 24, item 5); docs/kubernetes.md lists the same rights.
+
+    That the rights are enough is test_the_deploy_rbac_is_enough_to_schedule's (and the kubectl-pod
+    tests', which run as this account).
+    """
+    granted = {}
+    for doc in documents("rbac.yaml"):
+        if doc["kind"] in ("Role", "ClusterRole"):
+            granted[doc["metadata"]["name"]] = {(group, resource): set(rule["verbs"])
+                                                for rule in doc["rules"] for group in rule["apiGroups"]
+                                                for resource in rule["resources"]}
+    assert granted == SCHEDULER_RIGHTS
+    docs = " ".join((DEPLOY.parents[1] / "docs" / "kubernetes.md").read_text().split())
+    least = docs[docs.index("What the scheduler's account needs"):]
+    least = least[:least.index("## ")]
+    for resource, verbs in (("`nodes`", "list, watch"), ("`pods` in every namespace", "list, watch"),
+                            ("`pods`", "create, list, watch, delete"), ("`pods/binding`", "create"),
+                            ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
+                            ("`services`", "create, list, delete"), ("`events`", "create")):
+        assert f"{resource}: {verbs}" in least, (resource, verbs, least)
