@@ -24,7 +24,7 @@ from jupyter_gpupool.connection import PoolConnection
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, promote, run_paths
 from scheduler.errors import GpupoolError, InvalidRequest, Unavailable
-from scheduler.service.validation import decode_json
+from scheduler.wire import decode_json
 
 AUTH_RESOURCE = "gpupool"
 MAX_EVENT_WAIT = 30.0

@@ -27,7 +27,7 @@ import nbformat
 from jupyter_gpupool.kernelspecs import base_kernel
 from jupyter_gpupool.paths import inside_root, relative_to_root, resolve_notebook
 from scheduler.errors import Forbidden, GpupoolError, InvalidRequest
-from scheduler.service.validation import MAX_PROJECT_NAME
+from scheduler.wire import MAX_PROJECT_NAME
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STAGING_PREFIX = ".staging-"

@@ -23,7 +23,7 @@ import tornado.web
 from scheduler.api import auth
 from scheduler.api.schemas import validate
 from scheduler.errors import GpupoolError, InvalidRequest, Unauthorized
-from scheduler.service.validation import decode_json
+from scheduler.wire import decode_json
 
 log = logging.getLogger("scheduler.api")
 

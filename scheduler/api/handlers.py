@@ -17,7 +17,7 @@ from scheduler.api.base import ApiHandler, maybe_await
 from scheduler.api.openapi import build_document
 from scheduler.api.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
 from scheduler.errors import InvalidRequest
-from scheduler.service.validation import MAX_REPLICAS
+from scheduler.wire import MAX_REPLICAS
 
 
 class HealthHandler(ApiHandler):

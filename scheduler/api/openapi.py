@@ -12,7 +12,7 @@ import copy
 from typing import Any
 
 from scheduler.api.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
-from scheduler.service.validation import MAX_PROJECT_NAME, MAX_REPLICAS
+from scheduler.wire import MAX_PROJECT_NAME, MAX_REPLICAS
 
 MAX_JOB_ID = 256  # ids are short (j-000042); this only bounds what a client may send
 

@@ -19,7 +19,7 @@ import jsonschema
 
 from scheduler.errors import InvalidRequest
 from scheduler.plain_text import PLAIN_TEXT_PATTERN, escape, unsafe_problem
-from scheduler.service.validation import (
+from scheduler.wire import (
     ENV_KEY_RE,
     IMAGE_PATTERN,
     IMAGE_RULE,

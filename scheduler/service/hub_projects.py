@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.service.membership import GROUP_RE
-from scheduler.service.validation import NAME_RE
+from scheduler.wire import NAME_RE
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ def test_a_replicas_mistake_is_left_to_the_full_cli(argv: list[str]):
 
 
 def test_the_openapi_document_publishes_replicas_as_the_core_enforces_them(serve: ServeProcess):
-    from scheduler.service.validation import MAX_REPLICAS
+    from scheduler.wire import MAX_REPLICAS
 
     status, doc = http("GET", f"{serve.url}/api/v1/openapi.json")
     assert status == 200

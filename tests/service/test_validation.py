@@ -163,7 +163,7 @@ def test_lone_surrogates_are_refused_in_project_fields_and_user_names():
     (b"\xff", "not UTF-8"),
 ])
 def test_decode_json_refuses_what_cannot_be_kept(raw, fragment):
-    from scheduler.service.validation import decode_json
+    from scheduler.wire import decode_json
 
     with pytest.raises(InvalidRequest) as info:
         decode_json(raw)
@@ -171,7 +171,7 @@ def test_decode_json_refuses_what_cannot_be_kept(raw, fragment):
 
 
 def test_decode_json_accepts_64_levels_and_any_valid_unicode():
-    from scheduler.service.validation import decode_json
+    from scheduler.wire import decode_json
 
     assert decode_json(b"[" * 64 + b"]" * 64) is not None
     assert decode_json(rb'{"k\u00e9": "\ud83d\ude00 \u00e9"}') == {"ké": "\U0001f600 é"}
