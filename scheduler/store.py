@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid_start INTEGER,
     replicas INTEGER NOT NULL DEFAULT 1,
     last_assignment TEXT,
-    image TEXT
+    image TEXT,
+    refusals INTEGER NOT NULL DEFAULT 0,
+    held_until REAL
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs(user, client_key);
@@ -118,6 +120,10 @@ class JobRecord:
     # The assignment of the job's last attempt, kept when the attempt ends (finished, paused, preempted):
     # ``assignment`` is cleared then, because project usage counts what it holds.
     last_assignment: dict[str, Any] | None = None
+    # Starts refused in a row by the cluster (the API server would not create the pod), and until when the
+    # job then waits (wall time; None: not held): the policy does not see it before then.
+    refusals: int = 0
+    held_until: float | None = None
 
     @property
     def live(self) -> bool:
@@ -174,7 +180,8 @@ def _project_of(row: sqlite3.Row) -> ProjectRecord:
 
 
 _ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"),
-                  ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"), ("jobs", "last_assignment", "TEXT"))
+                  ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"), ("jobs", "last_assignment", "TEXT"),
+                  ("jobs", "refusals", "INTEGER NOT NULL DEFAULT 0"), ("jobs", "held_until", "REAL"))
 """Columns added after a table was first released: added to an older store when it is opened."""
 
 

@@ -34,6 +34,37 @@ def transient(e: BaseException) -> bool:
     return isinstance(e, (OSError, TimeoutError)) or type(e).__module__.startswith("urllib3")
 
 
+class Refused(RuntimeError):
+    """The API server answered a create with a refusal (admission: a ResourceQuota, PodSecurity, a webhook).
+
+    Its text is the server's own: the Status body's message and reason. A
+    refusal is an answer, not an outage: retrying at once meets the same rule.
+    """
+
+
+def refusal(e: BaseException) -> str | None:
+    """The API server's words when ``e`` is a refusal of a create, else None.
+
+    A 4xx answer other than 409 (the name is taken: an earlier pod of the
+    same name still being deleted) and 429 (throttling, retried): its Status
+    body's ``message`` and ``reason`` ("pods \"x\" is forbidden: exceeded
+    quota: ... (Forbidden)"), or the bare HTTP status when there is no body.
+    """
+    if not isinstance(e, ApiException) or not isinstance(e.status, int):
+        return None
+    if not 400 <= e.status <= 499 or e.status in (409, 429):
+        return None
+    try:
+        body = json.loads(e.body) if e.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    message = str(body.get("message") or "").strip() if isinstance(body, dict) else ""
+    reason = str(body.get("reason") or e.reason or "").strip() if isinstance(body, dict) else str(e.reason or "")
+    if not message:
+        return f"HTTP {e.status} {reason}".strip()
+    return f"{message} ({reason})" if reason else message
+
+
 def raw_status(resp: Any) -> int:
     """The HTTP status of a raw reply (``_preload_content=False``), read to its end.
 

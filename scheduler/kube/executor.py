@@ -34,10 +34,12 @@ from scheduler.kube.calls import (
     START_GIVE_UP_S,
     STOP_WAIT_AFTER_GRACE_S,
     Calls,
+    Refused,
     pods_path,
     post_json,
     raw_json,
     raw_status,
+    refusal,
 )
 from scheduler.kube.gang_pods import GangHandle, GangPods
 from scheduler.kube.health import Health, describe
@@ -219,18 +221,46 @@ class PodExecutor:
             self._attempts[handle.name] = a
         return handle
 
+    def launch_gang(self, job_id: str, attempt: int, pods: list[tuple[str, str, dict[str, Any]]]) -> list[PodHandle]:
+        """Create every pod of a gang's attempt (``(name, node, manifest)`` in rank order), then bind them all;
+        one worker task for the whole gang, whose future every replica shares: a refusal of any pod deletes
+        the ones created, so no pod of the gang is bound unless all of them exist."""
+        attempts = [_Attempt(PodHandle(job_id, attempt, name, node)) for name, node, _m in pods]
+        future = self.calls.submit(self._create_all_then_bind, attempts, [m for _n, _node, m in pods])
+        with self._lock:
+            for a in attempts:
+                a.start = future
+                self._attempts[a.handle.name] = a
+        future.add_done_callback(self._start_done)
+        return [a.handle for a in attempts]
+
+    def _create_all_then_bind(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
+        created: list[_Attempt] = []
+        try:
+            for a, manifest in zip(attempts, manifests, strict=True):
+                self.create(a, manifest)
+                created.append(a)
+            for a in attempts:
+                self.bind(a, a.handle.node)
+        except BaseException:
+            for a in created:  # refused, or a bind failed: none of the gang stays (nothing ran: grace 0)
+                self._delete_quietly(a.handle.name, 0)
+            raise
+
     def _start_done(self, f: Any) -> None:
         if f.cancelled() or f.exception() is not None:
             self._changed()  # a refused start ends the attempt
 
     def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
-        ns, name = self.settings.namespace, a.handle.name
         with self._lock:
             streak = self._failed_starts
         if streak:  # a refused bind is requeued and tried again next cycle: back off, 0.2 s doubling to 30 s
             time.sleep(min(0.1 * 2 ** streak, 30.0))
         try:
-            self._create_and_bind_now(a, ns, name, manifest, node)
+            self.create(a, manifest)
+            self.bind(a, node)
+        except Refused:
+            raise  # the core backs a refused create off (the job waits queued), not this thread while "running"
         except BaseException:
             with self._lock:
                 self._failed_starts += 1
@@ -238,16 +268,28 @@ class PodExecutor:
         with self._lock:
             self._failed_starts = 0
 
-    def _create_and_bind_now(self, a: _Attempt, ns: str, name: str, manifest: dict[str, Any], node: str) -> None:
-        # Both posted as plain JSON (post_json: no per-call argument checks) and both replies taken raw:
-        # the created Pod is read for two fields (not turned into a V1Pod), and the binding's reply is a
-        # Status the client cannot read as a V1Binding anyway.
-        created = self.calls.retrying("start", lambda: raw_json(post_json(self.api, pods_path(ns), manifest)),
-                                      START_GIVE_UP_S)
+    def create(self, a: _Attempt, manifest: dict[str, Any]) -> None:
+        """Create the attempt's pod (Pending, not yet bound); a refusal raises :class:`Refused` with the API
+        server's message. Posted as plain JSON (post_json: no per-call argument checks), its reply read raw
+        for two fields."""
+        ns, name = self.settings.namespace, a.handle.name
+        try:
+            created = self.calls.retrying("start", lambda: raw_json(post_json(self.api, pods_path(ns), manifest)),
+                                          START_GIVE_UP_S)
+        except Exception as e:
+            why = refusal(e)
+            if why is None:
+                raise
+            raise Refused(f"the API server refused pod {name}: {why}") from e
         meta = created.get("metadata") or {}
         with self._lock:
             a.created_rv = _rv(meta.get("resourceVersion"))
             a.uid = meta.get("uid")
+
+    def bind(self, a: _Attempt, node: str) -> None:
+        """Bind the created pod to ``node``; a refused bind deletes it (never bound: nothing ran) and raises.
+        The binding's reply is a Status the client cannot read as a V1Binding anyway: only its code is read."""
+        ns, name = self.settings.namespace, a.handle.name
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
@@ -265,6 +307,12 @@ class PodExecutor:
             return "the start was cancelled" if f is not None and f.cancelled() else None
         e = f.exception()
         return None if e is None else describe(e) if not isinstance(e, RuntimeError) else str(e)
+
+    @staticmethod
+    def refused(a: _Attempt) -> bool:
+        """Whether the attempt's start ended in the API server's refusal of its pod (see :class:`Refused`)."""
+        f = a.start
+        return f is not None and f.done() and not f.cancelled() and isinstance(f.exception(), Refused)
 
     # ------------------------------------------------------------ watch
     def alive(self, handle: PodHandle) -> bool:  # type: ignore[override]
@@ -305,6 +353,8 @@ class PodExecutor:
             if a is None:
                 return Interrupted("lost", "its pod is unknown to the scheduler; requeued")
             err = self._start_error(a)
+            if err is not None and self.refused(a):
+                return Interrupted("refused", err)
             if err is not None:
                 return Interrupted("not-started", f"{err}; requeued")
             if a.end is None and (stuck := self.unstartable(a)) is not None:

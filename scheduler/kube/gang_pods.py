@@ -159,8 +159,8 @@ class GangPods:
         with self._lock:
             self._gangs[(g.job_id, g.attempt)] = g
         self.px.calls.submit(self._ensure_service, launch.job_id)
-        for _rank, node, name, manifest in made:
-            g.replicas.append(self.px.launch_pod(launch.job_id, launch.attempt, name, node, manifest))
+        g.replicas.extend(self.px.launch_gang(launch.job_id, launch.attempt,
+                                              [(name, node, manifest) for _rank, node, name, manifest in made]))
         return g
 
     def _ensure_service(self, job_id: str) -> None:
@@ -286,6 +286,9 @@ class GangPods:
                 with self.px._lock:
                     a = self.px._attempts.get(h.name)
                     err = self.px._start_error(a) if a is not None else None
+                    refused = a is not None and self.px.refused(a)
+                if refused and err:  # the gang's pods are created together: the message names the refused one
+                    return Interrupted("refused", err)
                 return Interrupted("not-started", f"replica {rank}: {err or 'its start was refused'}; requeued")
             if how == "unstartable":
                 with self.px._lock:

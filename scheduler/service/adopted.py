@@ -247,9 +247,9 @@ class AdoptedPodsMixin:
         else:
             super()._finish_attempt(rec, code, lost, lost_reason)  # type: ignore[misc]
 
-    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None, **more: Any) -> None:
         """As for any job; a pod whose job the policy rejects is told why (it stays Pending, never bound)."""
-        super()._finish(rec, state, reason, exit_code=exit_code)  # type: ignore[misc]
+        super()._finish(rec, state, reason, exit_code=exit_code, **more)  # type: ignore[misc]
         kc = self._kubectl_pods()
         ref = pod_of(rec)
         if state == "rejected" and kc is not None and ref is not None:

@@ -21,6 +21,9 @@ from scheduler.policy.model import MILLI, Start
 from scheduler.service.jobs import assigned_gpus, job_reason
 from scheduler.store import JobRecord
 
+REFUSED_BACKOFF_MAX_S = 300.0
+"""The longest a job whose pod the cluster refused waits before the next try (the backoff doubles to it)."""
+
 FULL_SCAN_S = 2.0
 """The longest an executor's ``changes`` mark spares the liveness scan of every running attempt."""
 
@@ -117,6 +120,8 @@ class AttemptsMixin:
             preemptible=any(x.preemptible for x in starts),
             pid=None, pid_start=None, stop_intent=None, exit_code=None,
         )
+        if rec.held_until is not None:
+            fields["held_until"] = None  # its hold (after a refused pod) is over
         if rec.kind == "build":
             fields.update(env=gpu_env, reason=lead.reason, lease_expires_at=now + self.config.lease_s)
             self._transition(rec.id, **fields)
@@ -228,6 +233,11 @@ class AttemptsMixin:
             if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
                 return
             why = self.executor.interrupted(handle)
+            if rec.refusals and (why is None or why.kind != "refused"):
+                self._update(job_id, refusals=0)  # a start not refused ends the run of refusals
+            if why is not None and why.kind == "refused":
+                self._requeue_refused(rec, why.reason)  # never ran: even a stop asked meanwhile has nothing to stop
+                return
             if why is not None and rec.stop_intent is None:
                 if why.kind == "not-started":
                     self._requeue_unstarted(rec, why.reason)
@@ -246,6 +256,38 @@ class AttemptsMixin:
         self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
                          assignment=None, started_at=None, stop_intent=None, pid=None, pid_start=None,
                          reason=reason)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _requeue_refused(self, rec: JobRecord, reason: str) -> None:
+        """The cluster refused the attempt's pod: it never ran. Its GPUs go back now; the job waits, held for a
+        backoff (the policy does not see it meanwhile, so the jobs behind it get the room), with the API
+        server's message as its reason; the ``kube_refusals_before_failure``-th refusal in a row fails it.
+
+        A stop asked while the pod was being created (pause, cancel, preempt) is honoured as for a job that
+        had not started: cancel finishes it, a user pause keeps it paused, anything else requeues it.
+        """
+        refusals = rec.refusals + 1
+        limit = self.config.kube_refusals_before_failure
+        intent = rec.stop_intent
+        uncounted = {"attempts": rec.attempts - 1, "refusals": refusals, "last_assignment": rec.last_assignment}
+        if intent == "cancel":
+            self._finish(rec, "cancelled", rec.reason or "cancelled", **uncounted)
+            return
+        if refusals >= limit and intent is None:
+            self._finish(rec, "failed", f"{reason} (refused {refusals} time{'s' if refusals > 1 else ''} in a row; "
+                                        "failed after kube_refusals_before_failure)", **uncounted)
+            return
+        wait = min(self.config.kube_refused_backoff_s * 2 ** (refusals - 1), REFUSED_BACKOFF_MAX_S)
+        attempt = rec.attempts
+        user_paused = intent == "pause"
+        state = "paused" if attempt > 1 or user_paused else "queued"
+        self._transition(rec.id, state=state, attempts=attempt - 1, assignment=None, started_at=None,
+                         stop_intent=None, pid=None, pid_start=None, refusals=refusals,
+                         held_until=time.time() + wait, user_paused=user_paused,
+                         reason=f"{reason}; refusal {refusals} of {limit}, tried again in {wait:g} s")
+        self._hold_expires_in(wait)
         ev = self._settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
@@ -287,10 +329,12 @@ class AttemptsMixin:
         if ev is not None:
             ev.set()
 
-    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None) -> None:
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None,
+                **more: Any) -> None:
+        """``more``: other fields written in the same transition (a refused attempt's uncounting)."""
         self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
                          assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
-                         lease_expires_at=None, **_ran_on(rec))
+                         lease_expires_at=None, **{**_ran_on(rec), **more})
         self._metrics.finished.labels(state).inc()
         ev = self._settled.pop(rec.id, None)
         if ev is not None:

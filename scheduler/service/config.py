@@ -116,6 +116,11 @@ class ServiceConfig:
     # A job pod whose container cannot start (its image cannot be pulled, a missing ConfigMap or Secret) fails
     # its job after this many seconds of trying, freeing its GPUs; an invalid image name fails it at once.
     kube_start_timeout_s: float = 300.0
+    # A job pod the API server refuses to create (a namespace ResourceQuota, PodSecurity, a policy webhook):
+    # the job waits queued, its GPUs free, the server's message as its reason, for kube_refused_backoff_s
+    # (doubling with each refusal in a row, at most 5 min); the kube_refusals_before_failure-th in a row fails it.
+    kube_refused_backoff_s: float = 10.0
+    kube_refusals_before_failure: int = 5
     # Namespaces whose kubectl pods (schedulerName ours) are queued, each with the projects its pods may use
     # ({"team-a": ["vision"], "gpupool": ["*"]}; "*" any namespace / project). None: `namespace` only, any project.
     kube_pod_namespaces: dict[str, list[str]] | None = None
@@ -189,6 +194,10 @@ class ServiceConfig:
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")
+        if not self.kube_refused_backoff_s >= 0:
+            raise InvalidRequest("kube_refused_backoff_s must be >= 0")
+        if not (isinstance(self.kube_refusals_before_failure, int) and self.kube_refusals_before_failure >= 1):
+            raise InvalidRequest("kube_refusals_before_failure must be a whole number >= 1")
 
     @property
     def database(self) -> Path:

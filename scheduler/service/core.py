@@ -202,6 +202,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         self._last_cycle_s = 0.0
         self._cycle_handle: asyncio.Handle | None = None  # a deferred cycle waiting to run
         self._mps_checked: tuple[float, bool] | None = None
+        self._holding: set[str] = set()  # jobs the policy does not see until their held_until (a refused pod)
 
     # ================================================================ lifecycle
     async def start(self) -> None:
@@ -314,7 +315,24 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         """
         if (rec.state == "paused" and rec.user_paused) or rec.stop_intent is not None:
             return ()
+        if rec.held_until is not None and rec.state != "running" and time.time() < rec.held_until:
+            self._holding.add(rec.id)  # shown again by the first cycle after its hold (_release_holds)
+            return ()
         return self._workloads_of(rec)
+
+    def _release_holds(self) -> None:
+        """Jobs whose hold (after a refused pod) is over are shown to the policy again from this cycle on."""
+        now = time.time()
+        for job_id in list(self._holding):
+            rec = self._live.get(job_id)
+            if rec is None or rec.held_until is None or rec.held_until <= now:
+                self._holding.discard(job_id)
+                self._view.touch(job_id)
+
+    def _hold_expires_in(self, wait_s: float) -> None:
+        """A job is held for ``wait_s``: run a cycle when that is over (the tick would, a little later)."""
+        if not self._closing:
+            asyncio.get_running_loop().call_later(wait_s + 0.01, self._request_cycle)
 
     def _job_added(self, rec: JobRecord) -> None:
         """A new job entered the live mirror (its record is stored)."""

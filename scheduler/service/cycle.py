@@ -136,6 +136,8 @@ class CycleMixin:
         t0 = time.perf_counter()
         self._last_cycle = time.monotonic()
         by_id = dict(self._live)  # the live jobs as this cycle began (a job that ends during it stays here)
+        if self._holding:
+            self._release_holds()
         decisions = self._schedule(self._snapshot(None))
         stopped: set[str] = set()
         for p in decisions.preempts:
