@@ -89,7 +89,10 @@ class Interrupted:
     """Why an attempt that is no longer alive has no result of its own.
 
     ``kind``: ``"not-started"`` (e.g. the bind was refused: requeue, the
-    attempt is not counted), ``"lost"`` (it vanished with no exit status,
+    attempt is not counted), ``"refused"`` (the cluster refused to create it,
+    e.g. a ResourceQuota: ``reason`` is the cluster's message; requeued
+    uncounted but held for a backoff, and failed after
+    ``kube_refusals_before_failure`` refusals in a row), ``"lost"`` (it vanished with no exit status,
     e.g. its node was deleted: requeue to resume elsewhere, never a failure)
     or ``"unstartable"`` (its container cannot be started, e.g. its image
     cannot be pulled: the job fails with ``reason``, since a retry would

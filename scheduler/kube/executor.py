@@ -3,7 +3,11 @@
 Start: create the Pod (Pending, ``schedulerName`` ours), then bind it to the
 chosen node through the ``pods/binding`` subresource; both on a worker thread.
 A refused bind (409, node gone) deletes the pod and reports the attempt
-"not started": the core requeues the job without counting the attempt.
+"not started": the core requeues the job without counting the attempt. A
+create the API server refuses (a ResourceQuota, an admission rule) reports it
+"refused" with the server's message: the core holds the job for a backoff and
+fails it after a bounded number of refusals in a row. A gang's pods are all
+created before any is bound (:meth:`PodExecutor.launch_gang`).
 Watch: our pods (label ``app.kubernetes.io/managed-by=gpupool``) are kept in a
 cache by a list+watch thread, so :meth:`alive` and the exit status are answered
 from memory, on the loop. Stop: delete with the grace period (the kubelet sends
@@ -236,16 +240,22 @@ class PodExecutor:
 
     def _create_all_then_bind(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
         created: list[_Attempt] = []
+        at = 0  # the rank being created or bound
         try:
             for a, manifest in zip(attempts, manifests, strict=True):
                 self.create(a, manifest)
                 created.append(a)
-            for a in attempts:
+                at += 1
+            for at, a in enumerate(attempts):  # noqa: B007 (read in the except)
                 self.bind(a, a.handle.node)
-        except BaseException:
+        except BaseException as e:
             for a in created:  # refused, or a bind failed: none of the gang stays (nothing ran: grace 0)
                 self._delete_quietly(a.handle.name, 0)
-            raise
+            if isinstance(e, Refused) or not isinstance(e, Exception):
+                raise  # a refusal's message names the pod
+            what = str(e) if isinstance(e, RuntimeError) else \
+                f"could not create pod {attempts[at].handle.name}: {describe(e)}"
+            raise RuntimeError(f"replica {at}: {what}") from e
 
     def _start_done(self, f: Any) -> None:
         if f.cancelled() or f.exception() is not None:

@@ -1,11 +1,13 @@
 """Multi-node gangs on Kubernetes: one pod per replica under one handle, found by name through a headless Service.
 
 A gang's attempt (a ``Launch`` with ``replicas``) becomes one pod per replica,
-``gpupool-<job>-<attempt>-r<K>``, each bound to its replica's node by the
-same create+bind path as any job pod (:class:`scheduler.kube.executor.PodExecutor`
-watches them all). Each pod gets ``hostname`` = its name and ``subdomain`` =
-a headless Service gpupool keeps per gang job (``gpupool-<job>``, selecting
-the job's pods, publishing them before they are ready), so rank 0 is
+``gpupool-<job>-<attempt>-r<K>``, each bound to its replica's node
+(:class:`scheduler.kube.executor.PodExecutor` watches them all). Every pod is
+created before any is bound: a pod the API server refuses (a ResourceQuota)
+deletes the ones created, so no replica runs unless all of them can. Each
+pod gets ``hostname`` = its name and ``subdomain`` = a headless Service
+gpupool keeps per gang job (``gpupool-<job>``, selecting the job's pods,
+publishing them before they are ready), so rank 0 is
 ``<pod>.<service>.<namespace>.svc`` in cluster DNS: that is ``MASTER_ADDR``.
 Every pod has its own IP, so ``MASTER_PORT`` is one fixed port (29500,
 torch's own default).
@@ -289,6 +291,8 @@ class GangPods:
                     refused = a is not None and self.px.refused(a)
                 if refused and err:  # the gang's pods are created together: the message names the refused one
                     return Interrupted("refused", err)
+                if err and err.startswith("replica "):  # the gang's start says which replica it failed at
+                    return Interrupted("not-started", f"{err}; requeued")
                 return Interrupted("not-started", f"replica {rank}: {err or 'its start was refused'}; requeued")
             if how == "unstartable":
                 with self.px._lock:
