@@ -66,10 +66,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid INTEGER,
     pid_start INTEGER,
     replicas INTEGER NOT NULL DEFAULT 1,
-    last_assignment TEXT,
-    image TEXT,
     refusals INTEGER NOT NULL DEFAULT 0,
-    held_until REAL
+    held_until REAL,
+    last_assignment TEXT,
+    image TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs(user, client_key);

@@ -172,3 +172,25 @@ def test_a_store_from_before_last_assignments_is_upgraded_in_place(tmp_path):
     again = Store(tmp_path / "state.db")
     assert again.job("j-000001").last_assignment == ran  # type: ignore[union-attr]
     again.close()
+
+
+def test_a_store_from_before_refusal_holds_is_upgraded_in_place(tmp_path):
+    """A state.db without the refusals and held_until columns opens with its jobs intact and then keeps them."""
+    import scheduler.store as store_module
+
+    old_schema = store_module._SCHEMA.replace("\n    refusals INTEGER NOT NULL DEFAULT 0,\n    held_until REAL,", "")
+    assert old_schema != store_module._SCHEMA
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript(old_schema)
+    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
+               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
+    db.commit()
+    db.close()
+    s = Store(tmp_path / "state.db")
+    old = s.job("j-000001")
+    assert old is not None and old.name == "old" and (old.refusals, old.held_until) == (0, None)
+    s.update_job("j-000001", refusals=2, held_until=123.5)
+    s.close()
+    again = Store(tmp_path / "state.db")
+    assert (again.job("j-000001").refusals, again.job("j-000001").held_until) == (2, 123.5)  # type: ignore[union-attr]
+    again.close()
