@@ -98,3 +98,26 @@ async def started(core: Any, job_id: str, timeout: float = 30.0) -> dict[str, An
     admin = Actor("admin", True)
     await wait_for(lambda: core.get_job(admin, job_id)["state"] != "queued", timeout, f"{job_id} to be decided")
     return core.get_job(admin, job_id)
+
+
+OLD_JOB_ROW = ("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
+               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
+
+
+def older_store(path: Path, schema_text: str, instead: str = "", row: str = OLD_JOB_ROW) -> set[str]:
+    """A state.db as an older version made it: today's schema with ``schema_text`` (its newer columns) replaced
+    by ``instead``, holding one job ``row``; the jobs table's columns. For the tests that it is upgraded in place."""
+    import sqlite3
+
+    import scheduler.store as store_module
+
+    old_schema = store_module._SCHEMA.replace(schema_text, instead)
+    assert old_schema != store_module._SCHEMA  # the columns really are left out of the old database
+    db = sqlite3.connect(path)
+    db.executescript(old_schema)
+    db.execute(row)
+    db.commit()
+    columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+    db.close()
+    return columns
+

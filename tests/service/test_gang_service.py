@@ -4,7 +4,6 @@ that starts, waits, rejects and pauses a gang's replicas as one job on a real co
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from scheduler.executor.base import Launch
 from scheduler.service.jobs import workloads_of
 from scheduler.service.validation import PoolLimits, validate_spec
 from scheduler.store import JobRecord, Store
-from tests.service.helpers import ADMIN, ALICE, BOB, PY, started, wait_for
+from tests.service.helpers import ADMIN, ALICE, BOB, PY, older_store, started, wait_for
 
 TWO_NODES = "node-a@rack1=8xA100-80GB;node-b@rack1=8xA100-80GB"
 LIMITS = PoolLimits(models={"A100-80GB": 80 * 1024**3}, max_gpus={"build": 8, "train": 8}, cpu=16.0,
@@ -62,17 +61,7 @@ def _job(num: int, **kw: Any) -> JobRecord:
 
 def test_a_store_from_before_replicas_is_upgraded_in_place(tmp_path: Path):
     """A state.db whose jobs table has no replicas column opens with its jobs as one replica each."""
-    import scheduler.store as store_module
-
-    old_schema = store_module._SCHEMA.replace("    replicas INTEGER NOT NULL DEFAULT 1,\n", "")
-    assert old_schema != store_module._SCHEMA
-    db = sqlite3.connect(tmp_path / "state.db")
-    db.executescript(old_schema)
-    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
-               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
-    db.commit()
-    assert "replicas" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
-    db.close()
+    assert "replicas" not in older_store(tmp_path / "state.db", "    replicas INTEGER NOT NULL DEFAULT 1,\n")
     s = Store(tmp_path / "state.db")
     assert s.job("j-000001").replicas == 1  # type: ignore[union-attr]
     s.insert_job(_job(2, replicas=4))

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from scheduler.store import JobRecord, ProjectRecord, Store
+from tests.service.helpers import older_store
 
 
 def _job(num: int, **kw: object) -> JobRecord:
@@ -129,17 +130,7 @@ def test_event_rows_written_before_seq_in_body_still_read(tmp_path):
 
 def test_a_store_from_before_job_images_is_upgraded_in_place(tmp_path):
     """A state.db whose jobs table has no image column opens with its jobs intact (no image) and stores images."""
-    import scheduler.store as store_module
-
-    old_schema = store_module._SCHEMA.replace(",\n    image TEXT\n", "\n")
-    assert old_schema != store_module._SCHEMA  # the column really is left out of the old database
-    db = sqlite3.connect(tmp_path / "state.db")
-    db.executescript(old_schema)
-    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
-               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
-    db.commit()
-    assert "image" not in {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
-    db.close()
+    assert "image" not in older_store(tmp_path / "state.db", ",\n    image TEXT\n", "\n")
     s = Store(tmp_path / "state.db")
     old = s.job("j-000001")
     assert old is not None and old.name == "old" and old.command == ["true"] and old.image is None
@@ -153,16 +144,9 @@ def test_a_store_from_before_job_images_is_upgraded_in_place(tmp_path):
 
 def test_a_store_from_before_last_assignments_is_upgraded_in_place(tmp_path):
     """A state.db whose jobs table has no last_assignment column opens with its jobs intact and then keeps one."""
-    import scheduler.store as store_module
-
-    old_schema = store_module._SCHEMA.replace("\n    last_assignment TEXT,", "")
-    assert old_schema != store_module._SCHEMA
-    db = sqlite3.connect(tmp_path / "state.db")
-    db.executescript(old_schema)
-    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, finished_at) "
-               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'succeeded', '{\"gpus\": 1}', 1.0, 2.0)")
-    db.commit()
-    db.close()
+    older_store(tmp_path / "state.db", "\n    last_assignment TEXT,", row=(
+        "INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, finished_at) "
+        "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'succeeded', '{\"gpus\": 1}', 1.0, 2.0)"))
     s = Store(tmp_path / "state.db")
     old = s.job("j-000001")
     assert old is not None and old.state == "succeeded" and old.last_assignment is None
@@ -176,16 +160,7 @@ def test_a_store_from_before_last_assignments_is_upgraded_in_place(tmp_path):
 
 def test_a_store_from_before_refusal_holds_is_upgraded_in_place(tmp_path):
     """A state.db without the refusals and held_until columns opens with its jobs intact and then keeps them."""
-    import scheduler.store as store_module
-
-    old_schema = store_module._SCHEMA.replace("\n    refusals INTEGER NOT NULL DEFAULT 0,\n    held_until REAL,", "")
-    assert old_schema != store_module._SCHEMA
-    db = sqlite3.connect(tmp_path / "state.db")
-    db.executescript(old_schema)
-    db.execute("INSERT INTO jobs(id, num, name, project, user, kind, state, request, submitted_at, command) "
-               "VALUES ('j-000001', 1, 'old', 'p', 'alice', 'train', 'queued', '{\"gpus\": 1}', 1.0, '[\"true\"]')")
-    db.commit()
-    db.close()
+    older_store(tmp_path / "state.db", "\n    refusals INTEGER NOT NULL DEFAULT 0,\n    held_until REAL,")
     s = Store(tmp_path / "state.db")
     old = s.job("j-000001")
     assert old is not None and old.name == "old" and (old.refusals, old.held_until) == (0, None)
