@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -63,6 +64,37 @@ def refusal(e: BaseException) -> str | None:
     if not message:
         return f"HTTP {e.status} {reason}".strip()
     return f"{message} ({reason})" if reason else message
+
+
+class StartBackoff:
+    """Starts that failed in a row make the next one wait: 0.2 s, doubling to 30 s.
+
+    A start the cluster refused is requeued and tried again at the next cycle;
+    without a wait, a setup that always refuses (a node that refuses binds,
+    missing RBAC) would churn the API server with creates and deletes. Shared
+    by the executors' worker threads, hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streak = 0  # starts failed in a row
+
+    def run(self, start: Callable[[], object], counts: Callable[[BaseException], bool] = lambda e: True) -> None:
+        """Wait as the streak says, then ``start()``: a failure that ``counts`` lengthens the streak, a success
+        ends it (a failure that does not count leaves it as it was)."""
+        with self._lock:
+            streak = self._streak
+        if streak:
+            time.sleep(min(0.1 * 2 ** streak, 30.0))
+        try:
+            start()
+        except BaseException as e:
+            if counts(e):
+                with self._lock:
+                    self._streak += 1
+            raise
+        with self._lock:
+            self._streak = 0
 
 
 def raw_status(resp: Any) -> int:

@@ -39,6 +39,7 @@ from scheduler.kube.calls import (
     STOP_WAIT_AFTER_GRACE_S,
     Calls,
     Refused,
+    StartBackoff,
     pods_path,
     post_json,
     raw_json,
@@ -110,7 +111,7 @@ class PodExecutor:
         self._pods: dict[str, Obj] = {}  # the watch's view of our pods (their JSON), by name
         self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
-        self._failed_starts = 0  # starts refused in a row: the next one waits (no create/delete storm)
+        self._start_backoff = StartBackoff()  # starts refused in a row: the next one waits
         self._copying: dict[str, int] = {}  # job id -> final log copies still to land (see log_settled)
         self._marks = itertools.count(1)
         self.changes = 0
@@ -239,13 +240,16 @@ class PodExecutor:
         return [a.handle for a in attempts]
 
     def _create_all_then_bind(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
+        """A gang's start (see :meth:`launch_gang`), after the same back-off as any start."""
+        self._backed_off(lambda: self._create_all_then_bind_now(attempts, manifests))
+
+    def _create_all_then_bind_now(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
         created: list[_Attempt] = []
         at = 0  # the rank being created or bound
         try:
-            for a, manifest in zip(attempts, manifests, strict=True):
+            for at, (a, manifest) in enumerate(zip(attempts, manifests, strict=True)):  # noqa: B007 (read in the except)
                 self.create(a, manifest)
                 created.append(a)
-                at += 1
             for at, a in enumerate(attempts):  # noqa: B007 (read in the except)
                 self.bind(a, a.handle.node)
         except BaseException as e:
@@ -262,21 +266,15 @@ class PodExecutor:
             self._changed()  # a refused start ends the attempt
 
     def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
-        with self._lock:
-            streak = self._failed_starts
-        if streak:  # a refused bind is requeued and tried again next cycle: back off, 0.2 s doubling to 30 s
-            time.sleep(min(0.1 * 2 ** streak, 30.0))
-        try:
-            self.create(a, manifest)
-            self.bind(a, node)
-        except Refused:
-            raise  # the core backs a refused create off (the job waits queued), not this thread while "running"
-        except BaseException:
-            with self._lock:
-                self._failed_starts += 1
-            raise
-        with self._lock:
-            self._failed_starts = 0
+        self._backed_off(lambda: (self.create(a, manifest), self.bind(a, node)))
+
+    def _backed_off(self, start: Callable[[], object]) -> None:
+        """Run ``start`` (create and bind) after the wait that starts failed in a row call for (:class:`StartBackoff`).
+
+        A create the API server refuses (:class:`Refused`) does not count: the core backs that job off (it
+        waits queued), not this thread while the job shows "running".
+        """
+        self._start_backoff.run(start, counts=lambda e: not isinstance(e, Refused))
 
     def create(self, a: _Attempt, manifest: dict[str, Any]) -> None:
         """Create the attempt's pod (Pending, not yet bound); a refusal raises :class:`Refused` with the API

@@ -36,7 +36,7 @@ from kubernetes.client.rest import ApiException
 
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.kube import objects as ob
-from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
+from scheduler.kube.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, StartBackoff
 from scheduler.kube.foreign import (
     FRACTION_ANNOTATION,
     MEMORY_ANNOTATION,
@@ -92,7 +92,7 @@ class KubectlPods:
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
         self._stop_notes: dict[str, tuple[str, str]] = {}  # job id -> (event reason, message) for its stop
         self._warned: set[tuple[str, str]] = set()  # (pod uid, message): each warning once per pod
-        self._failed_starts = 0  # starts refused in a row: the next one waits
+        self._start_backoff = StartBackoff()  # starts refused in a row: the next one waits
         self._marks = itertools.count(1)
         self.changes = 0
         """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
@@ -212,19 +212,11 @@ class KubectlPods:
         A refused start requeues the job and the next cycle tries again: without
         the backoff a setup that always refuses (RBAC) would churn the API server.
         """
-        with self._lock:
-            streak = self._failed_starts
-        if streak:
-            time.sleep(min(0.1 * 2 ** streak, 30.0))
         try:
-            self._configure_and_bind_now(run, env, node)
+            self._start_backoff.run(lambda: self._configure_and_bind_now(run, env, node))
         except BaseException as e:
-            with self._lock:
-                self._failed_starts += 1
             self.warn_once(run.ref, "GpupoolBindFailed", f"gpupool: {e}; the pod stays queued")
             raise
-        with self._lock:
-            self._failed_starts = 0
 
     def _configure_and_bind_now(self, run: _Run, env: dict[str, str], node: str) -> None:
         ref = run.ref
