@@ -18,7 +18,7 @@ writer still runs, since ids are reused: on Linux the file also records its
 writer's start time (in clock ticks since boot, which no clock change moves),
 and a live process with that id but another start time is somebody else.
 
-Imported by every CLI call: only ``os``, ``time`` and :mod:`scheduler.jsonlite` here.
+Imported by every CLI call: only ``os``, ``time``, :mod:`scheduler.jsonlite` and :mod:`scheduler.procstat` here.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import os
 import time
 
 from scheduler import jsonlite
+from scheduler.procstat import start_ticks
 
 PREFIX = "scheduler-"
 SUFFIX = ".json"
@@ -67,7 +68,7 @@ def write(url: str, token: str | None, **extra: object) -> str:
             raise PermissionError(f"{directory} belongs to another user; not writing a token there")
         os.chmod(directory, 0o700)  # an existing dir made with a looser umask
     info: dict[str, object] = {"url": url, "token": token, "pid": os.getpid(), "started": time.time(), **extra}
-    ticks = process_start_ticks(os.getpid())
+    ticks = start_ticks(os.getpid())
     if ticks is not None:
         info["process_start"] = ticks
     path = path_for(url)
@@ -110,20 +111,6 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux ``/proc``); None where unknown.
-
-    What tells a scheduler's process from a later one given the same id.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        # fields after "(comm)", which may itself hold spaces and parentheses; starttime is field 22
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def writer_alive(info: dict[str, object]) -> bool:
     """Whether the process that wrote this runtime file still runs (not just some process with its id)."""
     pid = info.get("pid")
@@ -132,7 +119,7 @@ def writer_alive(info: dict[str, object]) -> bool:
     recorded = info.get("process_start")
     if not isinstance(recorded, int):
         return True  # written where /proc was unreadable: the id is all there is
-    now = process_start_ticks(pid)
+    now = start_ticks(pid)
     return now is None or now == recorded
 
 

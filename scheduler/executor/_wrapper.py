@@ -55,6 +55,8 @@ import signal
 import subprocess
 import sys
 
+from scheduler.procstat import start_ticks
+
 REVOKED_EXIT = 75
 STOPPED, ENDED = "stopped", "ended"
 
@@ -66,12 +68,6 @@ def _write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        data = f.read()
-    return int(data[data.rindex(")") + 2 :].split()[19])
 
 
 def _parse(argv: list[str]) -> tuple[str, dict[str, str], list[str]] | None:
@@ -132,10 +128,7 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError:
         print("gpupool: launch revoked by the scheduler; not starting", file=sys.stderr)
         return REVOKED_EXIT
-    try:
-        start = _start_time(os.getpid())
-    except (OSError, ValueError, IndexError):
-        start = 0
+    start = start_ticks(os.getpid()) or 0
     _write_atomic(prefix + ".pid", f"{os.getpid()} {start}\n")
     try:
         env = _job_env(prefix)

@@ -32,6 +32,7 @@ from scheduler.executor.accounts import RunAs, job_account, job_environment
 from scheduler.executor.base import Interrupted, Launch, Recovered
 from scheduler.executor.gang import GangSpec, ReplicaSpec, write_spec
 from scheduler.executor.rendezvous import free_port, rendezvous_env
+from scheduler.procstat import stat_fields
 
 WRAPPER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -52,19 +53,9 @@ def wrapper_environment(service_env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first), or None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data[data.rindex(")") + 2 :].split()
-
-
 def proc_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat), or None if gone/zombie."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
@@ -72,7 +63,7 @@ def proc_start_time(pid: int) -> int | None:
 
 def proc_session(pid: int) -> int | None:
     """The session id of a process (field 6 of /proc/<pid>/stat), or None."""
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return None if fields is None else int(fields[3])
 
 
@@ -84,7 +75,7 @@ def group_members(pgid: int) -> list[int]:
     except OSError:
         return out
     for pid in pids:
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             out.append(pid)
     return out
