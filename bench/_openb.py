@@ -5,7 +5,7 @@ The protocol (see ``../shared/README.md``): inflate or trim the pod list to
 time (a pod that fits nowhere is dropped), and report the mean GPU allocation
 ratio over the prefixes whose arrived demand rounds to 100%.
 
-Placement goes through :class:`scheduler.policy.placement.FreeState`, the very
+Placement goes through :class:`gpupool.policy.placement.FreeState`, the very
 code the engine uses, so a number here is a claim about the product.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.policy.model import Gpu, Node, Request
-from scheduler.policy.placement import FreeState
+from gpupool.policy.model import Gpu, Node, Request
+from gpupool.policy.placement import FreeState
 
 INFLATE_TO = 1.3  # the trace is replayed to 130% of the cluster's GPU capacity
 WINDOW = (99.5, 100.5)  # arrived demand (%) that "rounds to 100"

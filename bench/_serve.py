@@ -39,7 +39,7 @@ class ServeProcess:
         env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=self.token, PYTHONPATH=str(ROOT), **self.env)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", str(self.port),
+            [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(self.state_dir), "--port", str(self.port),
              "--simulate", self.simulate, "--config", str(config), "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         assert self.proc.stdout is not None

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from tornado.httpclient import AsyncHTTPClient  # noqa: E402
 
 from bench._serve import ServeProcess  # noqa: E402
-from scheduler.client import AsyncGpupoolClient  # noqa: E402
+from gpupool.client import AsyncGpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
 SETTINGS = {"tick_s": 1.0, "poll_s": 0.02, "pause_grace_s": 5.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
@@ -61,7 +61,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def cancel_live(client: AsyncGpupoolClient) -> None:
-    from scheduler.errors import Conflict
+    from gpupool.wire.errors import Conflict
 
     while True:
         live = await client.jobs(state="queued,running,paused", limit=1000)
@@ -190,7 +190,7 @@ async def bench_reclaim(client: AsyncGpupoolClient, gpus: int, trials: int) -> d
 
 def seed_history(state_dir: Path, count: int) -> None:
     """Write ``count`` finished jobs into a fresh store, as months of use would leave them."""
-    from scheduler.store import JobRecord, ProjectRecord, Store
+    from gpupool.service.store import JobRecord, ProjectRecord, Store
 
     store = Store(state_dir / "state.db", synchronous="NORMAL")
     store.upsert_project(ProjectRecord(name="bench", train_guarantee_milli=4000, created_at=time.time()))

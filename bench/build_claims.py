@@ -1,4 +1,4 @@
-"""What a kernel's build claim costs in a policy cycle (scheduler/policy/build_reclaim.py).
+"""What a kernel's build claim costs in a policy cycle (gpupool/policy/build_reclaim.py).
 
 Run: ``python -m bench.build_claims``. Prints one table. Each row is a pool of
 8-GPU nodes that serve both the build and the train pool, every GPU held by a
@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 
-from scheduler.policy import (
+from gpupool.policy import (
     BUILD_POOL,
     TRAIN_POOL,
     Assignment,

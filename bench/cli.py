@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._serve import ServeProcess  # noqa: E402
-from scheduler.client import AsyncGpupoolClient, GpupoolClient  # noqa: E402
+from gpupool.client import AsyncGpupoolClient, GpupoolClient  # noqa: E402
 
 TOKEN = "bench-admin"
 GPUS = 4
@@ -139,7 +139,7 @@ def main() -> int:
     cached = "compiled first" if not args.no_compile else (
         "as found" + (", not written (PYTHONDONTWRITEBYTECODE)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else ""))
     script = Path(sys.executable).parent / "gpupool"
-    gpupool = [str(script)] if script.is_file() else [sys.executable, "-m", "scheduler"]
+    gpupool = [str(script)] if script.is_file() else [sys.executable, "-m", "gpupool"]
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-cli-"))
     runtime = tmp / "runtime"
     service = ServeProcess(tmp / "state", f"{GPUS}xA100-80GB", SETTINGS, TOKEN,

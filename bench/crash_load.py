@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._serve import ServeProcess  # noqa: E402
-from scheduler.client import GpupoolClient  # noqa: E402
-from scheduler.errors import GpupoolError  # noqa: E402
+from gpupool.client import GpupoolClient  # noqa: E402
+from gpupool.wire.errors import GpupoolError  # noqa: E402
 
 TOKEN = "crash-load-admin"
 SETTINGS = {"tick_s": 0.5, "poll_s": 1.0, "pause_grace_s": 2.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0,

@@ -33,9 +33,9 @@ import hashlib, json, random, sys, time
 sys.path.insert(0, sys.argv[1])
 from bench.scale import (MILLI, applied, gang_jobs, openb_requests, pending_jobs, projects, snapshot,
                          synthetic_nodes, synthetic_running)
-from scheduler.policy import schedule as engine
+from gpupool.policy import schedule as engine
 try:  # one PolicyCache through every cycle of the process, as the service keeps one
-    from scheduler.policy import PolicyCache
+    from gpupool.policy import PolicyCache
     _cache = PolicyCache()
     def schedule(s):
         return engine(s, _cache)

@@ -29,7 +29,7 @@ from bench.scale import (
     synthetic_nodes,
     synthetic_running,
 )
-from scheduler.policy import Decisions, Snapshot
+from gpupool.policy import Decisions, Snapshot
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from bench.scale import (
     synthetic_nodes,
     synthetic_running,
 )
-from scheduler.policy import MILLI, Snapshot
+from gpupool.policy import MILLI, Snapshot
 
 
 def with_history(snap: Snapshot, rng: random.Random) -> Snapshot:

@@ -1,8 +1,8 @@
 """Benchmark: what running a multi-node gang through one wrapper costs the local executor (issue 12).
 
-Real processes, :class:`scheduler.executor.local.LocalExecutor` alone (no
+Real processes, :class:`gpupool.backends.local.executor.LocalExecutor` alone (no
 service): for a one-process job (the plain wrapper) and gangs of 2, 4 and 8
-replicas (the gang wrapper, scheduler/executor/gang.py), the median over
+replicas (the gang wrapper, gpupool/backends/local/gang.py), the median over
 ``--runs`` of
 
 * start: ``launch()`` -> every replica's Python has started (each writes a file);
@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from scheduler.executor.base import Launch, ReplicaLaunch
-from scheduler.executor.local import LocalExecutor, ProcessHandle
+from gpupool.backends.base import Launch, ReplicaLaunch
+from gpupool.backends.local.executor import LocalExecutor, ProcessHandle
 
 PY = sys.executable
 JOB = r"""

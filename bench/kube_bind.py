@@ -55,11 +55,11 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config  # noqa: E402
 
-from scheduler.client import AsyncGpupoolClient  # noqa: E402
-from scheduler.envbuilder import gpu_environment  # noqa: E402
-from scheduler.executor.base import Launch  # noqa: E402
-from scheduler.kube.calls import WORKERS, pods_path, post_json, raw_json, raw_status  # noqa: E402
-from scheduler.kube.pods import PodSettings, pod_manifest  # noqa: E402
+from gpupool.backends.base import Launch  # noqa: E402
+from gpupool.backends.kubernetes.calls import WORKERS, pods_path, post_json, raw_json, raw_status  # noqa: E402
+from gpupool.backends.kubernetes.pods import PodSettings, pod_manifest  # noqa: E402
+from gpupool.client import AsyncGpupoolClient  # noqa: E402
+from gpupool.envbuilder import gpu_environment  # noqa: E402
 
 KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
 TOKEN = "kube-bind-admin"
@@ -262,7 +262,7 @@ class KubeServe:
         cfg.write_text(json.dumps({**SETTINGS, **(settings or {})}))
         env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(root))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--port", "0", "--state-dir", str(self.state),
+            [sys.executable, "-m", "gpupool", "serve", "--port", "0", "--state-dir", str(self.state),
              "--config", str(cfg), "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", ns,
              "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=open(work / f"serve-{ns}.log", "w"), text=True,
@@ -352,7 +352,7 @@ def run_gpupool(api: client.CoreV1Api, work: Path, kubeconfig: Path, ns: str, jo
     serve = KubeServe(work, kubeconfig, ns, root, settings)
     spy = None
     try:
-        from scheduler.client import GpupoolClient
+        from gpupool.client import GpupoolClient
 
         sync = GpupoolClient(serve.url, TOKEN)
         deadline = time.monotonic() + 120

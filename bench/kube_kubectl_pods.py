@@ -45,9 +45,9 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from scheduler.service.actor import Actor  # noqa: E402
-from scheduler.service.config import ServiceConfig  # noqa: E402
-from scheduler.service.core import SchedulerCore  # noqa: E402
+from gpupool.service.actor import Actor  # noqa: E402
+from gpupool.service.config import ServiceConfig  # noqa: E402
+from gpupool.service.core import SchedulerCore  # noqa: E402
 from tests.kube.cluster import make_gpu_node  # noqa: E402
 
 KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))

@@ -1,4 +1,4 @@
-"""Live pod logs (scheduler/kube/logs.py) on a real API server: latency, background load, final copies.
+"""Live pod logs (gpupool/backends/kubernetes/logs.py) on a real API server: latency, background load, final copies.
 
 Starts its own kube-apiserver + etcd (../shared/kube, as tests/kube/conftest.py
 does) and the tests' stand-in kubelet log endpoint (tests/kube/cluster.py), which
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config  # noqa: E402
 
-from scheduler.kube.logs import LiveLogs  # noqa: E402
+from gpupool.backends.kubernetes.logs import LiveLogs  # noqa: E402
 from tests.kube.cluster import LogServer, make_gpu_node  # noqa: E402
 
 KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))

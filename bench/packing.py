@@ -26,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from bench._openb import load_nodes, load_pods, run_seed
-from scheduler.policy.placement import POLICIES
+from gpupool.policy.placement import POLICIES
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "openb"
 PUBLISHED_NAMES = {"bestfit": "BestFit", "fgd": "FGD", "random": "Random", "dotprod": "DotProd",

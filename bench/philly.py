@@ -56,7 +56,7 @@ from bench.sim.trace import (
     parse_time,
     proportional_guarantees,
 )
-from scheduler.policy.model import PolicyConfig
+from gpupool.policy.model import PolicyConfig
 
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly"
 POLICIES = ("static", "fifo", "fifo-strict", "engine", "engine-decay")
@@ -64,7 +64,7 @@ POLICY_TITLES = {
     "static": "static partitions (FIFO+backfill per team)",
     "fifo": "pooled FIFO with backfill, no quotas",
     "fifo-strict": "pooled strict FIFO, no quotas",
-    "engine": "our policy (scheduler.policy.schedule)",
+    "engine": "our policy (gpupool.policy.schedule)",
     "engine-decay": "our policy with recent usage decayed by --half-life-h (fair share over time)",
 }
 
@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def engine_schedule() -> ScheduleFn:
     """The engine as the service runs it: one PolicyCache carried through the replay's cycles."""
-    from scheduler.policy import (
+    from gpupool.policy import (
         PolicyCache,
         engine,  # noqa: F401  (fail here, clearly, if the engine is missing)
         schedule,
@@ -325,7 +325,7 @@ def _context(args: argparse.Namespace, window: Window, load: float, gpus: int,
 
 
 def _policy_source_hash() -> str:
-    """Hash of scheduler/policy/*.py: which engine the numbers belong to, committed or not."""
+    """Hash of gpupool/policy/*.py: which engine the numbers belong to, committed or not."""
     digest = hashlib.sha256()
     folder = Path(__file__).resolve().parents[1] / "scheduler" / "policy"
     for path in sorted(folder.glob("*.py")):

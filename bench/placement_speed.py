@@ -29,8 +29,8 @@ import time
 
 import numpy as np
 
-from scheduler.policy.model import Gpu, Kind, Node, Request, Workload
-from scheduler.policy.placement import POLICIES, FreeState
+from gpupool.policy.model import Gpu, Kind, Node, Request, Workload
+from gpupool.policy.placement import POLICIES, FreeState
 
 MODELS = ("A100-80GB", "A100-40GB", "T4")
 

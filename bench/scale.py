@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.policy import (
+from gpupool.policy import (
     MILLI,
     Assignment,
     Decisions,
@@ -55,7 +55,7 @@ from scheduler.policy import (
     Workload,
     schedule,
 )
-from scheduler.policy.placement import FreeState
+from gpupool.policy.placement import FreeState
 
 CACHE = PolicyCache()
 """The policy's carries from cycle to cycle, kept through this process as the service keeps one."""

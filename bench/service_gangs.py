@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import Actor, SchedulerCore
-from scheduler.store import JobRecord
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import Actor, SchedulerCore
+from gpupool.service.store import JobRecord
 
 ADMIN = Actor("admin", True)
 NODES = 16

@@ -37,9 +37,9 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-from scheduler.client import AsyncGpupoolClient
-from scheduler.errors import GpupoolError
-from scheduler.service.embedded import EmbeddedScheduler
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
+from gpupool.wire.errors import GpupoolError
 
 ROOT = Path(__file__).resolve().parents[1]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(10**6)"]

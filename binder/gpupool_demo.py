@@ -3,7 +3,7 @@
 Called by ``binder/postBuild`` after the project is installed. It
 
 1. seeds the embedded scheduler's state directory with two projects and their
-   quotas (through :class:`scheduler.service.embedded.EmbeddedScheduler`, the
+   quotas (through :class:`gpupool.app.embedded.EmbeddedScheduler`, the
    same object the Jupyter extension runs, so the state is exactly what the
    server will open), and
 2. writes the ``c.GPUPool`` settings into ``jupyter_server_config.py`` in the
@@ -84,8 +84,8 @@ def write_config(config_dir: Path, state_dir: Path) -> Path:
 
 async def seed_projects(state_dir: Path) -> list[dict[str, Any]]:
     """Create the demo projects in the scheduler state; returns them as the scheduler sees them."""
-    from scheduler.client import AsyncGpupoolClient
-    from scheduler.service.embedded import EmbeddedScheduler
+    from gpupool.app.embedded import EmbeddedScheduler
+    from gpupool.client import AsyncGpupoolClient
 
     state_dir.mkdir(parents=True, exist_ok=True)
     # Binder's one user: jobs run as the server's own account, as in the Jupyter extension's scheduler.

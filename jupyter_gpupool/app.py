@@ -134,7 +134,7 @@ class GPUPool(ExtensionApp):
         "train_limit, weight}} in GPUs. Projects that exist keep their quotas (an admin changes them later).",
     )
     scheduler_config = Dict(
-        config=True, help="Embedded scheduler: other service settings (scheduler.service.config.ServiceConfig)."
+        config=True, help="Embedded scheduler: other service settings (gpupool.service.config.ServiceConfig)."
     )
 
     @default("state_dir")

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.wire.errors import GpupoolError, Unavailable
 from jupyter_gpupool.hub import shared_scheduler_token
-from scheduler.errors import GpupoolError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def simulated_gpu_count(spec: str) -> int:
 
     Read with the embedded scheduler's own parser, so the count is the pool it will simulate.
     """
-    from scheduler.inventory.simulated import parse_spec
+    from gpupool.inventory.simulated import parse_spec
 
     return sum(count for count, _model in parse_spec(spec))
 
@@ -137,7 +137,7 @@ class PoolConnection:
         return self._admin_client or (self._client if self.admin else None)
 
     async def _connect(self) -> None:
-        from scheduler.client import AsyncGpupoolClient
+        from gpupool.client import AsyncGpupoolClient
 
         if self.is_embedded:
             await self._start_embedded()
@@ -195,7 +195,7 @@ class PoolConnection:
         return DEFAULT_SIMULATION, simulated_gpu_count(DEFAULT_SIMULATION)
 
     async def _start_embedded(self) -> None:
-        from scheduler.service.embedded import EmbeddedScheduler
+        from gpupool.app.embedded import EmbeddedScheduler
 
         simulate, gpus = self._embedded_pool()
         guarantee = self.settings.train_guarantee

@@ -19,12 +19,12 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from gpupool.wire.errors import GpupoolError, InvalidRequest, Unavailable
+from gpupool.wire.limits import decode_json
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, promote, run_paths
-from scheduler.errors import GpupoolError, InvalidRequest, Unavailable
-from scheduler.wire import decode_json
 
 AUTH_RESOURCE = "gpupool"
 MAX_EVENT_WAIT = 30.0

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.errors import Conflict, GpupoolError, NotFound
+from gpupool.wire.errors import Conflict, GpupoolError, NotFound
 
 log = logging.getLogger(__name__)
 

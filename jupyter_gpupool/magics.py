@@ -18,6 +18,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from gpupool.wire.errors import GpupoolError
 from jupyter_gpupool.promote import (
     PromoteRequest,
     build_spec,
@@ -26,7 +27,6 @@ from jupyter_gpupool.promote import (
     snapshot_dropped_on_error,
 )
 from jupyter_gpupool.provisioner import fraction_label
-from scheduler.errors import GpupoolError
 
 
 def _value(text: str) -> Any:
@@ -109,7 +109,7 @@ class GpupoolMagics(Magics):
     """The ``%gpupool`` line magic."""
 
     def client(self) -> Any:
-        from scheduler.client import GpupoolClient
+        from gpupool.client import GpupoolClient
 
         return GpupoolClient()
 

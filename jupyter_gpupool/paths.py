@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from scheduler.errors import Forbidden, InvalidRequest, NotFound
+from gpupool.wire.errors import Forbidden, InvalidRequest, NotFound
 
 MAX_PATH = 4096  # PATH_MAX on Linux: a longer path names no file, and is not echoed back whole
 

@@ -24,15 +24,15 @@ from typing import Any
 
 import nbformat
 
+from gpupool.wire.errors import Forbidden, GpupoolError, InvalidRequest
+from gpupool.wire.limits import MAX_PROJECT_NAME
 from jupyter_gpupool.kernelspecs import base_kernel
 from jupyter_gpupool.paths import inside_root, relative_to_root, resolve_notebook
-from scheduler.errors import Forbidden, GpupoolError, InvalidRequest
-from scheduler.wire import MAX_PROJECT_NAME
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STAGING_PREFIX = ".staging-"
 # The parameters travel as one JSON argument of the job's command line, and the scheduler
-# takes arguments of at most 64 KiB (scheduler.api.schemas.MAX_STRING); refusing here
+# takes arguments of at most 64 KiB (gpupool.api.schemas.MAX_STRING); refusing here
 # gives the notebook user a sentence about parameters instead of one about "command.9".
 MAX_PARAMETERS_KIB = 64
 # papermill writes each value as a Python literal, and Python's parser stops at 200

@@ -22,9 +22,9 @@ from jupyter_client.provisioning import LocalProvisioner
 from tornado import web
 from traitlets import Float, Unicode
 
+from gpupool.wire.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
-from scheduler.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 
 WATCH_INTERVAL_S = 1.0  # how often a GPU kernel's process is checked: a dead kernel's share returns this soon
 
@@ -70,13 +70,13 @@ def build_job_env(job: dict[str, Any], simulated: bool | None = None) -> dict[st
     """The GPU environment a kernel holding ``job`` must run with.
 
     The scheduler returns it with build jobs (``job["env"]``, built by
-    ``scheduler.envbuilder``); when an older scheduler leaves it out we build it
+    ``gpupool.envbuilder``); when an older scheduler leaves it out we build it
     here with the same builder so kernels and jobs always agree.
     """
     env = job.get("env")
     if env:
         return {str(k): str(v) for k, v in env.items()}
-    from scheduler.envbuilder import gpu_environment
+    from gpupool.envbuilder import gpu_environment
 
     gpus = [
         (str(g["id"]), int(g.get("milli") or 1000), int(g.get("memory_limit") or 0))
@@ -101,7 +101,7 @@ def with_kernel_pythonpath(gpu_env: dict[str, str], kernel_pythonpath: str) -> d
     """
     if "PYTHONPATH" not in gpu_env:
         return gpu_env
-    from scheduler.envbuilder import TORCH_HOOK_DIR
+    from gpupool.envbuilder import TORCH_HOOK_DIR
 
     own = [p for p in kernel_pythonpath.split(os.pathsep) if p and p != TORCH_HOOK_DIR]
     return {**gpu_env, "PYTHONPATH": os.pathsep.join([TORCH_HOOK_DIR, *own])}

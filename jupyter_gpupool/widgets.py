@@ -41,7 +41,7 @@ ERROR_STYLE = "color:var(--jp-error-color1,#c00)"
 
 def default_client() -> Any:
     """The async scheduler client for this kernel (GPUPOOL_URL / GPUPOOL_TOKEN from the provisioner)."""
-    from scheduler.client import AsyncGpupoolClient
+    from gpupool.client import AsyncGpupoolClient
 
     return AsyncGpupoolClient()
 

@@ -26,7 +26,7 @@ os.environ.setdefault("GPUPOOL_RUN_JOBS_AS", "service")
 
 
 def _use_runtime_dirs(base: Path, setenv: Callable[[str, str], object]) -> None:
-    """Point both variables the runtime folder honours (scheduler.runtime_file.runtime_dir) into ``base``.
+    """Point both variables the runtime folder honours (gpupool.client.runtime_file.runtime_dir) into ``base``.
 
     ``$XDG_RUNTIME_DIR`` too: a test's subprocess may be given a clean
     environment without the ``GPUPOOL_`` settings (tests.api.servers.cli_env),

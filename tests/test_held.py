@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.errors import InvalidRequest
-from scheduler.policy.cache import PolicyCache, active, using
-from scheduler.policy.capacity import Ledger
-from scheduler.policy.held import held_by
-from scheduler.policy.model import Assignment, Gpu, Kind, Node, Request, Workload
-from scheduler.policy.placement import FreeState
+from gpupool.policy.cache import PolicyCache, active, using
+from gpupool.policy.capacity import Ledger
+from gpupool.policy.held import held_by
+from gpupool.policy.model import Assignment, Gpu, Kind, Node, Request, Workload
+from gpupool.policy.placement import FreeState
+from gpupool.wire.errors import InvalidRequest
 
 POOLS = (frozenset({"build", "train"}), frozenset({"train"}), frozenset({"build"}))
 SHAPES = (Request(gpus=1, cpu_milli=4000, memory_mib=8000), Request(gpus=2, cpu_milli=8000),

@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 EXTENSION_MAY_IMPORT = {
-    "scheduler.client", "scheduler.errors", "scheduler.wire", "scheduler.envbuilder",
-    "scheduler.inventory.simulated", "scheduler.service.embedded",
+    "gpupool.client", "gpupool.wire.errors", "gpupool.wire.limits", "gpupool.envbuilder",
+    "gpupool.inventory.simulated", "gpupool.app.embedded",
 }
 
 
@@ -36,10 +36,10 @@ def test_the_jupyter_extension_uses_only_the_schedulers_client_side() -> None:
     crossing = {f"{path.relative_to(ROOT)}: {module}"
                 for path in sorted((ROOT / "jupyter_gpupool").glob("*.py"))
                 for module in imported(path)
-                if module.split(".")[0] == "scheduler" and module not in EXTENSION_MAY_IMPORT}
+                if module.split(".")[0] == "gpupool" and module not in EXTENSION_MAY_IMPORT}
     assert not crossing, "jupyter_gpupool reaches into the scheduler past its client side:\n" + "\n".join(
         sorted(crossing))
 
 
 def test_the_wire_rules_depend_on_nothing_of_the_scheduler_but_its_errors() -> None:
-    assert {m for m in imported(ROOT / "scheduler" / "wire.py") if m.startswith("scheduler")} == {"scheduler.errors"}
+    assert {m for m in imported(ROOT / "gpupool" / "wire" / "limits.py") if m.startswith("gpupool")} == {"gpupool.wire.errors"}

@@ -1,4 +1,4 @@
-"""scheduler.jsonlite gives json's own text and values (it is the CLI's JSON, without importing json)."""
+"""gpupool.client.jsonlite gives json's own text and values (it is the CLI's JSON, without importing json)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler import jsonlite
+from gpupool.client import jsonlite
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

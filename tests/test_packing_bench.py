@@ -19,7 +19,7 @@ from bench._openb import (
     run_seed,
     window_mean,
 )
-from scheduler.policy.model import Request
+from gpupool.policy.model import Request
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,4000,16000,2,T4\n"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"

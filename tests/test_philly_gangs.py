@@ -24,14 +24,14 @@ from bench.sim.gangs import replica_ids, replica_shape
 from bench.sim.guarantees import Episode
 from bench.sim.metrics import summarize
 from bench.sim.simulator import InvalidDecision, SimConfig, SimResult, Simulator
-from scheduler.policy.model import MILLI, Assignment, Decisions, Preempt, Snapshot, Start
+from gpupool.policy.model import MILLI, Assignment, Decisions, Preempt, Snapshot, Start
 
 ScheduleFn = Callable[[Snapshot], Decisions]
 
 
 @pytest.fixture
 def engine() -> ScheduleFn:
-    from scheduler.policy import schedule
+    from gpupool.policy import schedule
 
     return schedule
 

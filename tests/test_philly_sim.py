@@ -28,7 +28,7 @@ from bench.sim.trace import (
     parse_time,
     proportional_guarantees,
 )
-from scheduler.policy.model import MILLI, Assignment, Decisions, Preempt, Snapshot, Start
+from gpupool.policy.model import MILLI, Assignment, Decisions, Preempt, Snapshot, Start
 
 T0 = parse_time("2017-10-01 00:00:00")  # a multiple of 60: cycles fall on T0 + 60 k
 
@@ -283,8 +283,8 @@ def test_cli_refuses_a_cluster_too_small_for_static_partitions(tmp_path: Path) -
 
 @pytest.fixture
 def schedule() -> Callable[[Snapshot], Decisions]:
-    pytest.importorskip("scheduler.policy.engine", reason="the policy engine has not landed yet")
-    from scheduler.policy import schedule as engine_schedule
+    pytest.importorskip("gpupool.policy.engine", reason="the policy engine has not landed yet")
+    from gpupool.policy import schedule as engine_schedule
 
     return engine_schedule
 

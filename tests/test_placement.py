@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.errors import InvalidRequest
-from scheduler.policy.model import Assignment, Gpu, Kind, Node, Request, Workload
-from scheduler.policy.placement import POLICIES, FreeState
+from gpupool.policy.model import Assignment, Gpu, Kind, Node, Request, Workload
+from gpupool.policy.placement import POLICIES, FreeState
+from gpupool.wire.errors import InvalidRequest
 
 
 def node(name: str, n_gpus: int, model: str = "A100", cpu: int = 64_000, mem: int = 256_000,
@@ -418,7 +418,7 @@ def test_found_place_is_not_reused_after_a_commit() -> None:
 
 def test_default_weighs_the_fgd_term_by_the_gang_share_of_the_mix() -> None:
     """The FGD term's weight follows the learned share of GPU volume in multi-GPU gangs."""
-    from scheduler.policy.placement_capacity import CapacityModel
+    from gpupool.policy.placement_capacity import CapacityModel
 
     singles = FreeState.from_nodes(cluster(), (), policy="default", workload=[Request(gpus=1)] * 3)
     gangs = FreeState.from_nodes(cluster(), (), policy="default", workload=[Request(gpus=4)] * 3)
@@ -437,7 +437,7 @@ def test_default_starts_from_a_gang_prior_that_fades_as_work_is_seen() -> None:
     The prior is gang work of 1 % of the pool's GPUs; every request counted dilutes it, so the
     weight falls toward the plain learned share. A mix given up front gets no prior (see the test above).
     """
-    from scheduler.policy.placement_capacity import CapacityModel
+    from gpupool.policy.placement_capacity import CapacityModel
 
     base, gain, exp = CapacityModel.LAMBDA, CapacityModel.GANG_GAIN, CapacityModel.GANG_EXP
     nodes = [node(f"n{k}", 8) for k in range(25)]  # 200 GPUs: the prior counts as 2,000 milli of gangs
@@ -460,7 +460,7 @@ def test_default_starts_from_a_gang_prior_that_fades_as_work_is_seen() -> None:
 def test_layout_reused_only_for_the_same_node_objects() -> None:
     """States over the same node objects share the hardware layout (within one PolicyCache, as in a cycle or
     from one cycle to the next); equal-named new nodes get their own."""
-    from scheduler.policy.cache import PolicyCache, using
+    from gpupool.policy.cache import PolicyCache, using
 
     nodes = cluster()
     with using(PolicyCache()):
@@ -652,7 +652,7 @@ def test_fits_empty_is_kept_with_the_hardware_and_still_refuses_bad_requests() -
 
 def test_fgd_ranks_by_the_authors_integer_node_score() -> None:
     """Near-equal increases of fragmentation tie (then node order decides); large ones saturate."""
-    from scheduler.policy.placement_frag import fgd_node_score
+    from gpupool.policy.placement_frag import fgd_node_score
 
     score = fgd_node_score(np.array([1.0, 39.0, 45.0, 5000.0, 9000.0, -5000.0, -9000.0, 0.0]))
     assert score[0] == score[1] != score[2]  # within one step of the score (~40 milli near 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.policy.placement_memo import MemoTable, ScoreMemo
+from gpupool.policy.placement_memo import MemoTable, ScoreMemo
 
 
 def _table(keys: list[int], span: int = 2) -> MemoTable:

@@ -1,4 +1,4 @@
-"""Build work reclaims from training on nodes shared by both pools (scheduler/policy/build_reclaim.py).
+"""Build work reclaims from training on nodes shared by both pools (gpupool/policy/build_reclaim.py).
 
 The user's question is "does my kernel get its GPU share at once": a kernel
 within its project's fixed build quota that finds a shared node full of
@@ -28,7 +28,7 @@ from test_policy_helpers import (
     violations,
 )
 
-from scheduler.policy import BUILD_POOL, TRAIN_POOL, Kind, Snapshot, schedule
+from gpupool.policy import BUILD_POOL, TRAIN_POOL, Kind, Snapshot, schedule
 
 BOTH = frozenset({BUILD_POOL, TRAIN_POOL})
 

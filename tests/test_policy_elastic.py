@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from scheduler.policy import Snapshot, schedule
+from gpupool.policy import Snapshot, schedule
 from tests.test_policy_helpers import build, gang, node, project, snap, train
 
 

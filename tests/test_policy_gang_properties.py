@@ -26,7 +26,7 @@ from test_policy_helpers import (
     violations,
 )
 
-from scheduler.policy import (
+from gpupool.policy import (
     TRAIN_POOL,
     Gpu,
     Kind,

@@ -30,8 +30,8 @@ from test_policy_helpers import (
     violations,
 )
 
-from scheduler.policy import TRAIN_POOL, schedule
-from scheduler.policy.gang_nodes import choose_nodes
+from gpupool.policy import TRAIN_POOL, schedule
+from gpupool.policy.gang_nodes import choose_nodes
 
 
 def _by_id(items):

@@ -14,7 +14,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterable
 
-from scheduler.policy import (
+from gpupool.policy import (
     BUILD_POOL,
     TRAIN_POOL,
     Assignment,

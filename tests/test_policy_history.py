@@ -21,7 +21,7 @@ from test_policy_helpers import (
 )
 from test_policy_properties import _four_gpu_train_nodes, guarantee_worlds, worlds
 
-from scheduler.policy import Kind, PolicyConfig, Project, Request, Snapshot, Workload, schedule
+from gpupool.policy import Kind, PolicyConfig, Project, Request, Snapshot, Workload, schedule
 
 SETTINGS = settings(max_examples=60, deadline=None)
 RECENT = st.sampled_from([0.0, 250.0, 1_000.0, 4_000.0, 12_000.0])

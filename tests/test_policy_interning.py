@@ -1,13 +1,13 @@
-"""Interning carried across cycles (scheduler/policy/interning.py) decides exactly as interning from scratch."""
+"""Interning carried across cycles (gpupool/policy/interning.py) decides exactly as interning from scratch."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 
-from scheduler.policy import PolicyCache, schedule
-from scheduler.policy.interning import Interner
-from scheduler.policy.model import Kind, Request, Workload
+from gpupool.policy import PolicyCache, schedule
+from gpupool.policy.interning import Interner
+from gpupool.policy.model import Kind, Request, Workload
 from tests.test_policy_helpers import node, project, snap
 
 

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 from test_policy_helpers import BUILD_ONLY, TRAIN_ONLY, node
 
-from scheduler.policy import (
+from gpupool.policy import (
     Assignment,
     Gpu,
     Kind,
@@ -26,8 +26,8 @@ from scheduler.policy import (
     Workload,
     schedule,
 )
-from scheduler.policy.model import BUILD_POOL, TRAIN_POOL
-from scheduler.policy.placement import FreeState
+from gpupool.policy.model import BUILD_POOL, TRAIN_POOL
+from gpupool.policy.placement import FreeState
 
 BOTH = frozenset({BUILD_POOL, TRAIN_POOL})
 CFG = PolicyConfig(min_runtime_s=0, resume_backoff_s=0, starvation_s=10)

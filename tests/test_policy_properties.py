@@ -23,7 +23,7 @@ from test_policy_helpers import (
     violations,
 )
 
-from scheduler.policy import (
+from gpupool.policy import (
     BUILD_POOL,
     TRAIN_POOL,
     Assignment,
@@ -275,7 +275,7 @@ def gang_worlds(draw: st.DrawFn) -> Snapshot:
 @given(gang_worlds())
 def test_gang_reclaim_bound_only_skips_searches_that_would_fail(s: Snapshot) -> None:
     """The upper bound in front of a gang's victim search (reclaim._gang_reachable) changes no decision."""
-    from scheduler.policy.reclaim import ReclaimMixin
+    from gpupool.policy.reclaim import ReclaimMixin
 
     with_bound = schedule(s)
     original = ReclaimMixin._gang_reachable

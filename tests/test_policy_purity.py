@@ -1,4 +1,4 @@
-"""The policy core does no I/O: checked on the source of every module in scheduler/policy.
+"""The policy core does no I/O: checked on the source of every module in gpupool/policy.
 
 The engine must run identically in the service, the simulator and the
 benchmarks, and be deterministic; a stray import of a database, process,
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-POLICY_DIR = Path(__file__).resolve().parent.parent / "scheduler" / "policy"
+POLICY_DIR = Path(__file__).resolve().parent.parent / "gpupool" / "policy"
 
 FORBIDDEN_MODULES = {
     "sqlite3", "subprocess", "os", "tornado", "kubernetes", "pynvml", "socket", "asyncio",
     "threading", "multiprocessing", "shutil", "time", "random", "urllib", "http", "requests",
     "pathlib", "io", "signal", "datetime",
 }
-ALLOWED_PROJECT_IMPORTS = ("scheduler.policy", "scheduler.errors")
+ALLOWED_PROJECT_IMPORTS = ("gpupool.policy", "gpupool.wire.errors")
 FORBIDDEN_CALLS = {"open", "input", "print", "exec", "eval", "__import__"}
 
 
@@ -43,7 +43,7 @@ def _violations(path: Path) -> list[str]:
             top = name.split(".")[0]
             if top in FORBIDDEN_MODULES:
                 found.append(f"{path.name}:{node.lineno} imports {name}")
-            if top in ("scheduler", "jupyter_gpupool") and not name.startswith(ALLOWED_PROJECT_IMPORTS):
+            if top in ("gpupool", "jupyter_gpupool") and not name.startswith(ALLOWED_PROJECT_IMPORTS):
                 found.append(f"{path.name}:{node.lineno} imports {name} (outside the pure core)")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
             found.append(f"{path.name}:{node.lineno} calls {node.func.id}()")
@@ -65,24 +65,24 @@ def test_checker_catches_forbidden_imports(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text(
         "import sqlite3\nfrom subprocess import run\nimport os.path\nfrom tornado import web\n"
-        "import pynvml\nfrom kubernetes import client\nfrom scheduler.store import Store\nopen('x')\n"
+        "import pynvml\nfrom kubernetes import client\nfrom gpupool.service.store import Store\nopen('x')\n"
     )
     problems = _violations(bad)
-    for word in ("sqlite3", "subprocess", "os.path", "tornado", "pynvml", "kubernetes", "scheduler.store", "open()"):
+    for word in ("sqlite3", "subprocess", "os.path", "tornado", "pynvml", "kubernetes", "gpupool.service.store", "open()"):
         assert any(word in p for p in problems), word
 
 
 def test_no_module_of_the_policy_keeps_state_between_calls() -> None:
-    """Carries from one cycle to the next live in the caller's PolicyCache (scheduler/policy/cache.py), never in a
+    """Carries from one cycle to the next live in the caller's PolicyCache (gpupool/policy/cache.py), never in a
     module: a dict, list, set or bytearray at module level would be state shared by every caller in the process."""
     import importlib
     import pkgutil
 
-    import scheduler.policy as policy
+    import gpupool.policy as policy
 
     kept = []
     for info in pkgutil.iter_modules(policy.__path__):
-        module = importlib.import_module(f"scheduler.policy.{info.name}")
+        module = importlib.import_module(f"gpupool.policy.{info.name}")
         kept += [f"{info.name}.{name}" for name, value in vars(module).items()
                  if not name.startswith("__") and type(value) in (dict, list, set, bytearray)]
     assert kept == [], f"module-level mutable state in the policy: {kept}"

@@ -26,7 +26,7 @@ from test_policy_helpers import (
     violations,
 )
 
-from scheduler.policy import Kind, schedule
+from gpupool.policy import Kind, schedule
 
 
 def _by_id(items):
@@ -417,7 +417,7 @@ def test_empty_and_odd_snapshots() -> None:
 
 
 def test_malformed_request_is_rejected_not_crashing() -> None:
-    from scheduler.policy import Request, Workload
+    from gpupool.policy import Request, Workload
 
     bad = Workload("bad", "A", Kind.TRAIN, Request(gpus=1, gpu_milli=500))
     s = snap([node("n1", 2)], [project("A", 2)], [bad, train("ok", "A")])

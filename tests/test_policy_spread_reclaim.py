@@ -11,7 +11,7 @@ project keeps its guarantee.
 
 from __future__ import annotations
 
-from scheduler.policy import schedule
+from gpupool.policy import schedule
 from tests.test_policy_helpers import apply, node, on, project, snap, train, violations
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.policy import Kind, Request, Workload
-from scheduler.policy.fairshare import ShareInput, fair_shares
-from scheduler.policy.memo import FailureMemo
-from scheduler.policy.queue import FairQueue
-from scheduler.policy.reasons import describe, gpus, holders
+from gpupool.policy import Kind, Request, Workload
+from gpupool.policy.fairshare import ShareInput, fair_shares
+from gpupool.policy.memo import FailureMemo
+from gpupool.policy.queue import FairQueue
+from gpupool.policy.reasons import describe, gpus, holders
 
 
 def share(g: float = 0, limit: float | None = None, weight: float = 1.0, demand: float = 0) -> ShareInput:
@@ -93,7 +93,7 @@ def test_schedule_leaves_the_garbage_collector_as_it_found_it() -> None:
     """The cycle holds the cyclic GC off for speed; the caller's setting comes back, even on an error."""
     import gc
 
-    from scheduler.policy import Snapshot, schedule
+    from gpupool.policy import Snapshot, schedule
 
     empty = Snapshot((), (), ())
     was = gc.isenabled()
@@ -116,8 +116,8 @@ def test_schedule_leaves_the_garbage_collector_as_it_found_it() -> None:
 
 
 def test_ledger_whole_gpu_counts_follow_takes_and_gives() -> None:
-    from scheduler.policy import Assignment, Gpu, Node
-    from scheduler.policy.capacity import Ledger
+    from gpupool.policy import Assignment, Gpu, Node
+    from gpupool.policy.capacity import Ledger
 
     node = Node("n", 8_000, 8_000, tuple(Gpu(f"g{i}", i, "A100", 40_000) for i in range(4)))
     half = Workload("h", "A", Kind.TRAIN, Request(gpu_milli=500), assignment=Assignment("n", (("g0", 500),)))

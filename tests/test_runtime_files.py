@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import runtime_file
+from gpupool.client import runtime_file
 from tests.api.servers import ServeProcess, cli_env, gpupool
 
 NOT_FOUND = "no scheduler of yours is running here"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.policy.model import MILLI, Assignment, Decisions, Reject, Snapshot, Start, Workload
+from gpupool.policy.model import MILLI, Assignment, Decisions, Reject, Snapshot, Start, Workload
 
 ScheduleFn = Callable[[Snapshot], Decisions]
 

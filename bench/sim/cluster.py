@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.policy.model import MILLI, TRAIN_POOL, Gpu, Node, Project
+from gpupool.policy.model import MILLI, TRAIN_POOL, Gpu, Node, Project
 
 GPU_MODEL = "P100"  # Philly ran 12-24 GB Pascal/Maxwell cards; the model does not matter to any policy here
 GPU_MEMORY_MIB = 16_384

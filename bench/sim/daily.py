@@ -16,7 +16,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping
 
-from scheduler.policy.fairshare import ShareInput, fair_shares
+from gpupool.policy.fairshare import ShareInput, fair_shares
 
 DAY = 86400.0
 

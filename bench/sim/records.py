@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from bench.sim.gangs import replica_ids
 from bench.sim.guarantees import Episode
 from bench.sim.trace import TraceJob
-from scheduler.policy.model import Assignment, Decisions, PolicyConfig, Snapshot
+from gpupool.policy.model import Assignment, Decisions, PolicyConfig, Snapshot
 
 ScheduleFn = Callable[[Snapshot], Decisions]
 

@@ -4,7 +4,7 @@ Time only moves from one event to the next: a job arrival, a job completion,
 or a scheduling cycle. Cycles fall on multiples of ``cycle_s`` and are held only
 while some job is pending (with nothing pending no policy can decide anything),
 so a long drain of running jobs costs nothing. At each cycle the whole cluster
-state goes to the policy as a :class:`~scheduler.policy.Snapshot`; its
+state goes to the policy as a :class:`~gpupool.policy.Snapshot`; its
 preemptions are applied first, then its starts, and every decision is checked
 against the cluster (a start on a busy GPU is a policy bug, reported as
 :class:`InvalidDecision`, never silently absorbed).
@@ -53,7 +53,7 @@ from bench.sim.records import (
     Stalled,
 )
 from bench.sim.trace import TraceJob
-from scheduler.policy.model import (
+from gpupool.policy.model import (
     MILLI,
     Assignment,
     Kind,
@@ -63,7 +63,7 @@ from scheduler.policy.model import (
     Snapshot,
     Workload,
 )
-from scheduler.service.usage import DecayedUsage
+from gpupool.service.usage import DecayedUsage
 
 INF = math.inf
 

@@ -23,7 +23,7 @@ GPUPOOL_NAMESPACE = os.environ.get("GPUPOOL_NAMESPACE", "gpupool")
 GPUPOOL_URL = os.environ.get("GPUPOOL_URL", f"http://gpupool-scheduler.{GPUPOOL_NAMESPACE}.svc:8765")
 GPUPOOL_GROUP_PREFIX = os.environ.get("GPUPOOL_GROUP_PREFIX", "")
 
-# What gpupool reads on a pod (scheduler/kube/foreign.py).
+# What gpupool reads on a pod (gpupool/backends/kubernetes/foreign.py).
 PROJECT_LABEL = "gpupool.io/project"
 USER_LABEL = "gpupool.io/user"
 KIND_ANNOTATION = "gpupool.io/kind"

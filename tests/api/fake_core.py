@@ -1,6 +1,6 @@
 """A small in-memory stand-in for SchedulerCore, for API-layer tests only.
 
-It follows the documented surface (docs/design.md, scheduler/service/core.py)
+It follows the documented surface (docs/design.md, gpupool/service/core.py)
 closely enough to test what the HTTP layer owns: authentication, JSON and
 error mapping, the event stream and the client. Scheduling behaviour is tested
 against the real core in the integration tests.
@@ -14,8 +14,8 @@ from typing import Any
 
 import prometheus_client
 
-from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
-from scheduler.service.core import Actor
+from gpupool.service.core import Actor
+from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
 
 ADMIN_TOKEN = "admin-token"
 TOKENS = {ADMIN_TOKEN: Actor("admin", True), "alice-token": Actor("alice"), "bob-token": Actor("bob")}

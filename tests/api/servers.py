@@ -22,7 +22,7 @@ from typing import Any
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
-from scheduler.api.app import make_app
+from gpupool.api.app import make_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ class EmbeddedThread:
     """An EmbeddedScheduler (real core + API) served from a LoopThread."""
 
     def __init__(self, state_dir: Path, **kwargs: Any) -> None:
-        from scheduler.service.embedded import EmbeddedScheduler
+        from gpupool.app.embedded import EmbeddedScheduler
 
         self.loops = LoopThread()
         self.scheduler = EmbeddedScheduler(state_dir, **kwargs)
@@ -142,8 +142,8 @@ def cli_env(url: str, token: str | None, home: Path) -> dict[str, str]:
 
 def gpupool(args: list[str], env: dict[str, str], timeout: float = 60,
             input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a real process (``python -m scheduler``)."""
-    return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, capture_output=True, text=True,
+    """Run the CLI as a real process (``python -m gpupool``)."""
+    return subprocess.run([sys.executable, "-m", "gpupool", *args], env=env, capture_output=True, text=True,
                           timeout=timeout, input=input_text)
 
 
@@ -169,7 +169,7 @@ class ServeProcess:
         env["GPUPOOL_ADMIN_TOKEN"] = self.admin_token
         env.update(self.extra_env)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(self.state_dir), "--port", str(port),
+            [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(self.state_dir), "--port", str(port),
              "--simulate", self.simulate, "--config", str(self.config), "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         )

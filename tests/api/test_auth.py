@@ -12,9 +12,9 @@ import urllib.request
 
 import pytest
 
-from scheduler.api.app import make_app
-from scheduler.api.auth import parse_authorization
-from scheduler.errors import Unauthorized
+from gpupool.api.app import make_app
+from gpupool.api.auth import parse_authorization
+from gpupool.wire.errors import Unauthorized
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer, http
@@ -40,7 +40,7 @@ def registered_routes() -> list[tuple[str, str]]:
                 choices = m.group(2).split("|") if "|" in m.group(2) else ["x1"]
                 expanded += [p[: m.start()] + c + p[m.end():] for c in choices]
             paths = expanded
-        ours = [base for base in rule.target.__mro__ if base.__module__.startswith("scheduler.api")]
+        ours = [base for base in rule.target.__mro__ if base.__module__.startswith("gpupool.api")]
         for method in METHODS:
             if any(method.lower() in vars(base) for base in ours):
                 out += [(method, p) for p in paths]

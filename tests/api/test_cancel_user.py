@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from scheduler import cli
-from scheduler.client import GpupoolClient
+from gpupool.cli import main as cli
+from gpupool.client import GpupoolClient
 
 from .servers import EmbeddedThread
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from scheduler import cli
+from gpupool.cli import main as cli
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer
@@ -191,7 +191,7 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--state-dir", str(tmp_path / "s"),
+        result = subprocess.run([sys.executable, "-m", "gpupool", "serve", "--state-dir", str(tmp_path / "s"),
                                  "--port", str(port), "--simulate", "1xA100-80GB"],
                                 env=cli_env("", None, tmp_path), capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
@@ -212,7 +212,7 @@ def test_connection_options_work_before_or_after_the_command(env, capsys, monkey
 
 
 def test_tables_render_what_people_need():
-    from scheduler import cli_tables as t
+    from gpupool.cli import tables as t
 
     pool = {"simulated": False, "nodes": [{"name": "n1", "gpus": [
         {"index": 0, "model": "H100", "memory": 80 * 2**30, "allocated": 0.75, "utilization": 37.0,
@@ -253,12 +253,12 @@ def test_login_checks_then_saves_the_client_config(env, capsys, monkeypatch, tmp
 
 
 def _gpupool_command() -> list[str]:
-    """The installed `gpupool` script next to this Python (what users run), else `python -m scheduler`."""
+    """The installed `gpupool` script next to this Python (what users run), else `python -m gpupool`."""
     import os
     import sys
 
     script = os.path.join(os.path.dirname(sys.executable), "gpupool")
-    return [script] if os.path.isfile(script) else [sys.executable, "-m", "scheduler"]
+    return [script] if os.path.isfile(script) else [sys.executable, "-m", "gpupool"]
 
 
 def test_cli_finds_the_embedded_scheduler_with_no_flags(tmp_path, monkeypatch):
@@ -308,7 +308,7 @@ def test_cli_finds_the_embedded_scheduler_with_no_flags(tmp_path, monkeypatch):
 
 
 async def _create_token(sched, user: str) -> str:
-    from scheduler.client import AsyncGpupoolClient
+    from gpupool.client import AsyncGpupoolClient
 
     return (await AsyncGpupoolClient(sched.url, sched.admin_token).create_token(user))["token"]
 
@@ -325,7 +325,7 @@ def test_version(tmp_path):
 
 HEAVY = ("tornado", "asyncio", "numpy", "jsonschema", "prometheus_client", "sqlite3", "urllib.request",
          "http.client", "email", "ssl", "concurrent", "typing", "pathlib", "shutil", "importlib.metadata",
-         "scheduler.service", "scheduler.api", "scheduler.policy", "scheduler.store", "scheduler.cli_tables",
+         "gpupool.service", "gpupool.api", "gpupool.policy", "gpupool.service.store", "gpupool.cli.tables",
          "jupyter_gpupool")
 
 
@@ -338,7 +338,7 @@ def test_submit_imports_only_what_it_needs(env, tmp_path):
 
     probe = ("import json, sys\n"
              "before = set(sys.modules)\n"
-             "from scheduler import cli\n"
+             "from gpupool.cli import main as cli\n"
              "code = cli.main(['submit', '--project', 'vision', '--gpus', '1', '--json', '--', 'true'])\n"
              "print(json.dumps({'code': code, 'new': sorted(set(sys.modules) - before)}))\n")
     result = subprocess.run([sys.executable, "-c", probe], env=cli_env(env.url, "alice-token", tmp_path),
@@ -352,7 +352,7 @@ def test_submit_imports_only_what_it_needs(env, tmp_path):
 
 
 def test_nothing_configured_and_nothing_running_says_where_it_looked(env, capsys, monkeypatch, tmp_path):
-    from scheduler import client
+    from gpupool import client
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

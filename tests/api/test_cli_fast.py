@@ -1,4 +1,4 @@
-"""The fast path of `gpupool submit` (scheduler.cli_fast): the same job as the full CLI, or it steps aside.
+"""The fast path of `gpupool submit` (gpupool.cli.fast): the same job as the full CLI, or it steps aside.
 
 It reads a plain submit by hand to skip argparse, json and socket at start
 (bench/cli.py measures why); whatever it reads must be what argparse reads,
@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from scheduler import cli, cli_fast
-from scheduler.client import GpupoolClient
+from gpupool.cli import fast as cli_fast
+from gpupool.cli import main as cli
+from gpupool.client import GpupoolClient
 
 from .servers import EmbeddedThread, cli_env
 
@@ -74,17 +75,17 @@ def test_anything_else_goes_to_the_full_cli(argv):
 def test_the_script_submits_through_the_fast_path_and_imports_little(env, tmp_path):
     """The real entry point: the job is submitted, the line is the full CLI's, argparse and json never load."""
     probe = ("import sys\n"
-             "from scheduler import cli_fast\n"
+             "from gpupool.cli import fast as cli_fast\n"
              "sys.argv = ['gpupool', 'submit', '--project', 'vision', '--gpus', '1', '--', 'true']\n"
              "code = cli_fast.main()\n"
-             "print(code, sorted(m for m in ('argparse', 'json', 'socket', 're', 'scheduler.cli') if m in sys.modules))\n")
+             "print(code, sorted(m for m in ('argparse', 'json', 'socket', 're', 'gpupool.cli.main') if m in sys.modules))\n")
     result = subprocess.run([sys.executable, "-c", probe], env=cli_env(env.url, env.alice, tmp_path),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     line, report = result.stdout.strip().splitlines()
     assert report == "0 []"
     assert line.startswith("j-") and "in project vision as alice" in line
-    full = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--project", "vision", "--gpus", "1",
+    full = subprocess.run([sys.executable, "-m", "gpupool", "submit", "--project", "vision", "--gpus", "1",
                            "--json", "--", "true"], env=cli_env(env.url, env.alice, tmp_path),
                           capture_output=True, text=True, timeout=60)
     job = json.loads(full.stdout)
@@ -92,7 +93,7 @@ def test_the_script_submits_through_the_fast_path_and_imports_little(env, tmp_pa
 
 
 def test_a_refusal_on_the_fast_path_is_the_full_clis_message_and_exit(env, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "scheduler", "submit", "--project", "nope", "--gpus", "1", "--",
+    out = subprocess.run([sys.executable, "-m", "gpupool", "submit", "--project", "nope", "--gpus", "1", "--",
                           "true"], env=cli_env(env.url, env.alice, tmp_path), capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 1 and out.stderr.startswith("gpupool: error: ") and "nope" in out.stderr

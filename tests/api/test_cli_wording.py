@@ -1,6 +1,6 @@
 """What the `gpupool` CLI says, run against a real scheduler (issue 22, item 13).
 
-Each test drives the real CLI (``scheduler.cli.main``) against an embedded
+Each test drives the real CLI (``gpupool.cli.main.main``) against an embedded
 scheduler (the real core and HTTP API) and checks the words a user reads.
 """
 
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from scheduler import cli
-from scheduler.client import GpupoolClient
+from gpupool.cli import main as cli
+from gpupool.client import GpupoolClient
 
 from .servers import EmbeddedThread, wait_until
 

@@ -8,14 +8,14 @@ import socket
 
 import pytest
 
-from scheduler import errors
-from scheduler.client import (
+from gpupool.client import (
     AsyncGpupoolClient,
     GpupoolClient,
     ServerError,
     error_from_reply,
     resolve_connection,
 )
+from gpupool.wire import errors
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer

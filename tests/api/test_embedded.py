@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from scheduler.client import AsyncGpupoolClient
-from scheduler.errors import InvalidRequest
-from scheduler.service.embedded import EmbeddedScheduler
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
+from gpupool.wire.errors import InvalidRequest
 
 FAST = {"tick_s": 0.2, "poll_s": 0.05, "pause_grace_s": 2.0, "min_runtime_s": 0.0, "resume_backoff_s": 0.0}
 
@@ -117,7 +117,7 @@ async def test_runtime_file_is_private_names_the_scheduler_and_goes_on_stop(tmp_
     """What `gpupool` reads to find a scheduler on a random port: 0600 in a 0700 dir, gone after a clean stop."""
     import json
 
-    from scheduler import runtime_file
+    from gpupool.client import runtime_file
 
     runtime = tmp_path / "runtime"
     monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(runtime))
@@ -142,7 +142,7 @@ def test_stale_and_foreign_runtime_files_are_ignored(tmp_path, monkeypatch):
     import json
     import subprocess
 
-    from scheduler import runtime_file
+    from gpupool.client import runtime_file
 
     monkeypatch.setenv("GPUPOOL_RUNTIME_DIR", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

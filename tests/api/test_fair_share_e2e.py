@@ -14,7 +14,7 @@ import re
 import sys
 import time
 
-from scheduler.store import Store
+from gpupool.service.store import Store
 
 from .servers import ServeProcess, gpupool, wait_until
 

@@ -149,7 +149,7 @@ def test_a_bad_simulated_pool_stops_serve_with_a_message(tmp_path: Path):
 
     from .servers import cli_env
 
-    result = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--state-dir", str(tmp_path / "s"),
+    result = subprocess.run([sys.executable, "-m", "gpupool", "serve", "--state-dir", str(tmp_path / "s"),
                              "--port", "0", "--simulate", "node-a=8xA100-80GB;node-a=4xT4"],
                             env=cli_env("", None, tmp_path), capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
@@ -162,7 +162,8 @@ def test_a_bad_simulated_pool_stops_serve_with_a_message(tmp_path: Path):
     ["submit", "-p", "vision", "--replicas", "1", "--gpu-fraction", "0.5", "--", "x"],
 ])
 def test_the_fast_submit_path_reads_replicas_as_the_full_cli_does(argv: list[str]):
-    from scheduler import cli, cli_fast
+    from gpupool.cli import fast as cli_fast
+    from gpupool.cli import main as cli
 
     parsed = cli_fast.parse_submit(argv)
     assert parsed is not None
@@ -177,13 +178,13 @@ def test_the_fast_submit_path_reads_replicas_as_the_full_cli_does(argv: list[str
     ["submit", "-p", "vision", "--replicas", "two", "--gpus", "1", "--", "x"],
 ])
 def test_a_replicas_mistake_is_left_to_the_full_cli(argv: list[str]):
-    from scheduler import cli_fast
+    from gpupool.cli import fast as cli_fast
 
     assert cli_fast.parse_submit(argv) is None
 
 
 def test_the_openapi_document_publishes_replicas_as_the_core_enforces_them(serve: ServeProcess):
-    from scheduler.wire import MAX_REPLICAS
+    from gpupool.wire.limits import MAX_REPLICAS
 
     status, doc = http("GET", f"{serve.url}/api/v1/openapi.json")
     assert status == 200

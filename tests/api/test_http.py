@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.api.openapi import build_document
-from scheduler.api.schemas import COMPONENTS
-from scheduler.client import GpupoolClient
-from scheduler.errors import Conflict, InvalidRequest, QuotaExceeded
-from scheduler.service.validation import PoolLimits, validate_project, validate_spec, validate_user
+from gpupool.api.openapi import build_document
+from gpupool.api.schemas import COMPONENTS
+from gpupool.client import GpupoolClient
+from gpupool.service.validation import PoolLimits, validate_project, validate_spec, validate_user
+from gpupool.wire.errors import Conflict, InvalidRequest, QuotaExceeded
 
 from .servers import EmbeddedThread, http, wait_until
 

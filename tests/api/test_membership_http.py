@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from scheduler.client import GpupoolClient
+from gpupool.client import GpupoolClient
 
 from .servers import EmbeddedThread, http
 

@@ -10,10 +10,10 @@ import threading
 import pytest
 import schemathesis
 
-from scheduler.api.app import ROUTES
-from scheduler.api.openapi import build_document
-from scheduler.api.schemas import COMPONENTS, to_json_schema, validate
-from scheduler.errors import InvalidRequest
+from gpupool.api.app import ROUTES
+from gpupool.api.openapi import build_document
+from gpupool.api.schemas import COMPONENTS, to_json_schema, validate
+from gpupool.wire.errors import InvalidRequest
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer, http

@@ -25,7 +25,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from scheduler.api.openapi import build_document
+from gpupool.api.openapi import build_document
 
 from .fuzzgen import UNSTORABLE_MODES, operations, request_for
 from .servers import ServeProcess, http

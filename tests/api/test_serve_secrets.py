@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.client import GpupoolClient
+from gpupool.client import GpupoolClient
 
 from .servers import cli_env, gpupool
 
@@ -47,7 +47,7 @@ def test_the_admin_token_file_must_be_private(tmp_path):
     assert out.returncode == 2 and "chmod 600" in out.stderr
     token.chmod(0o600)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler", "serve", "--state-dir", str(tmp_path / "state"), "--port", "0",
+        [sys.executable, "-m", "gpupool", "serve", "--state-dir", str(tmp_path / "state"), "--port", "0",
          "--simulate", "1xA100-80GB", "--admin-token-file", str(token)],
         env=cli_env("", None, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -71,14 +71,14 @@ def test_a_process_of_the_services_own_user_cannot_read_its_token(tmp_path):
         env = cli_env("", None, home)
         env.update(GPUPOOL_ADMIN_TOKEN="admin-secret-xyz", GPUPOOL_RUN_JOBS_AS="auto")
         proc = subprocess.Popen(
-            [*as_nobody, sys.executable, "-m", "scheduler", "serve", "--state-dir", str(home / "state"),
+            [*as_nobody, sys.executable, "-m", "gpupool", "serve", "--state-dir", str(home / "state"),
              "--port", "0", "--simulate", "1xA100-80GB"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(home))
         try:
             url = _listening_url(proc)
             assert GpupoolClient(url, "admin-secret-xyz").whoami()["admin"] is True
             cmdline = subprocess.run([*as_nobody, "cat", f"/proc/{proc.pid}/cmdline"], capture_output=True)
-            assert cmdline.returncode == 0 and b"scheduler" in cmdline.stdout
+            assert cmdline.returncode == 0 and b"gpupool" in cmdline.stdout
             assert b"admin-secret-xyz" not in cmdline.stdout
             environ = subprocess.run([*as_nobody, "cat", f"/proc/{proc.pid}/environ"], capture_output=True)
             assert environ.returncode != 0 and b"Permission denied" in environ.stderr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.cli_tables import status_text
+from gpupool.cli.tables import status_text
 
 POOL = {"simulated": False, "nodes": []}
 

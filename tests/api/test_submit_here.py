@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.client import GpupoolClient, on_this_machine, with_submit_dir
+from gpupool.client import GpupoolClient, on_this_machine, with_submit_dir
 
 from .servers import EmbeddedThread, wait_until
 
@@ -34,7 +34,7 @@ def svc(tmp_path_factory):
 def _gpupool(svc, cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPOOL_URL": svc.url, "GPUPOOL_TOKEN": svc.alice, "HOME": str(cwd),
            "XDG_CONFIG_HOME": str(cwd / ".config")}
-    return subprocess.run([sys.executable, "-m", "scheduler", *argv], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gpupool", *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=60)
 
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from scheduler.client import GpupoolClient
-from scheduler.store import JobRecord
+from gpupool.client import GpupoolClient
+from gpupool.service.store import JobRecord
 
 from .servers import EmbeddedThread, cli_env, gpupool, http
 
@@ -60,9 +60,9 @@ def test_submit_refuses_control_characters_naming_the_field(svc, extra, field):
 
 
 def test_the_core_refuses_them_too_whoever_calls(svc):
-    """The core's own check (scheduler.service.validation) says the same as the HTTP schema."""
-    from scheduler.errors import InvalidRequest
-    from scheduler.service.actor import Actor
+    """The core's own check (gpupool.service.validation) says the same as the HTTP schema."""
+    from gpupool.service.actor import Actor
+    from gpupool.wire.errors import InvalidRequest
 
     async def submit() -> None:
         await svc.core.submit(Actor("alice", False), {"project": "vision", "gpus": 1, "command": SLEEP,

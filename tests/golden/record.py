@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale import applied
-from scheduler.policy import Decisions, PolicyCache, Snapshot, schedule
+from gpupool.policy import Decisions, PolicyCache, Snapshot, schedule
 from tests.golden.scenarios import SCENARIOS, Scenario, openb_present
 
 EXPECTED = Path(__file__).resolve().parent / "expected"

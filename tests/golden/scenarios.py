@@ -34,7 +34,7 @@ from bench.scale import (
     synthetic_nodes,
     synthetic_running,
 )
-from scheduler.policy import Assignment, Gpu, Kind, Node, PolicyConfig, Project, Request, Snapshot, Workload
+from gpupool.policy import Assignment, Gpu, Kind, Node, PolicyConfig, Project, Request, Snapshot, Workload
 
 
 @dataclass(frozen=True)

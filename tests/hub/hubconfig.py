@@ -43,7 +43,7 @@ gpupool_url = "http://127.0.0.1:{gpupool_port}"
 c.JupyterHub.services.append({{
     "name": "gpupool",
     "url": gpupool_url,
-    "command": [{python!r}, "-m", "scheduler", "serve", "--hub", "--port", "{gpupool_port}",
+    "command": [{python!r}, "-m", "gpupool", "serve", "--hub", "--port", "{gpupool_port}",
                 "--state-dir", {state_dir!r}, "--simulate", "A100-80GB", "--config", {settings_file!r}],
     "environment": {{"GPUPOOL_ADMIN_TOKEN": {gpupool_admin_token!r}, "PYTHONPATH": os.environ["PYTHONPATH"],
                      **({{"GPUPOOL_RUN_JOBS_AS": {run_jobs_as!r}}} if {run_jobs_as!r} else {{}})}},

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.service.config import ServiceConfig
-from scheduler.service.hub_projects import HubProjectMap, Wanted
+from gpupool.service.config import ServiceConfig
+from gpupool.service.hub_projects import HubProjectMap, Wanted
+from gpupool.wire.errors import InvalidRequest
 
 
 def test_every_group_is_a_project_in_the_hubs_order() -> None:
@@ -64,9 +64,9 @@ def test_a_hub_spawned_server_uses_its_users_hub_token_with_the_shared_scheduler
 
 
 async def test_an_unreachable_hub_is_a_503_not_a_401(tmp_path, unused_tcp_port) -> None:
-    from scheduler.api import auth
-    from scheduler.errors import Unauthorized, Unavailable
-    from scheduler.service.core import SchedulerCore
+    from gpupool.api import auth
+    from gpupool.service.core import SchedulerCore
+    from gpupool.wire.errors import Unauthorized, Unavailable
 
     core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True, admin_token="adm",
                                        hub_api_url=f"http://127.0.0.1:{unused_tcp_port}/hub/api"))
@@ -84,9 +84,9 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
     import asyncio
     import time
 
-    from scheduler.api import auth
-    from scheduler.errors import Unavailable
-    from scheduler.service.core import SchedulerCore
+    from gpupool.api import auth
+    from gpupool.service.core import SchedulerCore
+    from gpupool.wire.errors import Unavailable
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(30)  # accepts the connection, never answers
@@ -107,7 +107,7 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
 
 
 async def test_a_group_project_whose_configured_quota_does_not_fit_is_made_without_it(tmp_path) -> None:
-    from scheduler.service.core import SchedulerCore
+    from gpupool.service.core import SchedulerCore
 
     core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
                                        hub_api_url="http://127.0.0.1:9/hub/api",  # never asked here

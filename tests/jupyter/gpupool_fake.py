@@ -12,7 +12,7 @@ import itertools
 import time
 from typing import Any
 
-from scheduler.errors import Forbidden, NotFound, QuotaExceeded, Unavailable
+from gpupool.wire.errors import Forbidden, NotFound, QuotaExceeded, Unavailable
 
 MILLI = 1000
 
@@ -54,7 +54,7 @@ class FakeScheduler:
 
 
 class FakeClient:
-    """The client surface of scheduler.client.AsyncGpupoolClient, in memory."""
+    """The client surface of gpupool.client.AsyncGpupoolClient, in memory."""
 
     def __init__(self, sched: FakeScheduler, user: str, admin: bool) -> None:
         self.s, self.user, self.admin = sched, user, admin

@@ -34,9 +34,8 @@ def test_no_script_no_change(monkeypatch, tmp_path):
 
 async def test_embedded_scheduler_publishes_the_lab_users_token(tmp_path, monkeypatch):
     """`gpupool` in a terminal beside Lab reaches the embedded scheduler as the Lab user, not as the admin."""
+    from gpupool.client import GpupoolClient, runtime_file
     from jupyter_gpupool.connection import PoolConnection, PoolSettings
-    from scheduler import runtime_file
-    from scheduler.client import GpupoolClient
 
     for key in ("GPUPOOL_URL", "GPUPOOL_TOKEN"):
         monkeypatch.delenv(key, raising=False)

@@ -283,8 +283,8 @@ async def test_promote_refuses_a_runs_directory_that_leads_outside_the_root(
 
 def test_claim_snapshot_refuses_a_run_folder_that_is_a_symlink(tmp_path: Any) -> None:
     """The runner claims the snapshot too (when the job starts first): it must not follow a planted link."""
+    from gpupool.wire.errors import Forbidden
     from jupyter_gpupool.promote import claim_snapshot
-    from scheduler.errors import Forbidden
 
     runs, outside = tmp_path / "nb.runs", tmp_path / "outside"
     runs.mkdir()

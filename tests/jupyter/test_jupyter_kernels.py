@@ -13,9 +13,9 @@ import pytest
 from kernel_helpers import kernel_env, run_in_kernel
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
 from jupyter_gpupool import leases
-from scheduler.client import AsyncGpupoolClient
-from scheduler.service.embedded import EmbeddedScheduler
 
 pytestmark = pytest.mark.timeout(240)
 

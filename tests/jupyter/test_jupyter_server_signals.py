@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.client import GpupoolClient
+from gpupool.client import GpupoolClient
 from tests.api.servers import ServeProcess, wait_until
 from tests.jupyter.server_process import ServerProcess, api
 from tests.jupyter.server_process import start_server as start_server_process

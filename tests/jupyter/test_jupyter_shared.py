@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 from tornado.httpclient import HTTPClientError
 
-from scheduler.client import AsyncGpupoolClient
-from scheduler.service.embedded import EmbeddedScheduler
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
 
 
 @pytest_asyncio.fixture

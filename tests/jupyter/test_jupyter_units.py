@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 
+from gpupool.wire.errors import Forbidden, InvalidRequest, NotFound
 from jupyter_gpupool.kernelspecs import base_kernel, register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, papermill_args, run_paths
 from jupyter_gpupool.provisioner import fraction_label, share_request
 from jupyter_gpupool.runner import main as runner_main
-from scheduler.errors import Forbidden, InvalidRequest, NotFound
 
 
 def test_kernelspecs_follow_the_configured_fractions(tmp_path: Any) -> None:
@@ -170,10 +170,10 @@ def test_install_enables_a_valid_server_extension() -> None:
 
 async def test_provisioner_falls_back_to_the_environment(tmp_path: Any, monkeypatch: Any) -> None:
     """Outside the extension (e.g. jupyter_client alone) the provisioner uses GPUPOOL_URL / GPUPOOL_TOKEN."""
+    from gpupool.app.embedded import EmbeddedScheduler
+    from gpupool.client import AsyncGpupoolClient
     from jupyter_gpupool import connection as connection_mod
     from jupyter_gpupool.provisioner import GPUPoolProvisioner, GpuShareUnavailable
-    from scheduler.client import AsyncGpupoolClient
-    from scheduler.service.embedded import EmbeddedScheduler
 
     connection_mod.set_current(None)
     monkeypatch.delenv("GPUPOOL_URL", raising=False)

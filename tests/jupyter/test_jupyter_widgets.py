@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 from ipywidgets.widgets.widget import _instances as live_widgets
 
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
 from jupyter_gpupool.widgets import PoolMonitor, QueueMonitor
-from scheduler.client import AsyncGpupoolClient
-from scheduler.service.embedded import EmbeddedScheduler
 
 pytestmark = pytest.mark.timeout(120)
 

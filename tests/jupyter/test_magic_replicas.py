@@ -16,9 +16,9 @@ import nbformat
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.client import AsyncGpupoolClient
 from jupyter_gpupool.magics import GpupoolMagics
-from scheduler.client import AsyncGpupoolClient
-from scheduler.service.embedded import EmbeddedScheduler
 
 FAST = {"tick_s": 0.05, "poll_s": 0.02, "pause_grace_s": 1.0}
 

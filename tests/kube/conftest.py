@@ -74,7 +74,7 @@ def gpu_nodes(api: Any, namespace: str) -> Iterator[Callable[..., list[str]]]:
 
 def kube_config(state_dir: Path, kubeconfig: Path, namespace: str, **overrides: Any) -> Any:
     """A fast ServiceConfig for the Kubernetes backend."""
-    from scheduler.service.config import ServiceConfig
+    from gpupool.service.config import ServiceConfig
 
     base: dict[str, Any] = dict(
         state_dir=state_dir, backend="kubernetes", kubeconfig=str(kubeconfig), namespace=namespace,

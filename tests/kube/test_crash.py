@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.client import GpupoolClient
+from gpupool.client import GpupoolClient
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.test_serve_cli import TOKEN
 
@@ -25,7 +25,7 @@ def serve(tmp_path: Path, kubeconfig: Path, namespace: str) -> tuple[subprocess.
     cfg = tmp_path / "fast.json"
     cfg.write_text('{"poll_s": 0.05, "tick_s": 0.2, "min_runtime_s": 0, "resume_backoff_s": 0, '
                    '"pause_grace_s": 2, "cycle_min_interval_s": 0}')
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "serve", "--port", "0", "--state-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool", "serve", "--port", "0", "--state-dir",
                              str(tmp_path / "state"), "--config", str(cfg), "--backend", "kubernetes",
                              "--kubeconfig", str(kubeconfig), "--namespace", namespace],
                             env={**os.environ, "GPUPOOL_ADMIN_TOKEN": TOKEN}, stdout=subprocess.PIPE,

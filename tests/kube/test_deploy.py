@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
-from scheduler.kube.gang_pods import gang_service_name
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.gang_pods import gang_service_name
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -135,7 +135,7 @@ def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
             assert 200 <= reply.status < 300, f"{name}: {doc['kind']} refused by server-side apply: {body}"
 
 
-# What the scheduler's code calls (scheduler/kube: lists and watches of nodes and of pods everywhere; in its
+# What the scheduler's code calls (gpupool/backends/kubernetes: lists and watches of nodes and of pods everywhere; in its
 # namespace: pods created, listed, watched and deleted, bound, their logs read; ConfigMaps of kubectl pods; a
 # gang's headless Service; events). Nothing more: no `get` of a pod or a node, which it never reads one by one.
 SCHEDULER_RIGHTS = {

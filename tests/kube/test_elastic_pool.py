@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for

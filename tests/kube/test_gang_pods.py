@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scheduler.kube.gang_pods import MASTER_PORT, gang_service_name
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.gang_pods import MASTER_PORT, gang_service_name
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, pod_env
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.kube.pod_namespaces import PodNamespaces, parse_flag
-from scheduler.service.actor import Actor
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.pod_namespaces import PodNamespaces, parse_flag
+from gpupool.service.actor import Actor
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import SchedulerCore
+from gpupool.wire.errors import InvalidRequest
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.kube.test_kubectl_pods import jobs_of, kubectl_pod, pod_events
@@ -70,7 +70,7 @@ def test_the_setting_needs_the_kubernetes_backend(tmp_path: Path) -> None:
     (["--pod-namespaces", "team-a=vision"], 2, "go with --backend kubernetes"),
 ])
 def test_serve_refuses_a_bad_pod_namespaces_flag(tmp_path: Path, flags: list[str], rc: int, words: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "scheduler", "serve", *flags, "--state-dir", str(tmp_path / "s"),
+    r = subprocess.run([sys.executable, "-m", "gpupool", "serve", *flags, "--state-dir", str(tmp_path / "s"),
                         "--port", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == rc, r.stderr
     assert words in r.stderr and "Traceback" not in r.stderr

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from scheduler.cli_tables import jobs_table
-from scheduler.errors import Conflict
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.cli.tables import jobs_table
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
+from gpupool.wire.errors import Conflict
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -349,7 +349,7 @@ def model_pod(name: str = "p", *, labels: dict[str, str] | None = None, annotati
 
 
 def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
-    from scheduler.kube.foreign import kubectl_pod_end, read_pod, reads_config_map
+    from gpupool.backends.kubernetes.foreign import kubectl_pod_end, read_pod, reads_config_map
 
     vision = {"gpupool.io/project": "vision"}
     kp = read_pod(model_pod(labels=vision, annotations={"gpupool.io/gpu-memory": "20Gi"}))
@@ -380,7 +380,7 @@ def test_a_pod_is_read_into_the_job_spec_it_asks_for() -> None:
 async def test_a_pod_whose_job_ended_is_not_queued_again_after_a_restart(api: Any, namespace: str, gpu_nodes: Any,
                                                                           make_core: Any, tmp_path: Path) -> None:
     """The store, not memory, says a pod has had its job: a pod still Pending after its job ended stays so."""
-    from scheduler.store import Store
+    from gpupool.service.store import Store
 
     gpu_nodes(1, gpus=8)
     core = await make_core()

@@ -14,7 +14,7 @@ import yaml
 from jupyterhub.utils import maybe_future
 from traitlets.config import Config
 
-from scheduler.service.hub_projects import HubProjectMap
+from gpupool.service.hub_projects import HubProjectMap
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.test_serve_cli import gpupool, serve
 

@@ -2,7 +2,7 @@
 
 The API server proxies ``pods/log`` to the stand-in kubelet's log endpoint
 (tests/kube/cluster.py); the scheduler copies running pods' output into the
-job's log file (scheduler/kube/logs.py).
+job's log file (gpupool/backends/kubernetes/logs.py).
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from scheduler.kube import logs as live_logs
-from scheduler.kube.logs import LiveLogs
+from gpupool.backends.kubernetes import logs as live_logs
+from gpupool.backends.kubernetes.logs import LiveLogs
 from tests.kube.cluster import Kubelet, make_gpu_node, wait
 from tests.kube.test_serve_cli import TOKEN, gpupool, serve
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": TOKEN}
-    return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpupool", *args], env=env, capture_output=True, text=True,
                           timeout=60)
 
 
@@ -51,7 +51,7 @@ def test_gpupool_logs_shows_a_running_pods_output_and_the_archive_adds_each_line
             assert shown == f"--- gpupool: attempt 1 of {job['id']} (pod {pod}) ---\nepoch 1 loss 0.93\n"
 
             env = {**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": TOKEN}
-            follower = subprocess.Popen([sys.executable, "-m", "scheduler", "logs", "-f", job["id"]], env=env,
+            follower = subprocess.Popen([sys.executable, "-m", "gpupool", "logs", "-f", job["id"]], env=env,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             lines: queue.Queue[str] = queue.Queue()
             assert follower.stdout is not None

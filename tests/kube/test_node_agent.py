@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
-from scheduler.inventory.simulated import SimulatedInventory
+from gpupool.inventory.simulated import SimulatedInventory
 from tests.kube.cluster import Kubelet, pod_env, wait
 from tests.kube.test_deploy import documents, ensure_namespace
 from tests.kube.test_serve_cli import gpupool, serve
@@ -29,13 +29,13 @@ ANNOTATION = "gpupool.io/gpus"
 
 
 def agent(kubeconfig: Path, node: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "scheduler", "node-agent", "--kubeconfig", str(kubeconfig),
+    return subprocess.Popen([sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig),
                              "--node", node, *args], env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def agent_once(kubeconfig: Path, node: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler", "node-agent", "--kubeconfig", str(kubeconfig),
+    return subprocess.run([sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig),
                            "--node", node, "--once", *args], capture_output=True, text=True, timeout=60)
 
 
@@ -187,7 +187,7 @@ def test_an_unreachable_api_server_is_retried_with_backoff_until_stopped(kubecon
     away = kubeconfig_as(kubeconfig, tmp_path, server=f"https://127.0.0.1:{port}")
     log = tmp_path / "agent.err"
     with open(log, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "scheduler", "node-agent", "--kubeconfig", str(away),
+        proc = subprocess.Popen([sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(away),
                                  "--node", "n1", "--simulate", "1xT4", "--interval", "0.2"],
                                 stdout=subprocess.DEVNULL, stderr=err_file, text=True)
 
@@ -208,7 +208,7 @@ def test_an_unreachable_api_server_is_retried_with_backoff_until_stopped(kubecon
 
 def test_usage_mistakes_exit_2_with_a_message(kubeconfig: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
-    r = subprocess.run([sys.executable, "-m", "scheduler", "node-agent", "--kubeconfig", str(kubeconfig),
+    r = subprocess.run([sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig),
                         "--simulate", "1xT4"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and "needs --node NAME or $NODE_NAME" in r.stderr
     r = agent_once(kubeconfig, "n1", "--simulate", "3xNOPE")

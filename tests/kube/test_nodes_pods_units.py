@@ -6,10 +6,10 @@ import datetime as dt
 import json
 from typing import Any
 
-from scheduler.executor.base import Launch
-from scheduler.kube.nodes import read_node
-from scheduler.kube.pods import PodSettings, label_value, pod_end, pod_environment, pod_manifest
-from scheduler.policy.model import BUILD_POOL, TRAIN_POOL
+from gpupool.backends.base import Launch
+from gpupool.backends.kubernetes.nodes import read_node
+from gpupool.backends.kubernetes.pods import PodSettings, label_value, pod_end, pod_environment, pod_manifest
+from gpupool.policy.model import BUILD_POOL, TRAIN_POOL
 
 
 def node(name: str = "n1", gpus: str = "4", labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,

@@ -6,9 +6,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from scheduler.cli_tables import gpus_table
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.cli.tables import gpus_table
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -65,8 +65,8 @@ async def test_another_schedulers_pod_holding_6_of_8_gpus_leaves_2(api: Any, nam
 
 
 def test_other_pods_take_the_highest_free_gpus_and_keep_them() -> None:
-    from scheduler.kube.other_pods import OtherPod, assign
-    from scheduler.policy.model import Gpu, Node
+    from gpupool.backends.kubernetes.other_pods import OtherPod, assign
+    from gpupool.policy.model import Gpu, Node
 
     node = Node("n", 64000, 1 << 20, tuple(Gpu(f"n/gpu{i}", i, "A100-80GB", 81920) for i in range(8)),
                 frozenset({"train"}))

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, pod_env
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scheduler.kube.nodes import read_node
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.nodes import read_node
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for

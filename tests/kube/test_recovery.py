@@ -8,9 +8,9 @@ from typing import Any
 
 from kubernetes import client, config
 
-from scheduler.kube.backend import KubeBackend
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.backend import KubeBackend
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for

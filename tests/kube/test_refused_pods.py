@@ -10,8 +10,8 @@ from typing import Any
 
 from kubernetes import watch
 
-from scheduler.kube.calls import refusal
-from scheduler.service.actor import Actor
+from gpupool.backends.kubernetes.calls import refusal
+from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
 from tests.service.helpers import wait_for
 

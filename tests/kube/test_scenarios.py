@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, pod_env
 from tests.service.helpers import wait_for
 

@@ -18,7 +18,7 @@ TOKEN = "kube-cli-admin-token"
 def gpupool(url: str, *args: str) -> Any:
     env = {**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": TOKEN}
     cut = args.index("--") if "--" in args else len(args)  # --json before a job's command, not in it
-    r = subprocess.run([sys.executable, "-m", "scheduler", *args[:cut], "--json", *args[cut:]], env=env,
+    r = subprocess.run([sys.executable, "-m", "gpupool", *args[:cut], "--json", *args[cut:]], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -29,7 +29,7 @@ def serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     cfg.write_text(json.dumps({"poll_s": 0.05, "tick_s": 0.2, "min_runtime_s": 0, "resume_backoff_s": 0,
                                "pause_grace_s": 2, "run_jobs_as": "service"}))
     env = {**os.environ, "GPUPOOL_ADMIN_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "serve", "--port", "0", "--state-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool", "serve", "--port", "0", "--state-dir",
                              str(tmp_path / "state"), "--config", str(cfg), *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -48,7 +48,7 @@ def test_serve_on_a_cluster_submit_from_the_cli_and_see_the_pod(api: Any, namesp
                       what="3 nodes in gpupool status")
         assert status["simulated"] is False
         assert status["backend"]["backend"] == "kubernetes" and status["backend"]["ok"] is True
-        text = subprocess.run([sys.executable, "-m", "scheduler", "status"], capture_output=True, text=True,
+        text = subprocess.run([sys.executable, "-m", "gpupool", "status"], capture_output=True, text=True,
                               timeout=60, env={**os.environ, "GPUPOOL_URL": url, "GPUPOOL_TOKEN": TOKEN}).stdout
         assert f"namespace {namespace}: OK" in text.splitlines()[1], text
         assert sum(len(n["gpus"]) for n in status["pool"]["nodes"]) == 24
@@ -108,7 +108,7 @@ def test_a_jobs_image_from_the_cli_is_its_pods_image_and_the_rest_get_the_defaul
 
 
 def test_serve_refuses_a_bad_kubeconfig_with_a_clear_message(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--backend", "kubernetes", "--kubeconfig",
+    r = subprocess.run([sys.executable, "-m", "gpupool", "serve", "--backend", "kubernetes", "--kubeconfig",
                         str(tmp_path / "missing"), "--state-dir", str(tmp_path / "s"), "--port", "0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
@@ -117,7 +117,7 @@ def test_serve_refuses_a_bad_kubeconfig_with_a_clear_message(tmp_path: Path) -> 
 
 def test_kubernetes_flags_need_the_kubernetes_backend(tmp_path: Path) -> None:
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "scheduler", "serve", "--namespace", "ml", "--state-dir",
+    r = subprocess.run([sys.executable, "-m", "gpupool", "serve", "--namespace", "ml", "--state-dir",
                         str(tmp_path / "s"), "--port", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "go with --backend kubernetes" in r.stderr
     assert time.monotonic() - start < 30

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.kube.pods import start_problem
-from scheduler.service.actor import Actor
+from gpupool.backends.kubernetes.pods import start_problem
+from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
 from tests.service.helpers import wait_for
 

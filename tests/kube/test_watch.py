@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from scheduler.kube.health import Health
-from scheduler.kube.watcher import ListWatch
-from scheduler.service.actor import Actor
-from scheduler.service.core import SchedulerCore
+from gpupool.backends.kubernetes.health import Health
+from gpupool.backends.kubernetes.watcher import ListWatch
+from gpupool.service.actor import Actor
+from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import KUBE, kube_config
 from tests.service.helpers import wait_for

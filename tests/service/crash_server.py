@@ -20,9 +20,9 @@ import signal
 import sys
 from pathlib import Path
 
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import Actor, SchedulerCore
-from scheduler.store import Store
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import Actor, SchedulerCore
+from gpupool.service.store import Store
 
 
 def _die_at_event(state: str) -> None:

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import Actor
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import Actor
 
 PY = sys.executable
 
@@ -22,7 +22,7 @@ BOB = Actor("bob")
 async def cores_made(config_of: Callable[..., ServiceConfig]) -> AsyncIterator[Callable[..., Any]]:
     """A ``make_core`` fixture's body: ``await make(**overrides)`` starts a core on ``config_of(**overrides)``;
     every core made is stopped when the test ends."""
-    from scheduler.service.core import SchedulerCore
+    from gpupool.service.core import SchedulerCore
 
     cores: list[SchedulerCore] = []
 
@@ -109,7 +109,7 @@ def older_store(path: Path, schema_text: str, instead: str = "", row: str = OLD_
     by ``instead``, holding one job ``row``; the jobs table's columns. For the tests that it is upgraded in place."""
     import sqlite3
 
-    import scheduler.store as store_module
+    import gpupool.service.store as store_module
 
     old_schema = store_module._SCHEMA.replace(schema_text, instead)
     assert old_schema != store_module._SCHEMA  # the columns really are left out of the old database

@@ -1,6 +1,6 @@
 """A kernel within its build quota gets its share on a machine full of training (the embedded default).
 
-The policy pauses a training job for it (scheduler/policy/build_reclaim.py);
+The policy pauses a training job for it (gpupool/policy/build_reclaim.py);
 the service stops that job and hands the kernel its share, within the submit
 reply when the job stops promptly.
 """

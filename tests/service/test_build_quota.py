@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.service.build_quota import gpus_phrase, share_text
+from gpupool.service.build_quota import gpus_phrase, share_text
 
 
 @pytest.mark.parametrize("milli, text", [(1000, "1"), (250, "¼"), (500, "½"), (750, "¾"), (1500, "1½"),

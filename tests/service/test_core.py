@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from scheduler.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
+from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
 from tests.service.helpers import ADMIN, ALICE, BOB, CHECKPOINTING_JOB, PY, SLOW_TO_STOP, started, wait_for
 
 
@@ -332,8 +332,8 @@ async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_p
 async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
     import time as _time
 
-    from scheduler.service import fallback_policy
-    from scheduler.service.core import SchedulerCore
+    from gpupool.service import fallback_policy
+    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     calls = []
@@ -401,8 +401,8 @@ async def test_work_goes_to_a_free_gpu_not_to_one_a_stopping_job_still_holds(mak
 
 async def test_first_fit_start_on_a_stopping_jobs_gpu_is_placed_again_around_it(tmp_path):
     """First fit always picks the first GPU: the one the stopping job holds, in the view without it."""
-    from scheduler.service import fallback_policy
-    from scheduler.service.core import STOPPING_PROJECT, SchedulerCore
+    from gpupool.service import fallback_policy
+    from gpupool.service.core import STOPPING_PROJECT, SchedulerCore
     from tests.service.helpers import fast_config
 
     held_views = []
@@ -447,8 +447,8 @@ async def _free_gpu_not_the_stopping_jobs(core, tmp_path) -> None:
 
 
 async def test_a_burst_of_train_submits_shares_one_cycle(tmp_path):
-    from scheduler.service import fallback_policy
-    from scheduler.service.core import SchedulerCore
+    from gpupool.service import fallback_policy
+    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     calls = []
@@ -470,7 +470,7 @@ async def test_a_burst_of_train_submits_shares_one_cycle(tmp_path):
         states = sorted(_state(core, j["id"]) for j, _ in jobs)
         assert states == ["queued"] * 18 + ["running"] * 2
         # Durable before the reply: a second store handle sees every job.
-        from scheduler.store import Store
+        from gpupool.service.store import Store
         other = Store(core.config.database)
         try:
             assert len(other.jobs(("queued", "running"))) == 20

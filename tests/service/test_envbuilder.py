@@ -8,8 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from scheduler import envbuilder
-from scheduler.envbuilder import TORCH_HOOK_DIR, gpu_environment
+from gpupool import envbuilder
+from gpupool.envbuilder import TORCH_HOOK_DIR, gpu_environment
 
 GIB = 1024**3
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from scheduler.executor.local import LocalExecutor, proc_start_time
+from gpupool.backends.local.executor import LocalExecutor, proc_start_time
 
 PY = sys.executable
 
@@ -100,7 +100,7 @@ def test_revoked_launch_never_runs(tmp_path):
     prefix.parent.mkdir(parents=True)
     Path(str(prefix) + ".launch").write_text("x")
     assert ex.recover_unrecorded("j-1", 1).outcome == "not-started"
-    from scheduler.executor import _wrapper
+    from gpupool.backends.local import _wrapper
 
     marker = tmp_path / "ran"
     rc = _wrapper.main([str(prefix), "--", PY, "-c", f"open({str(marker)!r},'w')"])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.policy.model import TRAIN_POOL, Gpu, Kind, Node, Project, Request, Snapshot, Workload
-from scheduler.service import fallback_policy
+from gpupool.policy.model import TRAIN_POOL, Gpu, Kind, Node, Project, Request, Snapshot, Workload
+from gpupool.service import fallback_policy
 
 
 def test_fallback_never_starts_whole_gpu_work_on_a_gpu_of_capacity_zero() -> None:

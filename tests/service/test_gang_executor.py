@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.envbuilder import gpu_environment
-from scheduler.executor.base import Launch, ReplicaLaunch
-from scheduler.executor.local import LocalExecutor, ProcessHandle, group_members, proc_start_time
+from gpupool.backends.base import Launch, ReplicaLaunch
+from gpupool.backends.local.executor import LocalExecutor, ProcessHandle, group_members, proc_start_time
+from gpupool.envbuilder import gpu_environment
 from tests.api.servers import ServeProcess, gpupool, http, wait_until
 
 PY = sys.executable
@@ -223,7 +223,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from tests.service.test_gang_executor import _launch
-from scheduler.executor.local import LocalExecutor
+from gpupool.backends.local.executor import LocalExecutor
 tmp = Path(sys.argv[1]); record = Path(sys.argv[2])
 h = LocalExecutor(tmp / "jobs").launch(_launch(tmp, "wait"))
 record.write_text(f"{h.pid} {h.start_time}")

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.executor.base import Launch
-from scheduler.service.jobs import workloads_of
-from scheduler.service.validation import PoolLimits, validate_spec
-from scheduler.store import JobRecord, Store
+from gpupool.backends.base import Launch
+from gpupool.service.jobs import workloads_of
+from gpupool.service.store import JobRecord, Store
+from gpupool.service.validation import PoolLimits, validate_spec
+from gpupool.wire.errors import InvalidRequest
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, older_store, started, wait_for
 
 TWO_NODES = "node-a@rack1=8xA100-80GB;node-b@rack1=8xA100-80GB"
@@ -274,8 +274,8 @@ async def test_a_running_gang_is_adopted_whole_after_a_service_restart(make_core
 
 async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path):
     """A cluster's node can leave (cordoned, deleted): the whole gang stops, naming that node."""
-    from scheduler.service.backend import LocalBackend
-    from scheduler.service.core import SchedulerCore
+    from gpupool.app.backend import LocalBackend
+    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     class ShrinkingPool(LocalBackend):
@@ -325,8 +325,8 @@ async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path
 async def test_a_policy_that_places_part_of_a_gang_starts_nothing(tmp_path: Path):
     """The core never runs part of a gang, whatever the policy says: the first-fit fallback (used when the
     engine raises) knows no gangs and places the replicas that fit one by one."""
-    from scheduler.service import fallback_policy
-    from scheduler.service.core import SchedulerCore
+    from gpupool.service import fallback_policy
+    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     core = SchedulerCore(fast_config(tmp_path / "state", simulate=TWO_NODES), policy=fallback_policy.schedule)

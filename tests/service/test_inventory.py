@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.inventory import detect, nvml
-from scheduler.inventory.nvml import NvmlInventory, normalize_model, nvml_usable
-from scheduler.inventory.simulated import GIB, SimulatedInventory, parse_spec
+from gpupool.inventory import detect, nvml
+from gpupool.inventory.nvml import NvmlInventory, normalize_model, nvml_usable
+from gpupool.inventory.simulated import GIB, SimulatedInventory, parse_spec
+from gpupool.wire.errors import InvalidRequest
 
 
 def test_spec_parsing():

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.errors import Forbidden, InvalidRequest
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import Actor, SchedulerCore
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import Actor, SchedulerCore
+from gpupool.wire.errors import Forbidden, InvalidRequest
 from tests.service.helpers import ADMIN, fast_config, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.service.config import ServiceConfig
+from gpupool.service.config import ServiceConfig
+from gpupool.wire.errors import InvalidRequest
 from tests.service.helpers import ADMIN, ALICE, PY, wait_for
 
 SHOW_ENV = "import json, os; print(json.dumps(dict(os.environ)))"

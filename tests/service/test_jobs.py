@@ -1,10 +1,10 @@
-"""The policy view of stored jobs (scheduler/service/jobs.py)."""
+"""The policy view of stored jobs (gpupool/service/jobs.py)."""
 
 from __future__ import annotations
 
-from scheduler.policy.model import Request
-from scheduler.service.jobs import request_of
-from scheduler.store import JobRecord
+from gpupool.policy.model import Request
+from gpupool.service.jobs import request_of
+from gpupool.service.store import JobRecord
 
 GIB = 1024**3
 

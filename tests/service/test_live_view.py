@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from scheduler.service.core import SchedulerCore
-from scheduler.service.jobs import assigned_gpus
-from scheduler.service.live_view import LiveView
+from gpupool.service.core import SchedulerCore
+from gpupool.service.jobs import assigned_gpus
+from gpupool.service.live_view import LiveView
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, wait_for
 
 SLEEP = [PY, "-c", "import time; time.sleep(60)"]
@@ -90,7 +90,7 @@ async def test_view_matches_a_rebuild_through_a_jobs_life(make_core, tmp_path):
 
 def test_a_job_out_of_number_order_rebuilds_the_view():
     """A job entering the mirror with a lower number than one the view holds keeps the view in number order."""
-    from scheduler.store import JobRecord
+    from gpupool.service.store import JobRecord
 
     def rec(num: int) -> JobRecord:
         return JobRecord(id=f"j-{num:06d}", num=num, name="x", project="p", user="u", kind="train", state="running",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.errors import Forbidden, InvalidRequest
-from scheduler.service.core import Actor
-from scheduler.store import Store
+from gpupool.service.core import Actor
+from gpupool.service.store import Store
+from gpupool.wire.errors import Forbidden, InvalidRequest
 from tests.service.helpers import ADMIN, ALICE, BOB, PY
 
 CAROL_IN_ML = Actor("carol", groups=frozenset({"ml", "staff"}))

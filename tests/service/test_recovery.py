@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.executor.local import group_members
+from gpupool.backends.local.executor import group_members
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[2]

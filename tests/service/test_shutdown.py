@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.service.core import SchedulerCore
+from gpupool.service.core import SchedulerCore
 from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, SLOW_TO_STOP, fast_config, wait_for
 
 
@@ -54,7 +54,7 @@ async def test_leave_mode_readopts_running_jobs(tmp_path):
 
 async def test_start_interrupted_before_spawn_is_requeued_not_lost(tmp_path):
     """The store says "starting attempt 1" but the service died before the process existed."""
-    from scheduler.store import JobRecord, Store
+    from gpupool.service.store import JobRecord, Store
 
     core = SchedulerCore(fast_config(tmp_path / "s"))
     await core.start()
@@ -102,7 +102,7 @@ def test_process_owner_found_by_environment(tmp_path):
     import os
     import subprocess
 
-    from scheduler.service.watchdog import job_of_process
+    from gpupool.service.watchdog import job_of_process
 
     proc = subprocess.Popen([PY, "-c", "import time; print('up', flush=True); time.sleep(30)"],
                             env={**os.environ, "GPUPOOL_JOB_ID": "j-000042"}, stdout=subprocess.PIPE)
@@ -116,7 +116,7 @@ def test_process_owner_found_by_environment(tmp_path):
 
 
 async def test_one_service_per_state_dir(tmp_path):
-    from scheduler.errors import Unavailable
+    from gpupool.wire.errors import Unavailable
 
     first = SchedulerCore(fast_config(tmp_path / "s"))
     await first.start()
@@ -137,7 +137,7 @@ async def test_one_service_per_state_dir(tmp_path):
 def test_bad_simulation_spec_is_a_clear_error_and_frees_the_state_dir(tmp_path):
     import pytest
 
-    from scheduler.errors import InvalidRequest
+    from gpupool.wire.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="unknown GPU model"):
         SchedulerCore(fast_config(tmp_path / "s", simulate="2xB9000"))
@@ -208,9 +208,9 @@ class _Recorded(Exception):
 def test_serve_leaves_jobs_running_and_embedded_stops_them_by_default(tmp_path, monkeypatch):
     import json
 
-    from scheduler import cli
-    from scheduler.service import embedded
-    from scheduler.service.config import ServiceConfig
+    from gpupool.app import embedded
+    from gpupool.cli import main as cli
+    from gpupool.service.config import ServiceConfig
 
     seen: list[ServiceConfig] = []
     original = embedded.EmbeddedScheduler

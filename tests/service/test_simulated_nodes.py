@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.cli_tables import gpus_table
-from scheduler.errors import InvalidRequest
-from scheduler.inventory.simulated import SimulatedInventory, parse_nodes, parse_spec
-from scheduler.service.config import ServiceConfig
-from scheduler.service.core import SchedulerCore
+from gpupool.cli.tables import gpus_table
+from gpupool.inventory.simulated import SimulatedInventory, parse_nodes, parse_spec
+from gpupool.service.config import ServiceConfig
+from gpupool.service.core import SchedulerCore
+from gpupool.wire.errors import InvalidRequest
 from tests.service.helpers import fast_config
 
 THREE = "node-a@rack1=8xA100-80GB;node-b@rack1=8xA100-80GB;node-c=4xT4"

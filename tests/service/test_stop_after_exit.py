@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.errors import Conflict
-from scheduler.executor._wrapper import ENDED, STOPPED
+from gpupool.backends.local._wrapper import ENDED, STOPPED
+from gpupool.wire.errors import Conflict
 from tests.service.helpers import ADMIN, ALICE, BOB, CHECKPOINTING_JOB, PY, started, wait_for
 
 RUN_ONCE = "import sys; open(sys.argv[1], 'a').write('RUN\\n')"
@@ -89,7 +89,7 @@ def _wrapper(tmp_path: Path, *command: str) -> tuple[subprocess.Popen[bytes], st
     prefix = str(tmp_path / "attempt-1")
     Path(prefix + ".launch").write_text("t\n")
     Path(prefix + ".env").write_text(json.dumps({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}))
-    proc = subprocess.Popen([sys.executable, "-I", "-m", "scheduler.executor._wrapper", prefix, "--", *command],
+    proc = subprocess.Popen([sys.executable, "-I", "-m", "gpupool.backends.local._wrapper", prefix, "--", *command],
                             start_new_session=True)
     return proc, prefix
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scheduler.store import JobRecord, ProjectRecord, Store
+from gpupool.service.store import JobRecord, ProjectRecord, Store
 from tests.service.helpers import older_store
 
 
@@ -102,7 +102,7 @@ def test_commit_visible_to_another_process(tmp_path):
 
 
 def test_synchronous_normal_by_default_full_on_request(tmp_path):
-    from scheduler.service.config import ServiceConfig
+    from gpupool.service.config import ServiceConfig
 
     assert ServiceConfig(state_dir=tmp_path).sqlite_synchronous == "NORMAL"
     normal, full = Store(tmp_path / "n.db"), Store(tmp_path / "f.db", synchronous="FULL")

@@ -13,8 +13,8 @@ import signal
 import time
 from pathlib import Path
 
-from scheduler.executor.local import LocalExecutor, proc_start_time
-from scheduler.executor.sweep import RUN_ID, run_id_of
+from gpupool.backends.local.executor import LocalExecutor, proc_start_time
+from gpupool.backends.local.sweep import RUN_ID, run_id_of
 from tests.service.helpers import ADMIN, ALICE, wait_for
 
 # Leaves a sleeper in a new session (out of the job's process group), notes its pid, then ends at once.

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from scheduler.policy.fairshare import ShareInput, entitlements
-from scheduler.service.metrics import Metrics
-from scheduler.service.usage import fair_share_figures, fair_share_standing, used_ratio
+from gpupool.policy.fairshare import ShareInput, entitlements
+from gpupool.service.metrics import Metrics
+from gpupool.service.usage import fair_share_figures, fair_share_standing, used_ratio
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, started, wait_for
 
 SLEEPER = [PY, "-c", "import time; time.sleep(120)"]
@@ -69,7 +69,7 @@ async def test_a_tick_whose_one_part_fails_still_runs_its_cycle_and_later_parts(
         raise sqlite3.OperationalError("disk I/O error")
 
     core._store.add_history = broken_disk  # the history part of every tick now fails
-    caplog.set_level(logging.ERROR, logger="scheduler.service")
+    caplog.set_level(logging.ERROR, logger="gpupool.service")
     hog, waiter = await _reclaim_that_waits_on_min_runtime(core)
     saved_before = core._store.load_usage()[0]
     await wait_for(lambda: core.get_job(ADMIN, waiter)["state"] == "running", timeout=30,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from scheduler.service.usage import DecayedUsage, gpu_hours
+from gpupool.service.usage import DecayedUsage, gpu_hours
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, started, wait_for
 
 
@@ -98,7 +98,7 @@ def _metrics(core) -> str:
 
 
 def test_gpupool_projects_shows_recent_gpu_hours():
-    from scheduler.cli_tables import projects_table
+    from gpupool.cli.tables import projects_table
 
     row = {"name": "a", "build_quota": 1, "train_guarantee": 2, "usage": {}, "pending": 0,
            "recent_gpu_hours": {"build": 0.5, "train": 12.0}, "members": None}

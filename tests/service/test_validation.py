@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.errors import InvalidRequest
-from scheduler.service.validation import PoolLimits, validate_project, validate_spec
+from gpupool.service.validation import PoolLimits, validate_project, validate_spec
+from gpupool.wire.errors import InvalidRequest
 
 LIMITS = PoolLimits(models={"A100-80GB": 80 * 1024**3, "T4": 16 * 1024**3}, max_gpus={"build": 2, "train": 4},
                     cpu=16.0, memory=64 * 1024**3, total_gpus=4)
@@ -87,7 +87,7 @@ def test_an_image_is_kept_for_a_train_job_and_refused_for_a_build_job():
 
 
 def test_default_names_are_short():
-    from scheduler.service.validation import default_name
+    from gpupool.service.validation import default_name
 
     assert default_name(["python", "train.py", "--lr", "0.1"], "train", "p") == "train.py"
     assert default_name(["/usr/bin/python3", "-u", "-m", "pkg.run"], "train", "p") == "pkg.run"
@@ -100,7 +100,7 @@ def test_default_names_are_short():
 
 def test_names_with_a_trailing_newline_are_refused():
     """A name is checked whole: "alice\\n" is not "alice" (a regex "$" alone lets a final newline through)."""
-    from scheduler.service.validation import validate_user
+    from gpupool.service.validation import validate_user
 
     assert validate_user("alice") == "alice"
     with pytest.raises(InvalidRequest, match="user names"):
@@ -146,7 +146,7 @@ def test_any_string_with_a_lone_surrogate_is_refused(where, before, after, surro
 
 
 def test_lone_surrogates_are_refused_in_project_fields_and_user_names():
-    from scheduler.service.validation import validate_user
+    from gpupool.service.validation import validate_user
 
     with pytest.raises(InvalidRequest, match="not valid Unicode"):
         validate_project("vision", {LONE: 1}, 4)
@@ -163,7 +163,7 @@ def test_lone_surrogates_are_refused_in_project_fields_and_user_names():
     (b"\xff", "not UTF-8"),
 ])
 def test_decode_json_refuses_what_cannot_be_kept(raw, fragment):
-    from scheduler.wire import decode_json
+    from gpupool.wire.limits import decode_json
 
     with pytest.raises(InvalidRequest) as info:
         decode_json(raw)
@@ -171,7 +171,7 @@ def test_decode_json_refuses_what_cannot_be_kept(raw, fragment):
 
 
 def test_decode_json_accepts_64_levels_and_any_valid_unicode():
-    from scheduler.wire import decode_json
+    from gpupool.wire.limits import decode_json
 
     assert decode_json(b"[" * 64 + b"]" * 64) is not None
     assert decode_json(rb'{"k\u00e9": "\ud83d\ude00 \u00e9"}') == {"ké": "\U0001f600 é"}

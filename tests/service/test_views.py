@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.errors import InvalidRequest
-from scheduler.service.views import job_filters, read_log_chunk
+from gpupool.service.views import job_filters, read_log_chunk
+from gpupool.wire.errors import InvalidRequest
 
 
 @pytest.mark.parametrize("limit", [4, 5, 7, 64])

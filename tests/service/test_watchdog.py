@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.inventory import GpuInfo, GpuSample
-from scheduler.service.core import SchedulerCore
-from scheduler.service.watchdog import MIB, Reading, Watchdog, over_limit
+from gpupool.inventory import GpuInfo, GpuSample
+from gpupool.service.core import SchedulerCore
+from gpupool.service.watchdog import MIB, Reading, Watchdog, over_limit
 from tests.service.helpers import ADMIN, ALICE, PY, fast_config, started, wait_for
 
 GIB = 1024**3

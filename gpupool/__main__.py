@@ -1,0 +1,7 @@
+"""`python -m gpupool ...` is the `gpupool` command (handy where the script is not on PATH)."""
+
+import sys
+
+from gpupool.cli.fast import main
+
+sys.exit(main())

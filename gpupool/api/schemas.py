@@ -1,0 +1,364 @@
+"""JSON shapes of the HTTP API, written once and used twice.
+
+The same schema dicts describe the API in the OpenAPI document (OpenAPI 3.0
+dialect, with ``nullable``) and validate request bodies before they reach the
+core (converted to plain JSON Schema for :mod:`jsonschema`). Keeping one source
+means the document cannot drift from what the service actually accepts, and a
+fuzzer driven by the document exercises the real limits.
+
+The limits ("absurd sizes") are deliberately generous: they exist so that a
+typo such as ``gpus: 1e12`` gets a clear 400 instead of reaching the store.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+
+from gpupool.wire.errors import InvalidRequest
+from gpupool.wire.limits import (
+    ENV_KEY_RE,
+    IMAGE_PATTERN,
+    IMAGE_RULE,
+    MAX_CLIENT_KEY,
+    MAX_IMAGE,
+    MAX_JOB_NAME,
+    MAX_MAP_ENTRIES,
+    MAX_MAP_KEY,
+    MAX_MAP_VALUE,
+    MAX_PRIORITY,
+    MAX_PROJECT_NAME,
+    MAX_REPLICAS,
+    MAX_USER_NAME,
+    USER_PATTERN,
+)
+from gpupool.wire.plain_text import PLAIN_TEXT_PATTERN, escape, unsafe_problem
+
+# Largest values the API accepts. Beyond these a request is a mistake, not a plan.
+MAX_GPUS = 4096
+MAX_GPU_MEMORY = 2**50  # 1 PiB of GPU memory on one GPU
+MAX_HOST_MEMORY = 2**60
+MAX_CPU = 100_000
+MAX_QUOTA = 1_000_000  # GPUs
+# The length limits of names, keys and map entries are the core's own (gpupool.service.validation),
+# imported above, so that the schema and the enforcement cannot differ. The ones below exist only here.
+MAX_MODEL_NAME = 256  # gpu_model (the core also checks the model is in the pool)
+MAX_STRING = 65_536  # a command argument or a workdir
+MAX_ITEMS = 4096
+# Query parameters: the handlers enforce these and the OpenAPI document states them.
+MAX_LIST = 10_000  # jobs in one GET /jobs
+MAX_LOG_CHUNK = 16 * 2**20  # bytes in one GET /jobs/{id}/logs
+MAX_SEQ = 2**62  # event sequence numbers are SQLite integers (int64)
+MAX_WAIT_S = 60.0  # longest long-poll of GET /events
+
+NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
+ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (the limits too), so the two cannot drift apart
+
+JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled", "rejected"]
+JOB_KINDS = ["train", "build"]
+
+
+def _str(max_length: int, *, min_length: int = 0, nullable: bool = False, plain: bool = False) -> dict[str, Any]:
+    """A string field; ``plain``: text other users read, so no control characters (the core's rule too)."""
+    schema: dict[str, Any] = {"type": "string", "maxLength": max_length,
+                              "pattern": PLAIN_TEXT_PATTERN if plain else NO_NUL}
+    if min_length:
+        schema["minLength"] = min_length
+    if nullable:
+        schema["nullable"] = True
+    return schema
+
+
+def _string_map(key_pattern: str | None = None, plain: bool = False) -> dict[str, Any]:
+    """env and labels: string to string, with the core's limits on keys, values and entries.
+
+    ``plain`` (labels, which every user reads): keys and values without control characters.
+    """
+    names: dict[str, Any] = {"maxLength": MAX_MAP_KEY}
+    if key_pattern or plain:
+        names["pattern"] = key_pattern or PLAIN_TEXT_PATTERN
+    return {
+        "type": "object",
+        "maxProperties": MAX_MAP_ENTRIES,
+        "propertyNames": names,
+        "additionalProperties": _str(MAX_MAP_VALUE, plain=plain),
+    }
+
+
+JOB_SPEC: dict[str, Any] = {
+    "type": "object",
+    "description": "What to run. At most one of gpus, gpu_fraction, gpu_memory; none means CPU only.",
+    "required": ["project"],
+    "additionalProperties": False,
+    "properties": {
+        "project": _str(MAX_PROJECT_NAME, min_length=1),
+        "kind": {"type": "string", "enum": JOB_KINDS, "default": "train"},
+        "name": _str(MAX_JOB_NAME, nullable=True, plain=True),
+        "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "nullable": True,
+                 "description": "Whole GPUs."},
+        "gpu_fraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                         "exclusiveMaximum": True, "maximum": 1, "nullable": True,
+                         "description": "A share of one GPU, 0 < f < 1."},
+        "gpu_memory": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True,
+                       "description": "Bytes of GPU memory on one GPU."},
+        "gpu_model": _str(MAX_MODEL_NAME, nullable=True, plain=True),
+        "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
+        "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
+                    "items": _str(MAX_STRING)},
+        "workdir": _str(MAX_STRING, nullable=True),
+        "submit_dir": {**_str(MAX_STRING, nullable=True), "description": "Train jobs: the folder the job was "
+                       "submitted from (the CLI sends it when it runs on the scheduler's machine). A local "
+                       "scheduler runs a job that names no workdir there, if the job's account may enter and read "
+                       "it (else a 400 naming workdir); other backends ignore it."},
+        "env": _string_map(ENV_NAME),
+        "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
+        "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
+        "labels": _string_map(plain=True),
+        "client_key": _str(MAX_CLIENT_KEY, nullable=True, plain=True),
+        "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
+                  "nullable": True, "description": "The container image of the job's pods (kubernetes backend "
+                  "only; a local scheduler refuses it). Default: the service's configured image."},
+        "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "nullable": True, "default": 1,
+                     "description": "Train jobs: processes (pods) that start together or not at all (a multi-node "
+                     "gang), each on `gpus` whole GPUs of one node; more than 1 needs gpus >= 1 (no gpu_fraction "
+                     "or gpu_memory)."},
+    },
+}
+
+PROJECT_FIELDS: dict[str, Any] = {
+    "type": "object",
+    "description": "Quotas in GPUs. Fields left out keep their value (or the default for a new project).",
+    "additionalProperties": False,
+    "properties": {
+        "build_quota": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
+        "train_guarantee": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
+        "train_limit": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA, "nullable": True,
+                        "description": "Most training GPUs the project may use; null for no limit."},
+        "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_QUOTA},
+        "members": {"type": "array", "nullable": True, "maxItems": 1000,
+                    "items": {"type": "string", "minLength": 1, "maxLength": 65},
+                    "description": "Who may submit into the project: user names and '@group' entries; "
+                                   "null (the default) leaves the project open to every user."},
+    },
+}
+
+TOKEN_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["user"],
+    "additionalProperties": False,
+    "properties": {"user": {"type": "string", "minLength": 1, "maxLength": MAX_USER_NAME,
+                            "pattern": USER_PATTERN}},
+}
+
+# ------------------------------------------------------------------ replies
+# Replies are described loosely (extra fields allowed) so that the core may add
+# fields without breaking clients; the fields named here are the contract.
+
+ERROR: dict[str, Any] = {
+    "type": "object",
+    "required": ["error", "status"],
+    "properties": {"error": {"type": "string"}, "status": {"type": "integer"},
+                   "type": {"type": "string", "description": "The gpupool.wire.errors class name."},
+                   "held_milli": {"type": "integer", "description": "QuotaExceeded: milli-GPU of the build quota "
+                                  "the project's live build work holds (0: the request alone is too big)."}},
+}
+
+_GPU_SHARE = {"type": "object", "properties": {
+    "id": {"type": "string"}, "index": {"type": "integer"}, "model": {"type": "string"},
+    "milli": {"type": "integer"}, "memory_limit": {"type": "integer", "nullable": True}}}
+
+JOB: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "project", "user", "kind", "state"],
+    "properties": {
+        "id": {"type": "string"}, "name": {"type": "string"}, "project": {"type": "string"},
+        "user": {"type": "string"}, "kind": {"type": "string", "enum": JOB_KINDS},
+        "state": {"type": "string", "enum": JOB_STATES},
+        "request": {"type": "object", "properties": {
+            "replicas": {"type": "integer", "description": "The spec's replicas (1 for a one-process job)."}}},
+        "priority": {"type": "integer"},
+        "submitted_at": {"type": "number"},
+        "started_at": {"type": "number", "nullable": True},
+        "finished_at": {"type": "number", "nullable": True},
+        "attempts": {"type": "integer"}, "preemptible": {"type": "boolean"},
+        "reason": {"type": "string", "nullable": True},
+        "assignment": {"type": "object", "nullable": True, "properties": {
+            "node": {"type": "string", "description": "Where it runs (a gang: rank 0's node)."},
+            "gpus": {"type": "array", "items": _GPU_SHARE, "description": "Its GPUs (a gang: every replica's, "
+                     "in rank order)."},
+            "replicas": {"type": "array", "description": "A gang only: each replica's node and GPUs.",
+                         "items": {"type": "object", "properties": {
+                             "rank": {"type": "integer"}, "node": {"type": "string"},
+                             "gpus": {"type": "array", "items": _GPU_SHARE}}}}}},
+        "ran_on": {"type": "object", "nullable": True, "description": "Where the job's last attempt ran, in the "
+                   "shape of assignment, while it is not running (finished, paused, queued again); null while it "
+                   "runs (see assignment) and for a job that never ran."},
+        "exit_code": {"type": "integer", "nullable": True},
+        "workdir": {"type": "string", "nullable": True},
+        "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
+        "labels": {"type": "object"},
+        "lease_expires_at": {"type": "number", "nullable": True},
+        "image": {"type": "string", "description": "The spec's container image; absent when it named none."},
+        "env": {"type": "object", "nullable": True},
+    },
+}
+
+PROJECT: dict[str, Any] = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "build_quota": {"type": "number"}, "train_guarantee": {"type": "number"},
+        "train_limit": {"type": "number", "nullable": True}, "weight": {"type": "number"},
+        "usage": {"type": "object"},
+        "pending": {"type": "integer", "description": "Its queued jobs (paused ones are counted in paused)."},
+        "paused": {"type": "integer", "description": "Its paused jobs."},
+        "members": {"type": "array", "nullable": True, "items": {"type": "string"}},
+        "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
+        "recent_gpu_hours": {"type": "object", "description": "GPU-hours held by kind (build, train), decayed "
+                             "by the service's usage half-life: a half-life ago counts half."},
+        "fair_share": {
+            "type": "object",
+            "description": "The project's long-run share of the train pool when every project wants it all (gpus), "
+                           "the GPUs it held for training on average lately (recent_gpus), and how much of the "
+                           "share it uses by the policy's measure (percent).",
+            "properties": {"gpus": {"type": "number"}, "recent_gpus": {"type": "number"},
+                           "percent": {"type": "integer", "nullable": True, "description": "The training GPUs the "
+                                       "project runs now plus recent_gpus, as a percentage of gpus: the measure by "
+                                       "which idle GPUs beyond guarantees are handed out, lowest first. Null when "
+                                       "no history is kept or the share is 0."}},
+        },
+    },
+}
+
+POOL: dict[str, Any] = {
+    "type": "object",
+    "required": ["nodes"],
+    "properties": {"simulated": {"type": "boolean"}, "nodes": {"type": "array", "items": {"type": "object"}}},
+}
+
+STATUS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"simulated": {"type": "boolean"}, "pool": POOL,
+                   "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"},
+                   "usage_half_life_s": {"type": "number", "description": "The half-life of recent_gpu_hours"}},
+}
+
+EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["seq", "type"],
+    "properties": {"seq": {"type": "integer"}, "t": {"type": "number"}, "type": {"type": "string"},
+                   "job_id": {"type": "string"}, "state": {"type": "string"}},
+}
+
+EVENTS: dict[str, Any] = {
+    "type": "object",
+    "required": ["events", "last"],
+    "properties": {"events": {"type": "array", "items": EVENT}, "last": {"type": "integer"}},
+}
+
+LOGS: dict[str, Any] = {
+    "type": "object",
+    "required": ["data", "offset", "eof"],
+    "properties": {"data": {"type": "string"}, "offset": {"type": "integer"}, "eof": {"type": "boolean"}},
+}
+
+WHOAMI: dict[str, Any] = {
+    "type": "object", "required": ["user", "admin"],
+    "properties": {"user": {"type": "string"}, "admin": {"type": "boolean"},
+                   "project": {"type": "string", "description": "default project, where known (Hub users)"}},
+}
+
+TOKEN: dict[str, Any] = {
+    "type": "object", "required": ["user", "token"],
+    "properties": {"user": {"type": "string"}, "token": {"type": "string"}},
+}
+
+HISTORY: dict[str, Any] = {
+    "type": "object", "required": ["samples"],
+    "properties": {"samples": {"type": "array", "items": {"type": "object"}}},
+}
+
+COMPONENTS: dict[str, dict[str, Any]] = {
+    "JobSpec": JOB_SPEC, "ProjectFields": PROJECT_FIELDS, "TokenRequest": TOKEN_REQUEST,
+    "Error": ERROR, "Job": JOB, "Project": PROJECT, "Pool": POOL, "Status": STATUS,
+    "Event": EVENT, "Events": EVENTS, "Logs": LOGS, "WhoAmI": WHOAMI, "Token": TOKEN,
+    "History": HISTORY,
+}
+
+
+def to_json_schema(schema: Any) -> Any:
+    """Turn an OpenAPI 3.0 schema into plain JSON Schema (draft 2020-12).
+
+    Only the two differences we use matter: ``nullable: true`` becomes a
+    ``null`` alternative, and the boolean ``exclusiveMinimum``/``exclusiveMaximum``
+    of OpenAPI 3.0 become the numeric form.
+    """
+    if isinstance(schema, list):
+        return [to_json_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: to_json_schema(v) for k, v in schema.items() if k not in ("nullable", "description", "default")}
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if out.get(bound) is True:
+            out[bound] = out.pop(limit)
+        elif out.get(bound) is False:
+            del out[bound]
+    if schema.get("nullable"):
+        kind = out.get("type")
+        if isinstance(kind, str):
+            out["type"] = [kind, "null"]
+        if "enum" in out:
+            out["enum"] = [*out["enum"], None]
+    return out
+
+
+_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
+
+
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    if name not in _VALIDATORS:
+        schema = copy.deepcopy(to_json_schema(COMPONENTS[name]))
+        _VALIDATORS[name] = jsonschema.Draft202012Validator(schema)
+    return _VALIDATORS[name]
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    """One sentence naming the field and the problem, for a human."""
+    where = ".".join(str(p) for p in error.absolute_path)
+    validator = error.validator
+    if validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unknown field")
+    if validator == "required":
+        return error.message.replace("is a required property", "is required")
+    if validator == "pattern" and error.schema.get("pattern") == NO_NUL:
+        return f"{where}: must not contain NUL characters"
+    if validator == "pattern" and error.schema.get("pattern") == PLAIN_TEXT_PATTERN:
+        text = str(error.instance)
+        if "propertyNames" in error.relative_schema_path or "propertyNames" in error.schema_path:
+            return f"{where}: the key {text[:40]!r} {unsafe_problem(text)}"  # the core's sentences
+        if len(error.absolute_path) > 1:  # a value in labels
+            return f"{escape(where)}: the value {unsafe_problem(text)}"
+        return f"{where} {unsafe_problem(text)}"
+    if where == "image" and validator in ("pattern", "minLength", "maxLength"):
+        return IMAGE_RULE  # the core's sentence, not the pattern
+    if where == "replicas" and validator in ("type", "minimum", "maximum"):
+        return f"replicas must be a whole number from 1 to {MAX_REPLICAS}, not {str(error.instance)[:20]}"
+    if validator == "propertyNames":
+        return f"{where or 'object'}: bad key: {error.message}"
+    text = error.message
+    if len(text) > 200:
+        text = text[:200] + "..."
+    return f"{where}: {text}" if where else text
+
+
+def validate(name: str, body: Any, what: str) -> dict[str, Any]:
+    """Check ``body`` against component ``name``; raise InvalidRequest naming the first problem."""
+    errors = sorted(_validator(name).iter_errors(body), key=lambda e: (len(e.absolute_path), str(e.path)))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors)
+        raise InvalidRequest(f"invalid {what}: {_describe(best)}")
+    return body
+

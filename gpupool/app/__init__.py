@@ -1,0 +1,1 @@
+"""Wiring: the one place that chooses a backend and puts service, HTTP API and runtime file together."""

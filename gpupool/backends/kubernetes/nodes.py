@@ -1,0 +1,144 @@
+"""A Kubernetes Node (its JSON) -> the pool's view of it (pure: no API calls).
+
+A node is in the pool when its allocatable ``nvidia.com/gpu`` is above 0 and
+it may take work: Ready, not cordoned, without the node controller's
+``node.kubernetes.io/*`` NoSchedule/NoExecute taints. Other taints (a GPU
+node's ``nvidia.com/gpu:NoSchedule`` is common) are for other schedulers'
+pods; ours tolerate them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.names import (
+    GPU_MEMORY_LABEL,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GPUS_ANNOTATION,
+    POOL_LABEL,
+    RACK_LABEL,
+    ZONE_LABEL,
+)
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.inventory import GpuInfo
+from gpupool.inventory.nvml import normalize_model
+from gpupool.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
+
+log = logging.getLogger("gpupool.backends.kubernetes")
+
+MIB = 1024 * 1024
+POOLS = {"build": frozenset({BUILD_POOL}), "train": frozenset({TRAIN_POOL}),
+         "both": frozenset({BUILD_POOL, TRAIN_POOL})}
+_CONTROLLER_TAINT = "node.kubernetes.io/"
+
+
+@dataclass(frozen=True)
+class PoolNode:
+    """One GPU node as the pool sees it; ``problem`` says why it takes no work ("" when it does)."""
+
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    pools: frozenset[str]
+    cpu_milli: int
+    memory_mib: int
+    problem: str = ""
+    group: str = ""  # rack or switch (label gpupool.io/rack, else topology.kubernetes.io/zone); "" unknown
+
+    def policy_node(self) -> Node:
+        """The policy's Node (memory in MiB)."""
+        return Node(self.name, self.cpu_milli, self.memory_mib,
+                    tuple(Gpu(g.id, g.index, g.model, g.memory // MIB, g.topology_group) for g in self.gpus),
+                    self.pools, self.group)
+
+
+def read_node(node: Obj) -> PoolNode | None:
+    """The pool's view of a Node (its JSON), or None when it has no allocatable GPU (not ours to schedule)."""
+    alloc = ob.allocatable(node)
+    try:
+        count = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
+    except (ValueError, TypeError):
+        count = 0
+    if count <= 0:
+        return None
+    name = ob.name(node)
+    labels = ob.labels(node)
+    annotations = ob.annotations(node)
+    mem_mib = _int(labels.get(GPU_MEMORY_LABEL), 0)
+    product = labels.get(GPU_PRODUCT_LABEL, "")
+    model = normalize_model(product.replace("NVIDIA-", "NVIDIA ", 1), mem_mib * MIB) if product else "unknown"
+    gpus = _annotated_gpus(name, annotations.get(GPUS_ANNOTATION), model, mem_mib) or tuple(
+        GpuInfo(f"{name}/gpu{i}", i, model, mem_mib * MIB) for i in range(count))
+    pool_value = labels.get(POOL_LABEL, "both")
+    pools = POOLS.get(pool_value)
+    problem = ""
+    if pools is None:
+        pools = POOLS["both"]
+        problem = f"label {POOL_LABEL}={pool_value!r} is not build, train or both"
+    group = labels.get(RACK_LABEL) or labels.get(ZONE_LABEL) or ""
+    return PoolNode(name, gpus, pools, _milli(alloc.get("cpu")), _mib(alloc.get("memory")),
+                    problem or _not_schedulable(node), group)
+
+
+def _not_schedulable(node: Obj) -> str:
+    """Why the node may not take work now ("" when it may)."""
+    if ob.unschedulable(node):
+        return "cordoned"
+    ready = next((c for c in ob.conditions(node) if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return "not ready"
+    for t in ob.taints(node):
+        key, effect = str(t.get("key") or ""), t.get("effect")
+        if key.startswith(_CONTROLLER_TAINT) and effect in ("NoSchedule", "NoExecute"):
+            return f"tainted {key}:{effect}"
+    return ""
+
+
+def _annotated_gpus(node: str, text: str | None, model: str, mem_mib: int) -> tuple[GpuInfo, ...]:
+    """The node agent's exact GPUs: ``[{"id", "index", "model"?, "memory"? (bytes), "topology_group"?}]``.
+
+    A malformed annotation is logged and ignored (the node falls back to
+    ``<node>/gpu<i>``): one bad agent must not take a node out of the pool.
+    """
+    if not text:
+        return ()
+    try:
+        items = json.loads(text)
+        gpus = tuple(
+            GpuInfo(str(g["id"]), int(g["index"]), str(g.get("model") or model),
+                    int(g.get("memory") or mem_mib * MIB), str(g.get("topology_group") or ""))
+            for g in items)
+    except (ValueError, TypeError, KeyError) as e:
+        log.warning("node %s: ignoring annotation %s (%s)", node, GPUS_ANNOTATION, e)
+        return ()
+    if len({g.id for g in gpus}) != len(gpus):
+        log.warning("node %s: ignoring annotation %s (duplicate GPU ids)", node, GPUS_ANNOTATION)
+        return ()
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return int(str(text))
+    except ValueError:
+        return default
+
+
+def _milli(q: Any) -> int:
+    try:
+        return int(parse_quantity(q) * 1000) if q is not None else 0
+    except (ValueError, TypeError):
+        return 0
+
+
+def _mib(q: Any) -> int:
+    try:
+        return int(parse_quantity(q)) // MIB if q is not None else 0
+    except (ValueError, TypeError):
+        return 0

@@ -1,0 +1,69 @@
+"""The Kubernetes backend's executor: each job's attempts go to the executor that runs its kind of pod.
+
+gpupool's own job pods (:class:`gpupool.backends.kubernetes.executor.PodExecutor`) and the
+pods users create with kubectl (:class:`gpupool.backends.kubernetes.foreign_jobs.KubectlPods`)
+start, stop and end differently; the core sees one executor. A job is a
+kubectl pod's when the core registered it so (gpupool/service/adopted.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpupool.backends.base import Interrupted, Launch, Recovered
+from gpupool.backends.kubernetes.executor import PodExecutor
+from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+
+
+class KubeExecutor:
+    """Routes by job id (a :class:`gpupool.backends.base.Executor`); anything else is the PodExecutor's."""
+
+    def __init__(self, pods: PodExecutor, kubectl: KubectlPods) -> None:
+        self.pods = pods
+        self.kubectl = kubectl
+
+    @property
+    def changes(self) -> tuple[int, int]:
+        """Moves whenever an attempt of either executor may have stopped being alive (the core's scan mark)."""
+        return self.pods.changes, self.kubectl.changes
+
+    def _for(self, job_id: str) -> Any:
+        return self.kubectl if self.kubectl.owns(job_id) else self.pods
+
+    def launch(self, launch: Launch) -> Any:
+        return self._for(launch.job_id).launch(launch)
+
+    def alive(self, handle: Any) -> bool:
+        return bool(self._for(handle.job_id).alive(handle))
+
+    def exit_code(self, job_id: str, attempt: int) -> int | None:
+        return self._for(job_id).exit_code(job_id, attempt)  # type: ignore[no-any-return]
+
+    def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        return bool(self._for(job_id).ended_on_its_own(job_id, attempt))
+
+    def interrupted(self, handle: Any) -> Interrupted | None:
+        return self._for(handle.job_id).interrupted(handle)  # type: ignore[no-any-return]
+
+    async def stop(self, handle: Any, grace_s: float) -> bool:
+        return bool(await self._for(handle.job_id).stop(handle, grace_s))
+
+    def release(self, handle: Any) -> None:
+        self._for(handle.job_id).release(handle)
+
+    def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
+        return self._for(job_id).recover(job_id, attempt, pid, pid_start)  # type: ignore[no-any-return]
+
+    def recovered(self, live: set[tuple[str, int]]) -> None:
+        self.pods.recovered(live)
+
+    def log_path(self, job_id: str) -> Path:
+        return self.pods.log_path(job_id)
+
+    def default_workdir(self, job_id: str) -> Path:
+        return self.pods.default_workdir(job_id)
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else (hooks other modules add to PodExecutor) is the PodExecutor's."""
+        return getattr(self.pods, name)

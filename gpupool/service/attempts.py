@@ -1,0 +1,408 @@
+"""Attempts of training jobs: start, stop, settle an ended process, recover after a restart.
+
+A mixin of :class:`gpupool.service.core.SchedulerCore`, one job per file:
+every transition is committed (with its event) before the action it
+describes; a recorded exit status wins over a stop that came too late; after
+a restart each job stored as running is adopted, finished or requeued
+(docs/service.md, "Durability and crash recovery").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from gpupool.backends.base import AttemptHandle, Launch, ReplicaLaunch
+from gpupool.envbuilder import gpu_environment, mps_running
+from gpupool.policy.model import MILLI, Start
+from gpupool.service.jobs import assigned_gpus, job_reason
+from gpupool.service.store import JobRecord
+
+REFUSED_BACKOFF_MAX_S = 300.0
+"""The longest a job whose pod the cluster refused waits before the next try (the backoff doubles to it)."""
+
+FULL_SCAN_S = 2.0
+"""The longest an executor's ``changes`` mark spares the liveness scan of every running attempt."""
+
+log = logging.getLogger("gpupool.service")
+
+PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
+
+
+def _gone_node(rec: JobRecord, gpus: dict[str, Any]) -> str:
+    """The node of a running job's GPU that is no longer in the pool: a gang's replica's own, else the job's."""
+    for r in (rec.assignment or {}).get("replicas", []):
+        if any(g["id"] not in gpus for g in r.get("gpus", [])):
+            return str(r.get("node"))
+    return str((rec.assignment or {}).get("node"))
+
+
+def _ran_on(rec: JobRecord) -> dict[str, Any]:
+    """``last_assignment`` for an attempt that ends now: where it ran; nothing when it held no GPUs.
+
+    The attempt's ``assignment`` is cleared as it ends (what a project holds
+    is counted from it), so this copy is what still says, once the job is
+    finished or paused, which GPUs it last ran on. A job that ends without
+    holding any (cancelled while queued or paused) keeps the last one it had.
+    """
+    return {"last_assignment": rec.assignment} if rec.assignment else {}
+
+
+class AttemptsMixin:
+    """Process attempts of the core's jobs (state lives on the core; see SchedulerCore.__init__)."""
+
+    config: Any
+    executor: Any
+    backend: Any
+    simulated: bool
+    _gpus: dict[str, Any]
+    _nodes: tuple[Any, ...]
+    _pool_limits: Any
+    _procs: dict[str, AttemptHandle]
+    _stop_tasks: dict[tuple[str, int], asyncio.Task[bool]]
+    _settled: dict[str, asyncio.Event]
+    _closing: bool
+    _metrics: Any
+    _watchdog: Any
+    _live: dict[str, JobRecord]
+    _mps_checked: tuple[float, bool] | None
+
+    def _mps(self) -> bool:
+        """Whether to add MPS limits: the config, else a detection cached for a minute (it scans /proc)."""
+        if self.config.mps is not None:
+            return self.config.mps
+        now = time.monotonic()
+        if self._mps_checked is None or now - self._mps_checked[0] > 60:
+            self._mps_checked = (now, mps_running())
+        return self._mps_checked[1]
+
+    def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
+        gpus = []
+        want_mem = rec.request.get("gpu_memory")
+        for gid, m in s.assignment.gpus:
+            g = self._gpus[gid]
+            limit = min(int(want_mem), g.memory) if want_mem and m < MILLI else g.memory * m // MILLI
+            gpus.append({"id": gid, "index": g.index, "model": g.model, "milli": m, "memory_limit": limit})
+        return {"node": s.assignment.node, "gpus": gpus}
+
+    def _gang_assignment_wire(self, rec: JobRecord, starts: list[Start]) -> dict[str, Any]:
+        """A gang's Job assignment: rank 0's node, every replica's GPUs in rank order, and each replica's own."""
+        replicas = [{"rank": k, **self._assignment_wire(rec, x)} for k, x in enumerate(starts)]
+        return {"node": replicas[0]["node"], "gpus": [g for r in replicas for g in r["gpus"]], "replicas": replicas}
+
+    def _gpu_env(self, rec: JobRecord, gpus: list[dict[str, Any]], attempt: int) -> dict[str, str]:
+        """:func:`gpu_environment` for these GPUs (a job's, or one replica's own)."""
+        shares = [(g["id"], g["milli"], g["memory_limit"]) for g in gpus]
+        return gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
+                               mps=self._mps(),
+                               pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+
+    def _start(self, rec: JobRecord, starts: list[Start]) -> None:
+        """Record "starting attempt N" durably, then act (spawn, or grant the lease).
+
+        ``starts``: the policy's start of the job, or of each replica of a
+        gang in rank order (all of them: a gang starts whole). A gang is one
+        attempt of one job: one Launch whose ``replicas`` give each rank its
+        node, the GPU environment of its own GPUs and its own assignment.
+        """
+        attempt = rec.attempts + 1
+        now = time.time()
+        gang = len(starts) > 1
+        assignment = self._gang_assignment_wire(rec, starts) if gang else self._assignment_wire(rec, starts[0])
+        replica_assignments = assignment.get("replicas", [])
+        gpu_env = self._gpu_env(rec, replica_assignments[0]["gpus"] if gang else assignment["gpus"], attempt)
+        lead = starts[0]
+        fields: dict[str, Any] = dict(
+            state="running", attempts=attempt, assignment=assignment, started_at=now,
+            preemptible=any(x.preemptible for x in starts),
+            pid=None, pid_start=None, stop_intent=None, exit_code=None,
+        )
+        if rec.held_until is not None:
+            fields["held_until"] = None  # its hold (after a refused pod) is over
+        if rec.kind == "build":
+            fields.update(env=gpu_env, reason=lead.reason, lease_expires_at=now + self.config.lease_s)
+            self._transition(rec.id, **fields)
+            return
+        reason = job_reason(rec, lead.reason)
+        # "running" is committed, with its event, before the process exists: a service killed
+        # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
+        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + reason,
+                         **fields)
+        replicas = tuple(
+            ReplicaLaunch(r["rank"], r["node"], self._gpu_env(rec, r["gpus"], attempt) if r["rank"] else gpu_env,
+                          {"node": r["node"], "gpus": r["gpus"]})
+            for r in replica_assignments)
+        launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
+                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "", replicas=replicas)
+        try:
+            handle = self.executor.launch(launch)
+        except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
+            self._finish(rec, "failed", f"could not start: {e}")
+            return
+        self._procs[rec.id] = handle
+        if handle.pid is not None:  # a local process: kept for re-adoption after a restart
+            self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+        # else (a pod): nothing to re-adopt by pid; the record already says pid None, and recovery finds
+        # the attempt by its name, so a second write (and commit) per start would store nothing of use
+
+    # ================================================================ stopping and finishing
+    def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
+        """Record the intent, then ask the job's process to stop (SIGKILL after the grace) in the background.
+
+        A command that has already ended is settled from its own exit status
+        instead: the stop comes too late, and a finished job never runs again.
+        """
+        handle = self._procs.get(rec.id)
+        if handle is not None and not self.executor.alive(handle):
+            self._settle_ended(rec.id, handle)
+            return
+        self._transition(rec.id, stop_intent=intent, reason=reason)
+        if handle is None:
+            fresh = self._job(rec.id)
+            if fresh is not None:
+                self._finish_attempt(fresh, None)
+            return
+        self._spawn_stop(rec.id, handle)
+
+    def _spawn_stop(self, job_id: str, handle: AttemptHandle) -> None:
+        """Stop this attempt's process group in the background (once per attempt)."""
+        key = (job_id, handle.attempt)
+        if key in self._stop_tasks:
+            return
+        task = asyncio.get_running_loop().create_task(self.executor.stop(handle, self.config.pause_grace_s))
+        self._stop_tasks[key] = task
+        task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
+
+    _alive_mark: Any = None  # the executor's change mark at the last liveness scan
+    _alive_scanned_at = 0.0
+
+    def _check_processes(self) -> None:
+        """Monitor: follow the pool's changes, and settle every attempt whose wrapper has ended.
+
+        An executor with a ``changes`` mark (the Kubernetes one: it moves
+        whenever an attempt may have stopped being alive) spares the scan of
+        every running attempt while the mark stands still; one runs at least
+        every ``FULL_SCAN_S`` all the same. Executors without it (local
+        processes, which end unannounced) are scanned every time.
+        """
+        self._follow_pool()
+        mark = getattr(self.executor, "changes", None)
+        now = time.monotonic()
+        if mark is not None and mark == self._alive_mark and now - self._alive_scanned_at < FULL_SCAN_S:
+            return
+        self._alive_mark, self._alive_scanned_at = mark, now  # read before the scan: a change during it rescans
+        ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
+        for jid, h in ended:
+            self._settle_ended(jid, h)
+        if ended and not self._closing:
+            self._request_cycle()
+
+    def _follow_pool(self) -> None:
+        """Take the backend's pool changes (a cluster's nodes come and go); requeue work off the pool.
+
+        A job on a node that left the pool (cordoned, not ready, deleted) is
+        stopped like a preemption and resumes elsewhere from its checkpoint: it
+        did nothing wrong, so it is never failed. A build share there is cancelled
+        (its kernel gets a new one by asking again).
+        """
+        if not self.backend.refresh():
+            return
+        self._gpus, self._nodes = self.backend.gpus, self.backend.nodes
+        self._pool_limits = None  # the models and sizes a request may ask for follow the pool
+        for rec in self._live_jobs(("running",)):
+            if all(g["id"] in self._gpus for g in assigned_gpus(rec)):
+                continue
+            why = (f"node {_gone_node(rec, self._gpus)} left the pool (cordoned, not ready or deleted); "
+                   "requeued")
+            if rec.kind == "build":
+                self._finish(rec, "cancelled", why)
+            elif rec.stop_intent is None:
+                self._metrics.pauses.labels("node").inc()
+                self._begin_stop(rec, "preempt", why)
+        if not self._closing:
+            self._request_cycle()
+
+    def _settle_ended(self, job_id: str, handle: AttemptHandle) -> None:
+        """An attempt has ended: forget it, record how it ended, then let the executor free what it left."""
+        self._procs.pop(job_id, None)
+        try:
+            rec = self._job(job_id)
+            if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
+                return
+            why = self.executor.interrupted(handle)
+            if rec.refusals and (why is None or why.kind != "refused"):
+                self._update(job_id, refusals=0)  # a start not refused ends the run of refusals
+            if why is not None and why.kind == "refused":
+                self._requeue_refused(rec, why.reason)  # never ran: even a stop asked meanwhile has nothing to stop
+                return
+            if why is not None and rec.stop_intent is None:
+                if why.kind == "not-started":
+                    self._requeue_unstarted(rec, why.reason)
+                elif why.kind == "unstartable":
+                    self._finish(rec, "failed", why.reason)
+                else:
+                    self._finish_attempt(rec, None, lost=True, lost_reason=why.reason)
+                return
+            self._finish_attempt(rec, None if why is not None else self.executor.exit_code(job_id, handle.attempt))
+        finally:
+            self.executor.release(handle)
+
+    def _requeue_unstarted(self, rec: JobRecord, reason: str) -> None:
+        """The attempt provably never ran: back to the queue as before it, the attempt not counted."""
+        attempt = rec.attempts
+        self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                         assignment=None, started_at=None, stop_intent=None, pid=None, pid_start=None,
+                         reason=reason)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _requeue_refused(self, rec: JobRecord, reason: str) -> None:
+        """The cluster refused the attempt's pod: it never ran. Its GPUs go back now; the job waits, held for a
+        backoff (the policy does not see it meanwhile, so the jobs behind it get the room), with the API
+        server's message as its reason; the ``kube_refusals_before_failure``-th refusal in a row fails it.
+
+        A stop asked while the pod was being created (pause, cancel, preempt) is honoured as for a job that
+        had not started: cancel finishes it, a user pause keeps it paused, anything else requeues it.
+        """
+        refusals = rec.refusals + 1
+        limit = self.config.kube_refusals_before_failure
+        intent = rec.stop_intent
+        uncounted = {"attempts": rec.attempts - 1, "refusals": refusals, "last_assignment": rec.last_assignment}
+        if intent == "cancel":
+            self._finish(rec, "cancelled", rec.reason or "cancelled", **uncounted)
+            return
+        if refusals >= limit and intent is None:
+            self._finish(rec, "failed", f"{reason} (refused {refusals} time{'s' if refusals > 1 else ''} in a row; "
+                                        "failed after kube_refusals_before_failure)", **uncounted)
+            return
+        wait = min(self.config.kube_refused_backoff_s * 2 ** (refusals - 1), REFUSED_BACKOFF_MAX_S)
+        attempt = rec.attempts
+        user_paused = intent == "pause"
+        state = "paused" if attempt > 1 or user_paused else "queued"
+        self._transition(rec.id, state=state, attempts=attempt - 1, assignment=None, started_at=None,
+                         stop_intent=None, pid=None, pid_start=None, refusals=refusals,
+                         held_until=time.time() + wait, user_paused=user_paused,
+                         reason=f"{reason}; refusal {refusals} of {limit}, tried again in {wait:g} s")
+        self._hold_expires_in(wait)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False,
+                        lost_reason: str = "process lost during restart; requeued") -> None:
+        """An attempt's process is gone: decide the job's next state from the stop intent and the exit code.
+
+        A command that ended on its own before the stop reached it (its wrapper
+        says so) has finished: its exit status wins over the intent.
+        """
+        intent = rec.stop_intent
+        if intent is not None and code is not None and self.executor.ended_on_its_own(rec.id, rec.attempts):
+            intent = None
+        self._watchdog.forget(rec.id)
+        if intent in PAUSE_INTENTS:
+            reason = rec.reason or PAUSE_INTENTS[intent]
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, exit_code=code, reason=reason,
+                             user_paused=(intent == "pause"), preemptible=False, **_ran_on(rec))
+            if intent != "preempt":
+                self._metrics.pauses.labels(intent).inc()
+        elif intent == "cancel":
+            self._finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
+        elif intent == "watchdog":
+            self._finish(rec, "failed", rec.reason, exit_code=code)
+        elif lost:
+            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+                             pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
+                             reason=lost_reason, **_ran_on(rec))
+        elif code is None:
+            self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
+        elif code == 0:
+            self._finish(rec, "succeeded", "exited with code 0", exit_code=0)
+        else:
+            how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self._finish(rec, "failed", how, exit_code=code)
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None,
+                **more: Any) -> None:
+        """``more``: other fields written in the same transition (a refused attempt's uncounting)."""
+        self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+                         assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
+                         lease_expires_at=None, **{**_ran_on(rec), **more})
+        self._metrics.finished.labels(state).inc()
+        ev = self._settled.pop(rec.id, None)
+        if ev is not None:
+            ev.set()
+
+    async def _await_grant(self, job_id: str) -> None:
+        """A build share waiting only for preempted jobs to stop: give them ``reply_wait_s`` to do so.
+
+        A kernel asking for its share then gets it in the submit reply in the
+        common case (victims that checkpoint promptly), not one poll later.
+        """
+        deadline = time.monotonic() + self.config.reply_wait_s
+        while time.monotonic() < deadline:
+            rec = self._job(job_id)
+            if rec is None or rec.state != "queued":
+                return
+            # Shares are released when a stopping job's exit is recorded (its stop_intent cleared).
+            if not any(r.stop_intent is not None for r in self._live.values()):
+                return
+            await asyncio.sleep(0.02)
+
+    async def _await_settled(self, job_id: str) -> None:
+        rec = self._job(job_id)
+        if rec is None or rec.state != "running" or rec.stop_intent is None:
+            return
+        ev = self._settled.setdefault(job_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(ev.wait(), self.config.reply_wait_s)
+        except asyncio.TimeoutError:
+            pass
+
+    # ================================================================ recovery
+    def _recover(self) -> None:
+        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
+        for rec in self._live_jobs(("running",)):
+            if any(g["id"] not in self._gpus for g in assigned_gpus(rec)):
+                missing = "its GPU is no longer in the pool"
+            else:
+                missing = ""
+            if rec.kind == "build":
+                if missing:
+                    self._finish(rec, "cancelled", missing)
+                continue
+            attempt = rec.attempts
+            found = self.executor.recover(rec.id, attempt, rec.pid, rec.pid_start)
+            handle: AttemptHandle | None = found.handle
+            code: int | None = found.exit_code
+            if found.outcome == "not-started":
+                self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                                 assignment=None, started_at=None, stop_intent=None,
+                                 reason="start interrupted by a service restart; requeued")
+                continue
+            if found.outcome == "running" and handle is not None:
+                self._procs[rec.id] = handle
+                if not rec.pid and handle.pid:
+                    self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+                log.info("re-adopted job %s (attempt %d)", rec.id, attempt)
+                if rec.stop_intent is not None:
+                    self._spawn_stop(rec.id, handle)
+                elif missing:
+                    self._begin_stop(rec, "preempt", missing)
+                continue
+            if code is None:
+                code = self.executor.exit_code(rec.id, attempt)
+            fresh = self._job(rec.id)
+            assert fresh is not None
+            if code is None and fresh.stop_intent is None:
+                self._finish_attempt(fresh, None, lost=True)
+            else:
+                self._finish_attempt(fresh, code)
+        self.executor.recovered({(jid, h.attempt) for jid, h in self._procs.items()})

@@ -1,6 +1,0 @@
-"""The scheduler's HTTP API (tornado): ``make_app(core)`` and its OpenAPI document."""
-
-from scheduler.api.app import ROUTES, make_app
-from scheduler.api.openapi import build_document
-
-__all__ = ["ROUTES", "build_document", "make_app"]

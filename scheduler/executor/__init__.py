@@ -1,1 +1,0 @@
-"""Executors carry out the scheduler's decisions: start, pause and stop workloads."""

@@ -1,1 +1,0 @@
-"""The scheduler service: store, inventory, executor and scheduling loop."""
