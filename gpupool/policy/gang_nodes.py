@@ -69,6 +69,7 @@ def choose_nodes(room: np.ndarray, size: int, groups: np.ndarray, whole: np.ndar
     for g in np.unique(groups[cands]).tolist():
         by_group[g] = cands[groups[cands] == g]
     best: tuple[int, int, int, list[tuple[int, int]]] | None = None
+    picks: list[tuple[int, int]]
     for g, members in by_group.items():
         total = int(room[members].sum())
         if total < size:
@@ -80,7 +81,7 @@ def choose_nodes(room: np.ndarray, size: int, groups: np.ndarray, whole: np.ndar
             best = key
     if best is not None:
         return best[3]
-    picks: list[tuple[int, int]] = []
+    picks = []
     left = size
     for g in sorted(by_group, key=lambda g: (-int(room[by_group[g]].sum()), g)):
         members = by_group[g]

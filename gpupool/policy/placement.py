@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,6 +84,8 @@ class FreeState:
     """
 
     DISTINCT_MIN = 96  # fewer candidates: scoring duplicate states costs less than finding them
+
+    _maxima: tuple[int, int, int, int] | None  # see _global_max (reset whenever free capacity changes)
 
     @scoped
     def __init__(
@@ -295,7 +298,7 @@ class FreeState:
             return np.where((need <= self.cap) & self.has_memory, need, np.iinfo(np.int64).max)
         return request.gpu_milli
 
-    def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, Any]:
         """(usable GPU slots, node mask) for a GPU request on the given free matrix."""
         if request.gpus:
             ok = (free == cap) & self.whole_slot
@@ -563,6 +566,6 @@ class FreeState:
         """Free milli-GPU summed over the pool (for reports and tests)."""
         return int(np.where(self.valid, self.free, 0).sum())
 
-    def shape_of(self, request: Request) -> tuple:
+    def shape_of(self, request: Request) -> tuple | None:
         """The fragmentation model's key for a request (exposed for tests)."""
         return request_shape(request)

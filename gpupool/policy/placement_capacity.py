@@ -240,7 +240,7 @@ class CapacityModel(FragModel):
         if self._w_age > 0:
             self._value_now[i] = new @ self._w
 
-    def _after_node(self, cand: np.ndarray, request: Request) -> tuple[np.ndarray, ...]:  # type: ignore[override]
+    def _after_node(self, cand: np.ndarray, request: Request) -> tuple[np.ndarray, ...]:
         """(usable-by-shape share, free share, usable share per type) of each node after the placement."""
         st = self.state
         n = request.gpus
@@ -264,7 +264,7 @@ class CapacityModel(FragModel):
         self._after = (su, ftot, usable, None)
         return rows, jj, self._loss(rows, usable)
 
-    def _after_pairs(  # type: ignore[override]
+    def _after_pairs(
         self, rows: np.ndarray, jj: np.ndarray, f_old: np.ndarray, need: np.ndarray, whole: np.ndarray,
         cpu_milli: int,
     ) -> tuple[np.ndarray, ...]:

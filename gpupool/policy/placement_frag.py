@@ -140,6 +140,12 @@ class FragModel:
     REFRESH_MIN = 32  # re-weigh the learned mix after this many new requests ...
     REFRESH_FRACTION = 0.05  # ... or this share of what was seen, whichever is larger
 
+    # set by the scorers and _keep (annotations only): the last candidates' after-states, and the
+    # one kept for the commit that usually follows
+    _after: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]
+    _ftot_after: np.ndarray
+    _kept: tuple[int, int, Request, np.ndarray, float, np.ndarray, tuple[np.ndarray, int] | None] | None
+
     def __init__(
         self, state: FreeState, fixed: Iterable[Request] | None = None, *,
         expect: Iterable[Request] = (), build: bool = True,
@@ -527,13 +533,17 @@ class FragModel:
         if not self._memo_used:
             if node:
                 return cand, None, self._delta_node(cand, request)
+            assert ok is not None  # (node is True whenever ok is None)
             return self._delta_fraction(cand, ok, request)
+        slot: np.ndarray | None
         if node:
             rows, slot = cand, None
             keys = st.state_key[cand]
             span = 1
         else:
-            _, slot, rows, f_old, need, whole, above = fraction_pairs(st, cand, ok, request)
+            assert ok is not None
+            _, pair_slot, rows, f_old, need, whole, above = fraction_pairs(st, cand, ok, request)
+            slot = pair_slot
             span = st.free.shape[1]
             keys = st.state_key[rows] * span + above
         table = self.memo.table(request, span)
@@ -544,7 +554,7 @@ class FragModel:
             if node:
                 cols = self._memo_rows_node(rows[miss], request)
             else:
-                cols = self._memo_rows_pairs(rows[miss], slot[miss], f_old[miss], need[miss], whole[miss],
+                cols = self._memo_rows_pairs(rows[miss], pair_slot[miss], f_old[miss], need[miss], whole[miss],
                                              request.cpu_milli)
             idx[miss] = table.add(keys[miss], cols)
             if self.memo.added(len(miss), self._live_states):
