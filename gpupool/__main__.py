@@ -2,6 +2,6 @@
 
 import sys
 
-from gpupool.cli.fast import main
+from gpupool.cli.main import main
 
 sys.exit(main())

@@ -14,8 +14,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
-from gpupool.cli.fast import submitted_line
 from gpupool.cli.parser import (
     EXIT_SERVER,
     EXIT_UNREACHABLE,
@@ -29,18 +30,15 @@ from gpupool.cli.parser import (
     parse_size,
     version,
 )
-from gpupool.client import GpupoolClient, config_path
+from gpupool.client import GpupoolClient, config_path, with_submit_dir
 from gpupool.wire.errors import GpupoolError, Unavailable
 from gpupool.wire.plain_text import escape
 
 __all__ = ["UsageError", "build_parser", "main", "parse_size", "submit_spec", "version"]
 
-# Every call imports this module: keep it to what `gpupool submit` needs. The tables
-# (gpupool.cli.tables), the service (serve) and typing are imported where used.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any
+# Every call imports this module: the service (serve) and the Kubernetes node agent are imported
+# only by their commands.
+
 
 def _tables() -> Any:
     """:mod:`gpupool.cli.tables`, imported only by the commands that print a table."""
@@ -104,11 +102,27 @@ def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
 
 def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
     """The JobSpec for `gpupool submit` arguments (only what was given, so server defaults apply)."""
+    spec = spec_of_flags(args, command)
+    if spec.get("project") is None:
+        raise UsageError("the following arguments are required: --project/-p (see 'gpupool submit --help')")
+    if spec.get("replicas", 1) > 1 and "gpus" not in spec:
+        raise UsageError(f"--replicas {spec['replicas']} needs --gpus: each replica runs on whole GPUs of one node")
+    if "command" not in spec and spec.get("kind", "train") == "train":
+        raise UsageError("submit needs a command after '--', e.g. gpupool submit --project P --gpus 1 -- "
+                         "python train.py")
+    return spec
+
+
+def spec_of_flags(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
+    """What the `gpupool submit` flags (and the command after ``--``) say, each value checked on its own.
+
+    The whole JobSpec of a plain submit, once :func:`submit_spec` has checked what it must hold.
+    """
     if command is not None and args.command_args:
         raise UsageError(f"unexpected argument {args.command_args[0]!r} before '--': give the command once, "
                          "after '--'")
     command = command if command is not None else list(args.command_args)
-    spec: dict[str, Any] = {"project": args.project}
+    spec: dict[str, Any] = {} if args.project is None else {"project": args.project}
     for key in ("kind", "name", "gpus", "gpu_fraction", "gpu_memory", "gpu_model", "priority", "workdir",
                 "cpu", "memory", "client_key", "image", "replicas"):
         value = getattr(args, key)
@@ -118,8 +132,6 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
         raise UsageError(f"--gpus must be at least 1, not {spec['gpus']}")
     if spec.get("replicas") is not None and spec["replicas"] < 1:
         raise UsageError(f"--replicas must be at least 1, not {spec['replicas']}")
-    if spec.get("replicas", 1) > 1 and "gpus" not in spec:
-        raise UsageError(f"--replicas {spec['replicas']} needs --gpus: each replica runs on whole GPUs of one node")
     if "gpu_fraction" in spec and not 0 < spec["gpu_fraction"] < 1:
         raise UsageError(f"--gpu-fraction must be between 0 and 1 (exclusive), not {spec['gpu_fraction']}; "
                          "use --gpus for whole GPUs")
@@ -131,17 +143,14 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
         spec["labels"] = dict(args.label)
     if command:
         spec["command"] = command
-    elif spec.get("kind", "train") == "train":
-        raise UsageError("submit needs a command after '--', e.g. gpupool submit --project P --gpus 1 -- "
-                         "python train.py")
     return spec
 
 
-def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> None:
-    from gpupool.client import with_submit_dir
-
+def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> int:
+    """One job from the flags."""
     job = client.submit(with_submit_dir(submit_spec(args, command), client.url))
-    _print_json(job) if args.json else print(submitted_line(job))
+    _print_json(job) if args.json else print(_tables().submitted_line(job))
+    return 0
 
 
 def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
@@ -342,11 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_serve(args)
         if args.command == "node-agent":
             return int(_node_agent().main(args))
-        client = GpupoolClient(args.url, args.token, timeout=args.timeout)
-        if args.command == "submit":
-            cmd_submit(client, args, command)
-        elif (code := COMMANDS[args.command](client, args)) is not None:
-            return int(code)
+        with GpupoolClient(args.url, args.token, timeout=args.timeout) as client:
+            if args.command == "submit":
+                return cmd_submit(client, args, command)
+            if (code := COMMANDS[args.command](client, args)) is not None:
+                return int(code)
     except UsageError as e:
         return _fail(str(e), EXIT_USAGE)
     except Unavailable as e:

@@ -1,7 +1,6 @@
 """The `gpupool` command line's grammar: its commands, their options and how values are read.
 
-Kept apart from the commands (:mod:`gpupool.cli.main`) so each file has one job;
-every call of the CLI imports it, so it imports no more than argparse needs.
+Kept apart from the commands (:mod:`gpupool.cli.main`) so each file has one job.
 Exit codes and the usage error live here because parsing is where most usage
 errors are found.
 """
@@ -9,14 +8,10 @@ errors are found.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 EXIT_SERVER = 1
 EXIT_USAGE = 2
@@ -66,43 +61,8 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's formatter, sized from the terminal without importing shutil.
-
-    argparse makes a formatter for every argument it adds, and its default one
-    imports shutil (and with it bz2, lzma, fnmatch) just to ask for the width.
-    """
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        if width is None:
-            width = _terminal_columns() - 2
-        super().__init__(prog, indent_increment, max_help_position, width)
-
-
-def _terminal_columns() -> int:
-    """$COLUMNS, else the terminal's width, else 80 (what shutil.get_terminal_size does); asked once."""
-    global _COLUMNS
-    if _COLUMNS is None:
-        try:
-            _COLUMNS = int(os.environ["COLUMNS"])
-        except (KeyError, ValueError):
-            try:
-                _COLUMNS = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
-            except (AttributeError, ValueError, OSError):
-                _COLUMNS = 80
-    return _COLUMNS
-
-
-_COLUMNS: int | None = None
-
-
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line on stderr and exit 2, and help is laid out by :class:`_Formatter`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
+    """argparse, but a usage mistake is one line on stderr (not the usage text) and exit 2."""
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"gpupool: error: {message} (see '{self.prog} --help')\n")
@@ -195,7 +155,7 @@ def _add_projects(sub: Any) -> None:
 
 def _add_submit(sub: Any) -> None:
     p = _reader(sub, "submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
-    p.add_argument("--project", "-p", required=True)
+    p.add_argument("--project", "-p", help="the job's project (required)")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--gpus", type=int, help="whole GPUs")
     amount.add_argument("--gpu-fraction", type=_finite_float, help="a share of one GPU, 0 < F < 1")
@@ -306,8 +266,9 @@ def _node_agent() -> Any:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line, or with ``only`` just that command's part.
 
-    ``main`` builds only the command it was given: making all fifteen parsers
-    costs more than the rest of a ``gpupool submit`` on the client side.
+    ``main`` builds only the command it was given: a call then never imports
+    what another command's options need (``node-agent``'s module is the
+    Kubernetes backend's), nor spends time on parsers it will not use.
     """
     parser = _Parser(prog="gpupool", description="Share a pool of GPUs: quotas, a fair training queue, "
                                                  "fractional GPUs.")
@@ -318,7 +279,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply")
     parser.add_argument("--json", action="store_true", help="print JSON (also accepted after the command)")
     parser.add_argument("--version", action=_VersionAction)
-    # prog given, so argparse need not lay out a usage line (and import shutil) to make one.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser, prog="gpupool")
     sub.required = True
     original_add_parser = sub.add_parser

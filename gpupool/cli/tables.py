@@ -7,15 +7,12 @@ formatters can be tested on plain dicts.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from gpupool.client import jsonlite
 from gpupool.wire.plain_text import escape
-
-TYPE_CHECKING = False  # typing costs a CLI call milliseconds at start; annotations only need it for checkers
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
-    from typing import Any
 
 GIB = 2**30
 
@@ -264,13 +261,13 @@ def job_text(job: dict[str, Any]) -> str:
         if key.endswith("_at") and isinstance(value, int | float):
             text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value)) + f" ({ago(value)})"
         elif key == "request":
-            text = request_text(job) + "   " + jsonlite.dumps({k: v for k, v in (value or {}).items() if v})
+            text = request_text(job) + "   " + json.dumps({k: v for k, v in (value or {}).items() if v})
         elif key == "assignment" and isinstance(value, dict):
             text = assignment_text(value)
         elif key == "command" and isinstance(value, list):
             text = " ".join(_shell_quote(a) for a in value)
         elif isinstance(value, dict | list):
-            text = jsonlite.dumps(value) if value else "-"
+            text = json.dumps(value) if value else "-"
         else:
             text = "-" if value is None else str(value)
         if key != "assignment":  # assignment_text escapes its own parts around its line breaks
@@ -312,6 +309,21 @@ def ran_on_text(assignment: dict[str, Any]) -> str:
     if not replicas:
         return on(assignment.get("node"), assignment.get("gpus"))
     return "; ".join(on(r.get("node"), r.get("gpus")) for r in replicas)
+
+
+def submitted_line(job: dict[str, Any]) -> str:
+    """What `gpupool submit` prints: the job id first (scripts take it), what it holds or waits for, what next.
+
+    A fresh job is 'queued' with the reason 'queued'; saying that twice tells
+    nothing, so the line says what was asked for, for whom, and how to follow it.
+    """
+    state, reason = job.get("state", ""), job.get("reason") or ""
+    if reason and reason not in (state, "queued", "submitted"):
+        return escape(f"{job['id']} {state}: {reason}")
+    who = f" as {job['user']}" if job.get("user") else ""
+    hint = "where it runs" if state in ("queued", "running") else "why"
+    return escape(f"{job['id']} {state}: {request_text(job)} in project {job.get('project', '?')}{who}; "
+                  f"'gpupool describe {job['id']}' shows {hint}")
 
 
 def _shell_quote(arg: str) -> str:

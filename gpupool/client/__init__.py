@@ -1,6 +1,7 @@
 """Python clients of the scheduler's HTTP API: blocking and asyncio.
 
-:class:`GpupoolClient` (blocking, on :mod:`gpupool.client.http_plain`) serves the CLI, kernels and tests;
+:class:`GpupoolClient` (blocking, on :mod:`http.client` through :mod:`gpupool.client.connection`, which
+keeps connections alive between requests) serves the CLI, kernels and tests;
 :class:`AsyncGpupoolClient` (tornado's AsyncHTTPClient) serves the Jupyter
 server, whose event loop must never block. Both expose the same methods, one
 per endpoint, defined once in :class:`_Endpoints`: each method builds a request
@@ -17,19 +18,19 @@ with its status, from both clients alike.
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
-from gpupool.client import jsonlite
+from gpupool.client.connection import Connections, split_url
 from gpupool.wire import errors
 from gpupool.wire.errors import GpupoolError, Unavailable
 
-# Every `gpupool` call imports this module: anything heavy (asyncio, tornado, urllib,
-# pathlib, typing) is imported where it is used, or only for type checkers.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from pathlib import Path
-    from typing import Any
+# Every `gpupool` call imports this module, the CLI's included: asyncio and tornado (the async
+# client's) are imported where they are used.
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 API = "/api/v1"
@@ -54,8 +55,6 @@ def _config_file() -> str:
 
 def config_path() -> Path:
     """``$XDG_CONFIG_HOME/gpupool/client.json`` (``~/.config`` when XDG_CONFIG_HOME is unset)."""
-    from pathlib import Path
-
     return Path(_config_file())
 
 
@@ -108,7 +107,7 @@ def resolve_connection(url: str | None = None, token: str | None = None) -> tupl
         if os.path.isfile(path):
             try:
                 with open(path) as f:
-                    data = jsonlite.loads(f.read())
+                    data = json.load(f)
             except (OSError, ValueError) as e:
                 raise errors.InvalidRequest(f"cannot read the client config {path}: {e}") from e
             if not isinstance(data, dict):
@@ -140,7 +139,7 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
     kind = None
     reply: dict[str, Any] = {}
     try:
-        data = jsonlite.loads(body or b"")
+        data = json.loads(body or b"")
         if isinstance(data, dict):
             reply = data
             message = str(data.get("error") or "")
@@ -165,10 +164,6 @@ def error_from_reply(status: int, body: bytes | str | None, url: str) -> Gpupool
 
 
 def _query(params: Mapping[str, Any]) -> str:
-    if not any(value is not None for value in params.values()):
-        return ""
-    import urllib.parse
-
     items = []
     for key, value in params.items():
         if value is None:
@@ -262,7 +257,7 @@ class _Endpoints:
     def _request_parts(self, method: str, path: str, body: Any,
                        query: Mapping[str, Any] | None) -> tuple[str, bytes | None, dict[str, str]]:
         """URL, body bytes and headers of one request, the same for both transports."""
-        data = None if body is None else jsonlite.dumps(body).encode()
+        data = None if body is None else json.dumps(body).encode()
         if method in ("POST", "PUT") and data is None:
             data = b""
         headers = {"Accept": "application/json", "User-Agent": "gpupool-client/1"}
@@ -277,12 +272,7 @@ class _Endpoints:
 
 
 def _seg(value: str) -> str:
-    text = str(value)
-    if text and all(c.isascii() and (c.isalnum() or c in "-._~") for c in text):
-        return text  # job ids and project names: nothing to quote, and no urllib.parse to import
-    import urllib.parse
-
-    return urllib.parse.quote(text, safe="")
+    return urllib.parse.quote(str(value), safe="")
 
 
 def _decode(data: bytes, raw: bool) -> Any:
@@ -290,23 +280,32 @@ def _decode(data: bytes, raw: bool) -> Any:
         return data.decode("utf-8", "replace")
     if not data:
         return None
-    return jsonlite.loads(data)
+    return json.loads(data)
 
 
 class GpupoolClient(_Endpoints):
-    """Blocking client (:mod:`gpupool.client.http_plain`). Safe to share between threads: it keeps no connection state.
+    """Blocking client on :mod:`http.client`; safe to share between threads.
+
+    It keeps its connections to the scheduler open between requests
+    (:mod:`gpupool.client.connection`): a script or ``gpupool submit --from``
+    that makes thousands of calls pays for one connection, not one each.
+    ``close()`` (or ``with GpupoolClient(...) as client:``) closes them; a
+    client dropped without it closes them when it is collected.
 
     No proxies, no redirects followed (the token stays with the scheduler's host):
     any status from 300 up raises.
     """
 
+    _connections: Connections | None = None
+
     def _call(self, method: str, path: str, *, body: Any = None, query: Mapping[str, Any] | None = None,
               raw: bool = False, timeout: float | None = None) -> Any:
-        from gpupool.client import http_plain
-
         url, data, headers = self._request_parts(method, path, body, query)
         try:
-            status, payload = http_plain.request(method, url, data, headers, timeout or self.timeout)
+            target = split_url(url)[3]
+            if self._connections is None:
+                self._connections = Connections(self.url)
+            status, payload = self._connections.request(method, target, data, headers, timeout or self.timeout)
         except ValueError as e:  # a URL that is not http(s)://host[:port]
             raise errors.InvalidRequest(f"bad scheduler URL {self.url!r}: {e}") from None
         except OSError as e:
@@ -315,6 +314,17 @@ class GpupoolClient(_Endpoints):
         if status >= 300:
             raise error_from_reply(status, payload, self.url)
         return _decode(payload, raw)
+
+    def close(self) -> None:
+        """Close the connections kept open; the next call opens a new one."""
+        if self._connections is not None:
+            self._connections.close()
+
+    def __enter__(self) -> GpupoolClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 MAX_ASYNC_CONNECTIONS = 100

@@ -18,15 +18,15 @@ writer still runs, since ids are reused: on Linux the file also records its
 writer's start time (in clock ticks since boot, which no clock change moves),
 and a live process with that id but another start time is somebody else.
 
-Imported by every CLI call: only ``os``, ``time``, :mod:`gpupool.client.jsonlite` and :mod:`gpupool.procstat` here.
+Imported by every CLI call: only ``json``, ``os``, ``time`` and :mod:`gpupool.procstat` here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
-from gpupool.client import jsonlite
 from gpupool.procstat import start_ticks
 
 PREFIX = "scheduler-"
@@ -76,7 +76,7 @@ def write(url: str, token: str | None, **extra: object) -> str:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(jsonlite.dumps(info))
+            json.dump(info, f)
         os.replace(tmp, path)
     except BaseException:
         _unlink(tmp)
@@ -143,7 +143,7 @@ def running() -> list[dict[str, object]]:
             if os.name == "posix" and os.stat(path).st_uid != os.getuid():
                 continue
             with open(path) as f:
-                info = jsonlite.loads(f.read())
+                info = json.load(f)
         except (OSError, ValueError):
             continue
         if not isinstance(info, dict) or not isinstance(info.get("url"), str):

@@ -334,3 +334,53 @@ def test_sync_client_reads_every_reply_framing(framing):
 def test_sync_client_refuses_a_bad_url(clean_env):
     with pytest.raises(errors.InvalidRequest, match="bad scheduler URL"):
         GpupoolClient("ftp://example.org", "t").status()
+
+
+def test_sync_client_keeps_its_connection_and_reopens_one_the_server_closed():
+    """Requests go over one kept connection; one the server closed while idle is replaced, the request not lost."""
+    import threading
+
+    body = b'{"user": "alice", "admin": false}'
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    served: list[int] = []  # requests answered on each accepted connection
+
+    def serve() -> None:
+        for keep in (3, 1):  # the first connection answers three requests, then the server closes it
+            conn, _ = listener.accept()
+            with conn:
+                served.append(0)
+                for _ in range(keep):
+                    if not conn.recv(65536):
+                        break
+                    conn.sendall(reply)
+                    served[-1] += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with GpupoolClient(f"http://127.0.0.1:{listener.getsockname()[1]}", "tok", timeout=5) as client:
+            assert [client.whoami()["user"] for _ in range(3)] == ["alice"] * 3
+            import time
+
+            time.sleep(0.1)  # the server has closed the kept connection by now
+            assert client.whoami()["user"] == "alice"
+    finally:
+        thread.join(5)
+        listener.close()
+    assert served == [3, 1]
+
+
+def test_sync_client_is_shared_between_threads(server):
+    """Each request has a connection of its own while it runs: threads sharing a client never mix replies."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alice = GpupoolClient(server.url, "alice-token")
+    admin = GpupoolClient(server.url, ADMIN_TOKEN)
+    with ThreadPoolExecutor(8) as pool:
+        users = list(pool.map(lambda i: (alice if i % 2 else admin).whoami()["user"], range(64)))
+    assert users == ["admin" if i % 2 == 0 else "alice" for i in range(64)]
+    alice.close()
+    assert alice.whoami()["user"] == "alice"  # a closed client opens a new connection

@@ -156,19 +156,17 @@ def test_a_bad_simulated_pool_stops_serve_with_a_message(tmp_path: Path):
     assert "node node-a appears twice in simulation spec" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ["submit", "--project", "vision", "--replicas", "2", "--gpus", "8", "--", "python", "train.py"],
-    ["submit", "-p", "vision", "--gpus", "1", "--replicas=4", "--name", "ddp", "--", "torchrun", "x.py"],
-    ["submit", "-p", "vision", "--replicas", "1", "--gpu-fraction", "0.5", "--", "x"],
+@pytest.mark.parametrize(("argv", "replicas"), [
+    (["submit", "--project", "vision", "--replicas", "2", "--gpus", "8", "--", "python", "train.py"], 2),
+    (["submit", "-p", "vision", "--gpus", "1", "--replicas=4", "--name", "ddp", "--", "torchrun", "x.py"], 4),
+    (["submit", "-p", "vision", "--replicas", "1", "--gpu-fraction", "0.5", "--", "x"], 1),
 ])
-def test_the_fast_submit_path_reads_replicas_as_the_full_cli_does(argv: list[str]):
-    from gpupool.cli import fast as cli_fast
+def test_the_cli_reads_replicas(argv: list[str], replicas: int):
     from gpupool.cli import main as cli
 
-    parsed = cli_fast.parse_submit(argv)
-    assert parsed is not None
     options, command = cli._split_command(argv)
-    assert parsed[0] == cli.submit_spec(cli.build_parser("submit").parse_args(options), command)
+    spec = cli.submit_spec(cli.build_parser("submit").parse_args(options), command)
+    assert spec["replicas"] == replicas and spec["command"] == command
 
 
 @pytest.mark.parametrize("argv", [
@@ -177,10 +175,15 @@ def test_the_fast_submit_path_reads_replicas_as_the_full_cli_does(argv: list[str
     ["submit", "-p", "vision", "--replicas", "2", "--", "x"],
     ["submit", "-p", "vision", "--replicas", "two", "--gpus", "1", "--", "x"],
 ])
-def test_a_replicas_mistake_is_left_to_the_full_cli(argv: list[str]):
-    from gpupool.cli import fast as cli_fast
+def test_a_replicas_mistake_is_a_usage_error(argv: list[str], capsys, monkeypatch, tmp_path):
+    from gpupool.cli import main as cli
 
-    assert cli_fast.parse_submit(argv) is None
+    monkeypatch.setenv("GPUPOOL_URL", "http://127.0.0.1:9")  # never reached: the mistake is found first
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpupool: error: ") and err.count("\n") == 1 and "replicas" in err, err
 
 
 def test_the_openapi_document_publishes_replicas_as_the_core_enforces_them(serve: ServeProcess):
