@@ -116,7 +116,8 @@ def submit_spec(args: argparse.Namespace, command: list[str] | None) -> dict[str
 def spec_of_flags(args: argparse.Namespace, command: list[str] | None) -> dict[str, Any]:
     """What the `gpupool submit` flags (and the command after ``--``) say, each value checked on its own.
 
-    The whole JobSpec of a plain submit, once :func:`submit_spec` has checked what it must hold.
+    The whole JobSpec of a plain submit (:func:`submit_spec` adds what it
+    must hold); the defaults of every line with ``--from``.
     """
     if command is not None and args.command_args:
         raise UsageError(f"unexpected argument {args.command_args[0]!r} before '--': give the command once, "
@@ -147,7 +148,11 @@ def spec_of_flags(args: argparse.Namespace, command: list[str] | None) -> dict[s
 
 
 def cmd_submit(client: GpupoolClient, args: argparse.Namespace, command: list[str] | None) -> int:
-    """One job from the flags."""
+    """One job from the flags, or with ``--from`` every job of a file (:mod:`gpupool.cli.submit_from`)."""
+    if args.from_file is not None:
+        from gpupool.cli.submit_from import submit_from
+
+        return submit_from(client, args, spec_of_flags(args, command))
     job = client.submit(with_submit_dir(submit_spec(args, command), client.url))
     _print_json(job) if args.json else print(_tables().submitted_line(job))
     return 0

@@ -155,7 +155,10 @@ def _add_projects(sub: Any) -> None:
 
 def _add_submit(sub: Any) -> None:
     p = _reader(sub, "submit", "submit a job: gpupool submit --project P --gpus 1 -- python train.py")
-    p.add_argument("--project", "-p", help="the job's project (required)")
+    p.add_argument("--project", "-p", help="the job's project (required, unless every --from line names one)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="submit every job of FILE ('-': standard input), one JSON object (a JobSpec) per line, "
+                        "over one connection; the other options are each line's defaults (docs/cli.md)")
     amount = p.add_mutually_exclusive_group()
     amount.add_argument("--gpus", type=int, help="whole GPUs")
     amount.add_argument("--gpu-fraction", type=_finite_float, help="a share of one GPU, 0 < F < 1")
