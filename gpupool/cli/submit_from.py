@@ -163,12 +163,25 @@ def _submit_all(client: GpupoolClient, jobs: list[tuple[int, dict[str, Any]]], a
             _fail(f"line {number}: {e.message}")
             refused.append(number)
             continue
-        print(json.dumps(job) if as_json else submitted_line(job))
+        _print(json.dumps(job) if as_json else submitted_line(job))
     if refused:
         _fail(f"{len(refused)} of {len(jobs)} jobs refused ({_lines_text(refused)}); "
               f"the other {len(jobs) - len(refused)} were submitted")
         return EXIT_SERVER
     return 0
+
+
+def _print(line: str) -> None:
+    """Print one job's line; when the reader has gone (``| head -3``), go on submitting, printing to nowhere.
+
+    Stopping there (as a plain submit does) would leave the rest of the file unsubmitted without a word.
+    """
+    try:
+        print(line)
+    except BrokenPipeError:
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, sys.stdout.fileno())  # what is still buffered, and later lines, go there
+        os.close(nowhere)
 
 
 def _lines_text(numbers: list[int], span: bool = False) -> str:

@@ -188,6 +188,19 @@ def test_standard_input_as_a_real_process(svc, tmp_path):
     assert [json.loads(line)["name"] for line in result.stdout.splitlines()] == [f"stdin-{i}" for i in range(5)]
 
 
+def test_a_reader_that_stops_reading_does_not_stop_the_submits(svc, tmp_path):
+    """`gpupool submit --from jobs.jsonl | head -1`: every job is still submitted (the lines just go nowhere)."""
+    path = jobs_file(tmp_path / "jobs.jsonl", *({"name": f"piped-{i}", "command": ["true"]} for i in range(300)))
+    before = job_count(svc)
+    process = subprocess.Popen([sys.executable, "-m", "gpupool", "submit", "--from", path, "-p", "vision"],
+                               env=cli_env(svc.url, svc.alice, tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().startswith("j-")
+    process.stdout.close()  # as head does after its line
+    assert process.wait(60) == 0, process.stderr.read() if process.stderr else ""
+    assert job_count(svc) == before + 300
+
+
 def test_a_plain_submit_refused_as_a_real_process_is_one_line_and_exit_1(svc, tmp_path):
     result = subprocess.run([sys.executable, "-m", "gpupool", "submit", "--project", "nope", "--gpus", "1", "--",
                              "true"], env=cli_env(svc.url, svc.alice, tmp_path), capture_output=True, text=True,
