@@ -32,7 +32,7 @@ from jupyter_gpupool.paths import inside_root, relative_to_root, resolve_noteboo
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 STAGING_PREFIX = ".staging-"
 # The parameters travel as one JSON argument of the job's command line, and the scheduler
-# takes arguments of at most 64 KiB (gpupool.api.schemas.MAX_STRING); refusing here
+# takes arguments of at most 64 KiB (gpupool.wire.schemas.MAX_STRING); refusing here
 # gives the notebook user a sentence about parameters instead of one about "command.9".
 MAX_PARAMETERS_KIB = 64
 # papermill writes each value as a Python literal, and Python's parser stops at 200

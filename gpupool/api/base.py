@@ -21,9 +21,9 @@ from typing import Any
 import tornado.web
 
 from gpupool.api import auth
-from gpupool.api.schemas import validate
 from gpupool.wire.errors import GpupoolError, InvalidRequest, Unauthorized
 from gpupool.wire.limits import decode_json
+from gpupool.wire.schemas import validate
 
 log = logging.getLogger("gpupool.api")
 

@@ -21,7 +21,7 @@ from typing import Any
 from tornado.iostream import StreamClosedError
 
 from gpupool.api.base import ApiHandler, maybe_await
-from gpupool.api.schemas import MAX_SEQ, MAX_WAIT_S
+from gpupool.wire.schemas import MAX_SEQ, MAX_WAIT_S
 
 KEEPALIVE_S = 15.0
 

@@ -15,9 +15,9 @@ import prometheus_client
 
 from gpupool.api.base import ApiHandler, maybe_await
 from gpupool.api.openapi import build_document
-from gpupool.api.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
 from gpupool.wire.errors import InvalidRequest
 from gpupool.wire.limits import MAX_REPLICAS
+from gpupool.wire.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
 
 
 class HealthHandler(ApiHandler):
@@ -75,7 +75,7 @@ class ProjectsHandler(ApiHandler):
 
 class ProjectHandler(ApiHandler):
     async def put(self, name: str) -> None:
-        fields = self.json_body("ProjectFields", "project", empty={})
+        fields = self.json_body(None, "project", empty={})  # the service checks it against the wire model
         self.write_json(await maybe_await(self.core.set_project(self.actor, name, fields)))
 
     async def delete(self, name: str) -> None:
@@ -113,7 +113,7 @@ class JobsHandler(ApiHandler):
         self.write_json(await maybe_await(self.core.list_jobs(self.actor, filters)))
 
     async def post(self) -> None:
-        spec = self.json_body("JobSpec", "job spec")
+        spec = self.json_body(None, "job spec")  # the service checks it against the wire model
         job, created = await maybe_await(self.core.submit(self.actor, spec))
         self.write_json(job, 201 if created else 200)
 

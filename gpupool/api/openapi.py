@@ -1,6 +1,6 @@
 """The OpenAPI 3.0 document served at /api/v1/openapi.json.
 
-Built from :mod:`gpupool.api.schemas` (the same dicts that validate request
+Built from :mod:`gpupool.wire.schemas` (the same dicts that validate request
 bodies) and the operation table below. ``tests/api/test_openapi*.py`` check
 that every route of the application appears here with the same methods, and
 fuzz the service from this document.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gpupool.api.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
 from gpupool.wire.limits import MAX_PROJECT_NAME, MAX_REPLICAS
+from gpupool.wire.schemas import COMPONENTS, JOB_KINDS, MAX_LIST, MAX_LOG_CHUNK, MAX_SEQ, MAX_WAIT_S
 
 MAX_JOB_ID = 256  # ids are short (j-000042); this only bounds what a client may send
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gpupool.wire.states import LIVE_STATES
+
 SCHEMA_VERSION = 1
 
-LIVE_STATES = ("queued", "running", "paused")
-FINAL_STATES = ("succeeded", "failed", "cancelled", "rejected")
 _LIVE_SQL = ", ".join(f"'{s}'" for s in LIVE_STATES)  # for "state IN (...)"
 
 _SCHEMA = """

@@ -15,10 +15,10 @@ from typing import Any
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.policy.model import Node
 from gpupool.service.jobs import gpus_text
-from gpupool.service.store import FINAL_STATES, LIVE_STATES, JobRecord
+from gpupool.service.store import JobRecord
 from gpupool.wire.errors import InvalidRequest
+from gpupool.wire.states import ALL_STATES
 
-ALL_STATES = LIVE_STATES + FINAL_STATES
 MAX_LOG_CHUNK = 1024 * 1024
 DEFAULT_LIST = 200
 

@@ -5,13 +5,14 @@ document and the Jupyter extension all read bodies and quote limits, and the
 extension (a client of the scheduler) must not import the service to do so
 (issue 23: dependencies point one way). The limits are defined once here:
 enforced by :mod:`gpupool.service.validation`, published by
-:mod:`gpupool.api.schemas`, so the document cannot promise more or less than
+:mod:`gpupool.wire.schemas`, so the document cannot promise more or less than
 the service accepts.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -108,6 +109,8 @@ def check_json_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
             problem = _unicode_problem(item)
             if problem:
                 raise InvalidRequest(f"{_where(path)}: the string {problem}")
+        elif isinstance(item, float) and not math.isfinite(item):  # JSON has no NaN or Infinity
+            raise InvalidRequest(f"{_where(path)}: must be a finite number, not {item}")
         elif isinstance(item, (dict, list)):
             if depth >= max_depth:
                 raise InvalidRequest(_too_deep())

@@ -16,6 +16,7 @@ import prometheus_client
 
 from gpupool.service.core import Actor
 from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuotaExceeded
+from gpupool.wire.schemas import validate
 
 ADMIN_TOKEN = "admin-token"
 TOKENS = {ADMIN_TOKEN: Actor("admin", True), "alice-token": Actor("alice"), "bob-token": Actor("bob")}
@@ -72,6 +73,7 @@ class FakeCore:
     def set_project(self, actor: Actor, name: str, fields: dict[str, Any]) -> dict[str, Any]:
         if not actor.admin:
             raise Forbidden("only the admin may set project quotas")
+        validate("ProjectFields", fields, "project")
         project = self.projects.setdefault(name, self._project(name))
         project.update(fields)
         return project
@@ -84,6 +86,7 @@ class FakeCore:
         del self.projects[name]
 
     async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        validate("JobSpec", spec, "job spec")  # as the real core does first: the wire model's shape
         if spec["project"] not in self.projects:
             raise InvalidRequest(f"unknown project {spec['project']!r}")
         if spec.get("kind") == "build" and spec.get("gpu_fraction", 0) > 0.9:

@@ -27,8 +27,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from gpupool.api.schemas import ENV_NAME, NO_NUL
 from gpupool.wire.plain_text import PLAIN_TEXT_PATTERN
+from gpupool.wire.schemas import ENV_NAME, NO_NUL
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
 ANY_JSON = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from gpupool.api.openapi import build_document
-from gpupool.api.schemas import COMPONENTS
 from gpupool.client import GpupoolClient
 from gpupool.service.validation import PoolLimits, validate_project, validate_spec, validate_user
 from gpupool.wire.errors import Conflict, InvalidRequest, QuotaExceeded
+from gpupool.wire.schemas import COMPONENTS
 
 from .servers import EmbeddedThread, http, wait_until
 

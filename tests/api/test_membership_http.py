@@ -29,7 +29,7 @@ def test_members_set_by_put_decide_who_submits(tmp_path):
         status, projects = http("GET", srv.url + "/api/v1/projects", token=bob)
         assert status == 200 and [(p["name"], p["member"]) for p in projects] == [("vision", False)]
         status, body = http("PUT", srv.url + "/api/v1/projects/vision", token="admin-t", body={"members": "alice"})
-        assert status == 400 and "members" in body["error"] and "array" in body["error"]
+        assert status == 400 and "members" in body["error"] and "must be a list" in body["error"]
         status, body = http("PUT", srv.url + "/api/v1/projects/vision", token="admin-t", body={"members": None})
         assert status == 200 and body["members"] is None
         assert http("POST", srv.url + "/api/v1/jobs", token=bob, body=JOB)[0] == 201

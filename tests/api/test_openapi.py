@@ -12,8 +12,8 @@ import schemathesis
 
 from gpupool.api.app import ROUTES
 from gpupool.api.openapi import build_document
-from gpupool.api.schemas import COMPONENTS, to_json_schema, validate
 from gpupool.wire.errors import InvalidRequest
+from gpupool.wire.schemas import COMPONENTS, to_json_schema, validate
 
 from .fake_core import ADMIN_TOKEN, FakeCore
 from .servers import AppServer, http
@@ -78,7 +78,7 @@ def test_every_component_converts_to_checkable_json_schema():
     ({"project": "p", "image": "a b"}, "invalid job spec: image must be a container image reference"),
     ({"project": "p", "image": "x" * 513}, "image must be a container image reference"),
     ({"project": "p", "image": 5}, "image"),
-    ([1, 2], "not of type 'object'"),
+    ([1, 2], "the job spec must be a JSON object"),
 ])
 def test_job_spec_validation_messages(body, message):
     with pytest.raises(InvalidRequest, match=re.escape(message)):

@@ -60,7 +60,7 @@ def test_submit_refuses_control_characters_naming_the_field(svc, extra, field):
 
 
 def test_the_core_refuses_them_too_whoever_calls(svc):
-    """The core's own check (gpupool.service.validation) says the same as the HTTP schema."""
+    """A caller that is not the HTTP API gets the same check and the same sentence: both are the wire model's."""
     from gpupool.service.actor import Actor
     from gpupool.wire.errors import InvalidRequest
 
@@ -68,7 +68,7 @@ def test_the_core_refuses_them_too_whoever_calls(svc):
         await svc.core.submit(Actor("alice", False), {"project": "vision", "gpus": 1, "command": SLEEP,
                                                        "labels": {"note": EVIL}})
 
-    with pytest.raises(InvalidRequest, match=r"^labels\.note: the value must not contain control characters"):
+    with pytest.raises(InvalidRequest, match=r"^invalid job spec: labels\.note: the value must not contain control characters"):
         svc.loops.run(submit())
 
 

@@ -140,11 +140,12 @@ BAD_SPECS = [
     ({"project": "p", "command": "python x.py"}, "list of strings"),
     ({"project": "p", "kind": "build", "command": ["x"]}, "no command"),
     ({"project": "p", "kind": "serve", "command": ["x"]}, "kind"),
-    ({"project": "p", "command": ["x"], "gpu": 1}, "unknown job spec field"),
+    ({"project": "p", "command": ["x"], "gpu": 1}, "unknown field ('gpu' was unexpected)"),
     ({"project": "p", "command": ["x"], "workdir": "relative/dir"}, "absolute"),
-    ({"project": "p", "command": ["x"], "env": {"BAD KEY": "v"}}, "invalid variable name"),
+    ({"project": "p", "command": ["x"], "env": {"BAD KEY": "v"}}, "env must map variable names"),
     ({"project": "p", "command": ["x"], "priority": "high"}, "priority"),
-    ({"project": "p", "command": ["x"], "cpu": 10**6}, "more than this machine"),
+    ({"project": "p", "command": ["x"], "cpu": 10**6}, "cpu must be a positive number of cores (at most 100000)"),
+    ({"project": "p", "command": ["x"], "cpu": 10**4}, "more than this machine"),
     ("not a dict", "JSON object"),
 ]
 

@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from gpupool.service.store import FINAL_STATES, LIVE_STATES
 from gpupool.wire.errors import GpupoolError
+from gpupool.wire.states import FINAL_STATES, LIVE_STATES
 from tests.service.helpers import ADMIN, ALICE, BOB, PY, wait_for
 
 

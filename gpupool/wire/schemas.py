@@ -13,6 +13,7 @@ typo such as ``gpus: 1e12`` gets a clear 400 instead of reaching the store.
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import jsonschema
@@ -30,18 +31,19 @@ from gpupool.wire.limits import (
     MAX_MAP_VALUE,
     MAX_PRIORITY,
     MAX_PROJECT_NAME,
+    MAX_QUOTA_GPUS,
     MAX_REPLICAS,
     MAX_USER_NAME,
     USER_PATTERN,
 )
 from gpupool.wire.plain_text import PLAIN_TEXT_PATTERN, escape, unsafe_problem
+from gpupool.wire.states import ALL_STATES, JobKind
 
 # Largest values the API accepts. Beyond these a request is a mistake, not a plan.
 MAX_GPUS = 4096
 MAX_GPU_MEMORY = 2**50  # 1 PiB of GPU memory on one GPU
 MAX_HOST_MEMORY = 2**60
 MAX_CPU = 100_000
-MAX_QUOTA = 1_000_000  # GPUs
 # The length limits of names, keys and map entries are the core's own (gpupool.service.validation),
 # imported above, so that the schema and the enforcement cannot differ. The ones below exist only here.
 MAX_MODEL_NAME = 256  # gpu_model (the core also checks the model is in the pool)
@@ -53,11 +55,15 @@ MAX_LOG_CHUNK = 16 * 2**20  # bytes in one GET /jobs/{id}/logs
 MAX_SEQ = 2**62  # event sequence numbers are SQLite integers (int64)
 MAX_WAIT_S = 60.0  # longest long-poll of GET /events
 
+# The sentence a person reads when a value breaks a field's rules; an OpenAPI extension keyword
+# (kept in the document, where it states the rule), dropped from the JSON Schema that validates.
+RULE = "x-rule"
+
 NO_NUL = "^[^\\x00]*$"  # process arguments and paths cannot hold NUL bytes
 ENV_NAME = ENV_KEY_RE.pattern  # the core's own rule (the limits too), so the two cannot drift apart
 
-JOB_STATES = ["queued", "running", "paused", "succeeded", "failed", "cancelled", "rejected"]
-JOB_KINDS = ["train", "build"]
+JOB_STATES = [state.value for state in ALL_STATES]
+JOB_KINDS = [kind.value for kind in JobKind]
 
 
 def _str(max_length: int, *, min_length: int = 0, nullable: bool = False, plain: bool = False) -> dict[str, Any]:
@@ -93,37 +99,51 @@ JOB_SPEC: dict[str, Any] = {
     "required": ["project"],
     "additionalProperties": False,
     "properties": {
-        "project": _str(MAX_PROJECT_NAME, min_length=1),
-        "kind": {"type": "string", "enum": JOB_KINDS, "default": "train"},
-        "name": _str(MAX_JOB_NAME, nullable=True, plain=True),
+        "project": {**_str(MAX_PROJECT_NAME, min_length=1), RULE: "project is required (a project name)"},
+        "kind": {"type": "string", "enum": JOB_KINDS, "default": "train",
+                 RULE: "kind must be 'train' or 'build'"},
+        "name": {**_str(MAX_JOB_NAME, nullable=True, plain=True),
+                 RULE: f"name must be a non-empty string of at most {MAX_JOB_NAME} characters"},
         "gpus": {"type": "integer", "minimum": 1, "maximum": MAX_GPUS, "nullable": True,
-                 "description": "Whole GPUs."},
+                 "description": "Whole GPUs.", RULE: f"gpus must be a whole number from 1 to {MAX_GPUS} (at least 1)"},
         "gpu_fraction": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
                          "exclusiveMaximum": True, "maximum": 1, "nullable": True,
-                         "description": "A share of one GPU, 0 < f < 1."},
+                         "description": "A share of one GPU, 0 < f < 1.",
+                         RULE: "gpu_fraction must be a number between 0 and 1 (exclusive); use gpus for whole GPUs"},
         "gpu_memory": {"type": "integer", "minimum": 1, "maximum": MAX_GPU_MEMORY, "nullable": True,
-                       "description": "Bytes of GPU memory on one GPU."},
-        "gpu_model": _str(MAX_MODEL_NAME, nullable=True, plain=True),
-        "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
+                       "description": "Bytes of GPU memory on one GPU.",
+                       RULE: "gpu_memory must be a positive whole number of bytes"},
+        "gpu_model": {**_str(MAX_MODEL_NAME, nullable=True, plain=True),
+                      RULE: f"gpu_model must be a string of 1-{MAX_MODEL_NAME} characters"},
+        "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY,
+                     RULE: f"priority must be a whole number between -{MAX_PRIORITY} and {MAX_PRIORITY}"},
         "command": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "nullable": True,
-                    "items": _str(MAX_STRING)},
-        "workdir": _str(MAX_STRING, nullable=True),
+                    "items": _str(MAX_STRING), RULE: f"command must be a non-empty list of strings (at most "
+                    f"{MAX_ITEMS} of {MAX_STRING} characters)"},
+        "workdir": {**_str(MAX_STRING, nullable=True), RULE: "workdir must be an absolute path"},
         "submit_dir": {**_str(MAX_STRING, nullable=True), "description": "Train jobs: the folder the job was "
                        "submitted from (the CLI sends it when it runs on the scheduler's machine). A local "
                        "scheduler runs a job that names no workdir there, if the job's account may enter and read "
-                       "it (else a 400 naming workdir); other backends ignore it."},
-        "env": _string_map(ENV_NAME),
-        "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True},
-        "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True},
-        "labels": _string_map(plain=True),
-        "client_key": _str(MAX_CLIENT_KEY, nullable=True, plain=True),
+                       "it (else a 400 naming workdir); other backends ignore it.",
+                       RULE: "submit_dir must be an absolute path (the folder the job was submitted from)"},
+        "env": {**_string_map(ENV_NAME), RULE: "env must map variable names (letters, digits and _, not "
+                f"starting with a digit; at most {MAX_MAP_ENTRIES}) to strings"},
+        "cpu": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_CPU, "nullable": True,
+                RULE: f"cpu must be a positive number of cores (at most {MAX_CPU})"},
+        "memory": {"type": "integer", "minimum": 1, "maximum": MAX_HOST_MEMORY, "nullable": True,
+                   RULE: "memory must be a positive whole number of bytes"},
+        "labels": {**_string_map(plain=True),
+                   RULE: f"labels must map strings to strings (at most {MAX_MAP_ENTRIES})"},
+        "client_key": {**_str(MAX_CLIENT_KEY, min_length=1, nullable=True, plain=True),
+                       RULE: f"client_key must be a non-empty string of at most {MAX_CLIENT_KEY} characters"},
         "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
                   "nullable": True, "description": "The container image of the job's pods (kubernetes backend "
-                  "only; a local scheduler refuses it). Default: the service's configured image."},
+                  "only; a local scheduler refuses it). Default: the service's configured image.",
+                  RULE: IMAGE_RULE},
         "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS, "nullable": True, "default": 1,
                      "description": "Train jobs: processes (pods) that start together or not at all (a multi-node "
                      "gang), each on `gpus` whole GPUs of one node; more than 1 needs gpus >= 1 (no gpu_fraction "
-                     "or gpu_memory)."},
+                     "or gpu_memory).", RULE: f"replicas must be a whole number from 1 to {MAX_REPLICAS}"},
     },
 }
 
@@ -132,13 +152,19 @@ PROJECT_FIELDS: dict[str, Any] = {
     "description": "Quotas in GPUs. Fields left out keep their value (or the default for a new project).",
     "additionalProperties": False,
     "properties": {
-        "build_quota": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
-        "train_guarantee": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA},
-        "train_limit": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA, "nullable": True,
-                        "description": "Most training GPUs the project may use; null for no limit."},
-        "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_QUOTA},
+        "build_quota": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA_GPUS,
+                        RULE: f"build_quota must be a number of GPUs from 0 to {MAX_QUOTA_GPUS}"},
+        "train_guarantee": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA_GPUS,
+                            RULE: f"train_guarantee must be a number of GPUs from 0 to {MAX_QUOTA_GPUS}"},
+        "train_limit": {"type": "number", "minimum": 0, "maximum": MAX_QUOTA_GPUS, "nullable": True,
+                        "description": "Most training GPUs the project may use; null for no limit.",
+                        RULE: f"train_limit must be a number of GPUs from 0 to {MAX_QUOTA_GPUS}, or null"},
+        "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_QUOTA_GPUS,
+                   RULE: f"weight must be a positive number (at most {MAX_QUOTA_GPUS})"},
         "members": {"type": "array", "nullable": True, "maxItems": 1000,
                     "items": {"type": "string", "minLength": 1, "maxLength": 65},
+                    RULE: "members must be a list (at most 1000) of user names and @groups, or null for an "
+                    "open project",
                     "description": "Who may submit into the project: user names and '@group' entries; "
                                    "null (the default) leaves the project open to every user."},
     },
@@ -300,7 +326,8 @@ def to_json_schema(schema: Any) -> Any:
         return [to_json_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: to_json_schema(v) for k, v in schema.items() if k not in ("nullable", "description", "default")}
+    out = {k: to_json_schema(v) for k, v in schema.items()
+           if k not in ("nullable", "description", "default") and not k.startswith("x-")}
     for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if out.get(bound) is True:
             out[bound] = out.pop(limit)
@@ -315,18 +342,33 @@ def to_json_schema(schema: Any) -> Any:
     return out
 
 
-_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+    """``pattern`` as JSON Schema means it (ECMA-262): a final ``$`` is the end of the string.
+
+    Python's ``$`` also matches before a final newline, so with :func:`re.search`
+    alone ``"alice\\n"`` would pass ``^[a-z]+$``: a name that looks like
+    another, or a line break in text others read. Our patterns are anchored,
+    so a match must reach the end.
+    """
+    if not validator.is_type(instance, "string"):
+        return
+    match = re.search(pattern, instance)
+    if match is None or (pattern.endswith("$") and match.end() != len(instance)):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"pattern": _pattern})
+_VALIDATORS: dict[str, jsonschema.protocols.Validator] = {}  # built once per component, then only read
 
 
 def _validator(name: str) -> jsonschema.protocols.Validator:
     if name not in _VALIDATORS:
-        schema = copy.deepcopy(to_json_schema(COMPONENTS[name]))
-        _VALIDATORS[name] = jsonschema.Draft202012Validator(schema)
+        _VALIDATORS[name] = _Validator(copy.deepcopy(to_json_schema(COMPONENTS[name])))
     return _VALIDATORS[name]
 
 
-def _describe(error: jsonschema.ValidationError) -> str:
-    """One sentence naming the field and the problem, for a human."""
+def _describe(component: str, error: jsonschema.ValidationError) -> str:
+    """One sentence naming the field and the problem, for a human: the field's own rule where it has one."""
     where = ".".join(str(p) for p in error.absolute_path)
     validator = error.validator
     if validator == "additionalProperties":
@@ -338,14 +380,15 @@ def _describe(error: jsonschema.ValidationError) -> str:
     if validator == "pattern" and error.schema.get("pattern") == PLAIN_TEXT_PATTERN:
         text = str(error.instance)
         if "propertyNames" in error.relative_schema_path or "propertyNames" in error.schema_path:
-            return f"{where}: the key {text[:40]!r} {unsafe_problem(text)}"  # the core's sentences
+            return f"{where}: the key {text[:40]!r} {unsafe_problem(text)}"
         if len(error.absolute_path) > 1:  # a value in labels
             return f"{escape(where)}: the value {unsafe_problem(text)}"
         return f"{where} {unsafe_problem(text)}"
-    if where == "image" and validator in ("pattern", "minLength", "maxLength"):
-        return IMAGE_RULE  # the core's sentence, not the pattern
-    if where == "replicas" and validator in ("type", "minimum", "maximum"):
-        return f"replicas must be a whole number from 1 to {MAX_REPLICAS}, not {str(error.instance)[:20]}"
+    field = error.absolute_path[0] if error.absolute_path else None
+    rule = COMPONENTS[component].get("properties", {}).get(field, {}).get(RULE) if isinstance(field, str) else None
+    if rule:
+        inside = f" ({escape(where)})" if len(error.absolute_path) > 1 else ""
+        return f"{rule}, not {_shown(error.instance)}{inside}"
     if validator == "propertyNames":
         return f"{where or 'object'}: bad key: {error.message}"
     text = error.message
@@ -354,11 +397,18 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"{where}: {text}" if where else text
 
 
+def _shown(value: Any) -> str:
+    """A value as the message quotes it: JSON-like, cut short (a bad value may be huge)."""
+    text = str(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def validate(name: str, body: Any, what: str) -> dict[str, Any]:
     """Check ``body`` against component ``name``; raise InvalidRequest naming the first problem."""
     errors = sorted(_validator(name).iter_errors(body), key=lambda e: (len(e.absolute_path), str(e.path)))
     if errors:
         best = jsonschema.exceptions.best_match(errors)
-        raise InvalidRequest(f"invalid {what}: {_describe(best)}")
+        if not best.absolute_path and best.validator == "type":
+            raise InvalidRequest(f"the {what} must be a JSON object")
+        raise InvalidRequest(f"invalid {what}: {_describe(name, best)}")
     return body
-
