@@ -16,9 +16,13 @@ no process is spawned):
 
 The script measured is ``.venv/bin/gpupool`` (the console script next to this
 Python), which must call ``gpupool.cli.main:main``: after a change of entry point,
-``.venv/bin/pip install -q -e .`` regenerates it. Prints one table.
+``.venv/bin/pip install -q -e .`` regenerates it. ``--cli-root DIR`` measures
+another checkout's CLI (e.g. an older commit unpacked with ``git archive``)
+against the same service, for before/after: its code first on ``PYTHONPATH``,
+called through its own entry point (its ``[project.scripts]``) as its console
+script did. Prints one table.
 
-    .venv/bin/python -m bench.cli [--runs 21] [--jobs 1000]
+    .venv/bin/python -m bench.cli [--runs 21] [--jobs 1000] [--rounds 3] [--cli-root DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -60,6 +65,15 @@ def the_script() -> Path:
     return script
 
 
+def entry_command(cli_root: Path) -> list[str]:
+    """What another checkout's console script ran: its ``[project.scripts]`` entry point, through this Python."""
+    match = re.search(r'^gpupool = "([\w.]+):(\w+)"', (cli_root / "pyproject.toml").read_text(), re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"no gpupool entry point in {cli_root / 'pyproject.toml'}")
+    module, function = match.groups()
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -72,11 +86,16 @@ def p90(values: list[float]) -> float:
 
 
 def wall_times(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
-    """Wall seconds of ``runs`` calls one after another (each must exit 0)."""
+    """Wall seconds of ``runs`` calls one after another (each must exit 0), from the folder ``$HOME`` names.
+
+    Not from the project root: ``python -c`` puts the current folder first on its path, which would
+    shadow the checkout measured with ``--cli-root``.
+    """
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        result = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        result = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                cwd=env["HOME"])
         times.append(time.perf_counter() - t0)
         if result.returncode != 0:
             raise SystemExit(f"{' '.join(argv[:3])} ... failed ({result.returncode}): {result.stderr.strip()}")
@@ -94,14 +113,14 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def submit_from(script: Path, env: dict[str, str], path: Path, jobs: int, service_pid: int
+def submit_from(command: list[str], env: dict[str, str], path: Path, jobs: int, service_pid: int
                 ) -> tuple[float, float, float]:
     """One ``gpupool submit --from`` of ``jobs`` lines: (wall, CLI CPU, service CPU) seconds."""
     path.write_text("".join(f'{{"name": "sweep-{i}", "command": ["true"]}}\n' for i in range(jobs)))
     cli_before, service_before = children_cpu(), process_cpu(service_pid)
     t0 = time.perf_counter()
-    result = subprocess.run([str(script), "submit", "--from", str(path), "--project", "bench", "--gpus", "1"],
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run([*command, "submit", "--from", str(path), "--project", "bench", "--gpus", "1"],
+                            env=env, capture_output=True, text=True, cwd=env["HOME"])
     wall = time.perf_counter() - t0
     if result.returncode != 0 or len(result.stdout.splitlines()) != jobs:
         raise SystemExit(f"submit --from failed ({result.returncode}): {result.stderr.strip()[-300:]}")
@@ -139,9 +158,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=21, help="calls of status and of submit (median of these)")
     parser.add_argument("--jobs", type=int, default=1000, help="lines of the --from file")
     parser.add_argument("--rounds", type=int, default=3, help="--from runs (the median is reported)")
+    parser.add_argument("--cli-root", type=Path, default=None, help="checkout whose CLI the script runs")
     args = parser.parse_args()
+    cli_root = args.cli_root.resolve() if args.cli_root else None
+    has_from = cli_root is None or "--from" in (cli_root / "gpupool" / "cli" / "parser.py").read_text()
 
     script = the_script()
+    command = [str(script)] if cli_root is None else entry_command(cli_root)
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-bench-cli-"))
     service = ServeProcess(tmp / "state", f"{GPUS}xA100-80GB", SETTINGS, TOKEN,
                            env={"GPUPOOL_RUNTIME_DIR": str(tmp / "runtime")})
@@ -156,24 +179,29 @@ def main() -> int:
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_") and k != "PYTHONPATH"}
             env.update(HOME=str(tmp), XDG_CONFIG_HOME=str(tmp / "config"), GPUPOOL_RUNTIME_DIR=str(tmp / "runtime"),
                        GPUPOOL_URL=service.url, GPUPOOL_TOKEN=TOKEN)
+            if cli_root is not None:
+                env["PYTHONPATH"] = str(cli_root)
             floor = wall_times([sys.executable, "-c", "pass"], env, args.runs)
             rows.append(("`python -c pass` (the interpreter's start), median", ms(median(floor)), ""))
             for name, argv in (("status", ["status"]),
                                ("submit", ["submit", "--project", "bench", "--gpus", "1", "--", "true"])):
-                wall_times([str(script), *argv], env, 3)  # the page cache and bytecode, as after any first call
-                times = wall_times([str(script), *argv], env, args.runs)
+                wall_times([*command, *argv], env, 3)  # the page cache and bytecode, as after any first call
+                times = wall_times([*command, *argv], env, args.runs)
                 rows.append((f"`gpupool {name}`, median / p90 of {args.runs}",
                              f"**{ms(median(times))}** / {ms(p90(times))}", verdict(median(times), TARGETS[name])))
             cancel_queued(admin)
             runs = []
-            for _ in range(args.rounds):
-                runs.append(submit_from(script, env, tmp / "jobs.jsonl", args.jobs, service.proc.pid))
+            for _ in range(args.rounds if has_from else 0):
+                runs.append(submit_from(command, env, tmp / "jobs.jsonl", args.jobs, service.proc.pid))
                 cancel_queued(admin)
-            wall, cli_cpu, service_cpu = sorted(runs)[len(runs) // 2]
-            rows.append((f"`gpupool submit --from` {args.jobs:,} jobs, median of {args.rounds} runs",
-                         f"**{wall:.2f} s** ({args.jobs / wall:.0f} jobs/s)", verdict(wall, TARGETS["from"])))
-            rows.append(("  CPU of the CLI process / of the service process in that run",
-                         f"{cli_cpu:.2f} s / {service_cpu:.2f} s", ""))
+            if runs:
+                wall, cli_cpu, service_cpu = sorted(runs)[len(runs) // 2]
+                rows.append((f"`gpupool submit --from` {args.jobs:,} jobs, median of {args.rounds} runs",
+                             f"**{wall:.2f} s** ({args.jobs / wall:.0f} jobs/s)", verdict(wall, TARGETS["from"])))
+                rows.append(("  CPU of the CLI process / of the service process in that run",
+                             f"{cli_cpu:.2f} s / {service_cpu:.2f} s", ""))
+            else:
+                rows.append(("`gpupool submit --from`", "not in that checkout's CLI", ""))
             direct = []
             for _ in range(args.rounds):
                 direct.append(api_submits(service.url, args.jobs, service.proc.pid))
@@ -186,9 +214,9 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     load = os.getloadavg()
-    print(f"gpupool CLI ({script}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"load average {load[0]:.1f} at the end")
+    measured = script if cli_root is None else f"{cli_root} through its entry point"
+    print(f"gpupool CLI ({measured}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()} "
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}, load average {load[0]:.1f} at the end")
     width = max(len(r[0]) for r in rows)
     print(f"| {'measure'.ljust(width)} | result | target |")
     print(f"|{'-' * (width + 2)}|---|---|")
