@@ -274,14 +274,14 @@ def gang_worlds(draw: st.DrawFn) -> Snapshot:
 @SETTINGS
 @given(gang_worlds())
 def test_gang_reclaim_bound_only_skips_searches_that_would_fail(s: Snapshot) -> None:
-    """The upper bound in front of a gang's victim search (reclaim._gang_reachable) changes no decision."""
-    from gpupool.policy.reclaim import ReclaimMixin
+    """The upper bound in front of a gang's victim search (Reclaim._gang_reachable) changes no decision."""
+    from gpupool.policy.reclaim import Reclaim
 
     with_bound = schedule(s)
-    original = ReclaimMixin._gang_reachable
+    original = Reclaim._gang_reachable
     try:
-        ReclaimMixin._gang_reachable = lambda self, gpus, own, names, wide=False: True  # type: ignore[method-assign]
+        Reclaim._gang_reachable = lambda self, gpus, own, names, wide=False: True  # type: ignore[method-assign]
         without = schedule(s)
     finally:
-        ReclaimMixin._gang_reachable = original  # type: ignore[method-assign]
+        Reclaim._gang_reachable = original  # type: ignore[method-assign]
     assert with_bound == without

@@ -48,9 +48,9 @@ and build work is never paused, so the room the job needs is not there until
 the kernel ends; a paused job beyond its guarantee also waits out
 ``resume_backoff_s``.
 
-This is a mixin of the engine's cycle object, like
-:class:`~gpupool.policy.reclaim.ReclaimMixin`: it reads the cycle's usage and
-capacity and records pauses and starts through it.
+A phase object of the cycle (:class:`BuildReclaim`), called by the build
+phase (:mod:`gpupool.policy.build`) for a kernel that did not fit: it reads
+the cycle state's usage and capacity and records pauses and starts in it.
 """
 
 from __future__ import annotations
@@ -59,12 +59,12 @@ import heapq
 import math
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpupool.policy import reasons as txt
 from gpupool.policy.cycle_state import CycleState
 from gpupool.policy.memo import FailureMemo
 from gpupool.policy.model import BUILD_POOL, Kind, Project, Request, Workload
+from gpupool.policy.reclaim import victims_on_node
 
 _Key = tuple[int, int, float, int, float, str]
 _Entry = tuple[_Key, Workload]
@@ -95,50 +95,50 @@ class _ClaimState:
         self.failed: FailureMemo[str] = FailureMemo()
 
 
-class BuildReclaimMixin(CycleState):
+class BuildReclaim:
     """Pausing training jobs on build-pool nodes for build work within its quota."""
 
-    if TYPE_CHECKING:  # beyond CycleState's
-        def train_shares(self, trains: Iterable[Workload], capacity: int) -> dict[str, float]: ...
-
-    _build_claims: _ClaimState | None = None  # made on the first build claim of the cycle
+    def __init__(self, state: CycleState) -> None:
+        self.state = state
+        self._build_claims: _ClaimState | None = None  # made on the first build claim of the cycle
 
     # ------------------------------------------------------------ entry point
 
-    def claim_build_room(self, w: Workload, req: Request, p: Project) -> str | None:
+    def claim(self, w: Workload, req: Request, p: Project) -> str | None:
         """Make room for build workload ``w`` (within its quota, it did not fit) and start it.
 
         Returns None when it started, else the reason it waits.
         """
+        st = self.state
         head = (
-            f"project {p.name} has {txt.gpus(p.build_quota_milli - self.build_used[p.name])} of its "
+            f"project {p.name} has {txt.gpus(p.build_quota_milli - st.build_used[p.name])} of its "
             f"{txt.gpus(p.build_quota_milli)} build quota left, but the build pool has no room for "
             f"{txt.describe(req)} now"
         )
         if not (req.gpus or req.gpu_milli or req.gpu_memory_mib):
             # build quotas are GPU quotas: a kernel asking no GPU has no reservation to claim
             return head + "; a kernel asking no GPU does not pause training, it starts when room frees up"
-        state = self._build_claims
-        if state is None:
-            build_nodes = set(self.cap.pool_nodes.get(BUILD_POOL, ()))
+        claims = self._build_claims
+        if claims is None:
+            build_nodes = set(st.cap.pool_nodes.get(BUILD_POOL, ()))
             on_build_nodes = {
                 # (a replica of a multi-node gang is never paused for a kernel: it would leave the gang
                 # running partly; see docs/policy.md, "Multi-node gangs")
                 name: [v for v in jobs if v.assignment is not None and v.assignment.node in build_nodes and not v.gang]
-                for name, jobs in self.train_running.items()
+                for name, jobs in st.train_running.items()
             }
-            state = self._build_claims = _ClaimState(self._claim_shares(), on_build_nodes)
+            claims = self._build_claims = _ClaimState(self._claim_shares(), on_build_nodes)
         context: Hashable = p.name  # who may be paused depends on the kernel's project (its own jobs)
-        generation = self.cap.generation
-        known = state.failed.get(context, req, generation)
+        generation = st.cap.generation
+        known = claims.failed.get(context, req, generation)
         if known is not None:
             return head + known
-        outcome = self._claim(w, req, p, state)
+        outcome = self._claim(w, req, p, claims)
         if outcome is None:
             return None
         tail, remember = outcome
         if remember:
-            state.failed.add(context, req, generation, tail)
+            claims.failed.add(context, req, generation, tail)
         return head + tail
 
     # ------------------------------------------------------------ victim choice
@@ -150,29 +150,31 @@ class BuildReclaimMixin(CycleState):
         they are worked out here the same way: running plus pending training
         demand, train-pool GPUs not held by build work.
         """
-        trains = (w for w in self.pending if w.kind is Kind.TRAIN and w.project in self.projects)
-        return self.train_shares(trains, self.train_capacity)
+        st = self.state
+        trains = (w for w in st.pending if w.kind is Kind.TRAIN and w.project in st.projects)
+        return st.train_shares(trains, st.train_capacity)
 
-    def _classify(self, state: _ClaimState, name: str) -> _ProjectJobs:
+    def _classify(self, claims: _ClaimState, name: str) -> _ProjectJobs:
         """Project ``name``'s jobs on build-pool nodes by how a kernel may pause them (see the module docstring).
 
         Preemptible: flagged beyond the guarantee at the start of the cycle,
         and pausing it still keeps the project at or above its guarantee now
         (earlier pauses may have lowered the project's use).
         """
-        used = self.usage[name]
-        known = state.classified.get(name)
+        st = self.state
+        used = st.usage[name]
+        known = claims.classified.get(name)
         if known is not None and known.usage == used:
             return known
-        q = self.projects[name]
-        above = used + self.recent[name] - state.shares.get(name, 0.0)  # recent use counts (0 without history)
-        min_start = self.now - self.cfg.min_runtime_s
+        q = st.projects[name]
+        above = used + st.recent[name] - claims.shares.get(name, 0.0)  # recent use counts (0 without history)
+        min_start = st.now - st.cfg.min_runtime_s
         out = _ProjectJobs(used, [], [], [], [])
-        for v in state.on_build_nodes.get(name, ()):
-            if v.id in self.preempted:
+        for v in claims.on_build_nodes.get(name, ()):
+            if v.id in st.preempted:
                 continue
-            keeps_floor = used - self.milli[v.id] >= q.train_guarantee_milli
-            preemptible = keeps_floor and v.id in self.over_at_start
+            keeps_floor = used - st.milli[v.id] >= q.train_guarantee_milli
+            preemptible = keeps_floor and v.id in st.over_at_start
             started = v.started_at if v.started_at is not None else -math.inf
             entry = ((0 if preemptible else 1, 0 if keeps_floor else 1, -above, v.priority, -started, v.id), v)
             if preemptible:
@@ -185,19 +187,19 @@ class BuildReclaimMixin(CycleState):
                 out.floor_old.append(entry)
         for lst in (out.preemptible, out.floor_old, out.floor_young, out.breaks_floor):
             lst.sort(key=_entry_key)
-        state.classified[name] = out
+        claims.classified[name] = out
         return out
 
     def _in_order(self, lists: list[list[_Entry]]) -> Iterator[Workload]:
         """The jobs of several sorted lists in victim order, lazily (most claims need the first one only)."""
-        preempted = self.preempted
+        preempted = self.state.preempted
         return (v for _, v in heapq.merge(*lists, key=_entry_key) if v.id not in preempted)
 
     def _claim(
-        self, w: Workload, req: Request, p: Project, state: _ClaimState
+        self, w: Workload, req: Request, p: Project, claims: _ClaimState
     ) -> tuple[str, bool] | None:
         """Pause and start (None), or (why it waits, whether that holds for the rest of the generation)."""
-        jobs = {name: self._classify(state, name) for name in sorted(state.on_build_nodes)}
+        jobs = {name: self._classify(claims, name) for name in sorted(claims.on_build_nodes)}
         own = jobs.get(p.name)
         first = [j.preemptible for j in jobs.values()]
         more = [j.floor_old for j in jobs.values()]
@@ -210,7 +212,7 @@ class BuildReclaimMixin(CycleState):
             found = self._fewest_victims(p, req, self._in_order(lists))
             if found is not None:
                 node, chosen = found
-                problem = self._pause_and_start(w, req, p, node, chosen, state.shares)
+                problem = self._pause_and_start(w, req, p, node, chosen, claims.shares)
                 if problem is None:
                     return None
                 return problem, False  # depends on the project's quota: not a fact about the shape
@@ -218,10 +220,10 @@ class BuildReclaimMixin(CycleState):
         if any(young) and self._fewest_victims(p, req, self._in_order(first + more + young)) is not None:
             return (
                 f"; making room would mean pausing another project's training job that started less than "
-                f"{txt.seconds(self.cfg.min_runtime_s)} ago (minimum run time): it starts once that has passed "
+                f"{txt.seconds(self.state.cfg.min_runtime_s)} ago (minimum run time): it starts once that has passed "
                 "or room frees up"
             ), True
-        if self._training_in_the_way(state, req):
+        if self._training_in_the_way(claims, req):
             return (
                 "; the training there runs within other projects' guarantees, which a kernel does not break "
                 "(more build quota and training guarantee is handed out than the build pool's nodes hold); "
@@ -235,7 +237,7 @@ class BuildReclaimMixin(CycleState):
         self, p: Project, req: Request, candidates: Iterable[Workload]
     ) -> tuple[str, list[Workload]] | None:
         """Where to make room and whom to pause: one victim if one suffices, else the fewest on one GPU or node."""
-        ledger = self.cap.ledger
+        ledger = self.state.cap.ledger
         fractional = not req.gpus
         groups: dict[tuple[str, str], list[Workload]] = {}
         victims: list[Workload] = []  # those looked at, in order
@@ -259,7 +261,7 @@ class BuildReclaimMixin(CycleState):
         for (node, _gid), members in groups.items():
             if len(members) < 2:
                 continue
-            chosen = self.victims_on_node(req, p, node, members)  # shared with training reclaim
+            chosen = victims_on_node(self.state, req, p, node, members)  # shared with training reclaim
             if chosen is None:
                 continue
             cand = (len(chosen), sorted(rank[v.id] for v in chosen), ledger.order[node], node, chosen)
@@ -267,13 +269,13 @@ class BuildReclaimMixin(CycleState):
                 best = cand
         return None if best is None else (best[3], best[4])
 
-    def _training_in_the_way(self, state: _ClaimState, req: Request) -> bool:
+    def _training_in_the_way(self, claims: _ClaimState, req: Request) -> bool:
         """Whether pausing every training job on some build-pool node would seat ``req`` (for the wait reason)."""
-        ledger = self.cap.ledger
+        ledger = self.state.cap.ledger
         per_node: dict[str, list[Workload]] = {}
-        for jobs in state.on_build_nodes.values():
+        for jobs in claims.on_build_nodes.values():
             for v in jobs:
-                if v.id not in self.preempted:
+                if v.id not in self.state.preempted:
                     per_node.setdefault(v.assignment.node, []).append(v)  # type: ignore[union-attr]
         for node in sorted(per_node, key=ledger.order.__getitem__):
             if not ledger.could_ever_fit(node, req):
@@ -293,26 +295,27 @@ class BuildReclaimMixin(CycleState):
         self, w: Workload, req: Request, p: Project, node: str, victims: list[Workload], shares: dict[str, float]
     ) -> str | None:
         """Pause ``victims`` and start ``w`` on ``node`` (None); or undo and say why it cannot start there."""
-        ledger = self.cap.ledger
+        st = self.state
+        ledger = st.cap.ledger
         before_free = ledger.node_free(node)
-        before = {v.project: self.usage[v.project] for v in victims}
+        before = {v.project: st.usage[v.project] for v in victims}
         preemptible = set()  # paused in turn, these keep their project at or above its guarantee
         left_after = dict(before)
         for v in victims:
-            left_after[v.project] -= self.milli[v.id]
-            if v.id in self.over_at_start and left_after[v.project] >= self.projects[v.project].train_guarantee_milli:
+            left_after[v.project] -= st.milli[v.id]
+            if v.id in st.over_at_start and left_after[v.project] >= st.projects[v.project].train_guarantee_milli:
                 preemptible.add(v.id)
         for v in victims:
             assert v.assignment is not None
-            self.cap.release(v.assignment, v.request)
-            self.usage[v.project] -= self.milli[v.id]
+            st.cap.release(v.assignment, v.request)
+            st.usage[v.project] -= st.milli[v.id]
         a = ledger.assign_on(node, req)
-        left = p.build_quota_milli - self.build_used[p.name]
+        left = p.build_quota_milli - st.build_used[p.name]
         if a is None or a.total_milli > left:
             for v in victims:  # cannot use the room after all: undo, nobody is paused
                 assert v.assignment is not None
-                self.cap.commit(v.assignment, v.request)
-                self.usage[v.project] += self.milli[v.id]
+                st.cap.commit(v.assignment, v.request)
+                st.usage[v.project] += st.milli[v.id]
             if a is None:
                 return "; the room pausing training would free does not seat it (an inconsistency; it retries)"
             return (
@@ -324,7 +327,7 @@ class BuildReclaimMixin(CycleState):
             f"quota of {txt.gpus(p.build_quota_milli)})"
         )
         for v in victims:
-            q = self.projects[v.project]
+            q = st.projects[v.project]
             used, guarantee = txt.gpus(before[q.name]), txt.gpus(q.train_guarantee_milli)
             fair = txt.gpus(shares.get(q.name, 0.0))
             if v.id in preemptible:
@@ -347,12 +350,12 @@ class BuildReclaimMixin(CycleState):
                 head = f"paused for notebook kernel {w.id} of the same project {p.name}, to give it {share}"
             else:
                 head = f"paused to give notebook kernel {w.id} of project {p.name} {share}"
-            self.preempted[v.id] = f"{head}: {why}"
-            self.touched.add(v.project)
-        self.start(w, req, a, note="after pausing training job" + ("s " if len(victims) > 1 else " ")
-                   + ", ".join(v.id for v in victims) + " to make room for it")
+            st.preempted[v.id] = f"{head}: {why}"
+            st.touched.add(v.project)
+        st.start(w, req, a, note="after pausing training job" + ("s " if len(victims) > 1 else " ")
+                 + ", ".join(v.id for v in victims) + " to make room for it")
         if ledger.grew(node, before_free):
-            self.cap.generation += 1  # leftover room: shapes that failed before may fit now
+            st.cap.generation += 1  # leftover room: shapes that failed before may fit now
         return None
 
 

@@ -30,43 +30,52 @@ replica), and this module makes the engine treat the replicas as one job:
   nodes closest to holding all its replicas (one reservation, several
   nodes), so small jobs cannot keep taking the room it needs.
 
-This is a mixin of the engine's cycle object, like
-:class:`~gpupool.policy.reclaim.ReclaimMixin`. Everything here is skipped
+Which replicas form a gang, and the gangs that cannot take a turn at all,
+is sorted out as the cycle opens (:mod:`gpupool.policy.gang_setup`); here is
+a gang's turn in a training pass (:class:`GangTurns`, a phase object the
+training pass calls), which seats the gang or asks gang reclaim
+(:mod:`gpupool.policy.gang_reclaim`) for room. Everything here is skipped
 when no workload of the snapshot is in a gang, so work without gangs is
 decided exactly as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from gpupool.policy import reasons as txt
-from gpupool.policy.gang_nodes import choose_nodes, group_ids
-from gpupool.policy.gang_setup import Gang, GangSetupMixin, flag_units
+from gpupool.policy.cycle_state import CycleState
+from gpupool.policy.gang import Gang
+from gpupool.policy.gang_actions import gang_groups, seat_gang, wait_all
+from gpupool.policy.gang_nodes import choose_nodes
+from gpupool.policy.gang_reclaim import GangReclaim
+from gpupool.policy.memo import FailureMemo
 from gpupool.policy.model import TRAIN_POOL, Project, Request, Workload
-from gpupool.policy.nodecache import for_nodes
-
-__all__ = ["Gang", "GangMixin", "flag_units"]
 
 
-class GangMixin(GangSetupMixin):
-    """The engine's handling of multi-node gangs (see the module docstring); set-up in :mod:`gang_setup`."""
+class GangTurns:
+    """Gangs taking their turns in the training passes (see the module docstring)."""
 
-    if TYPE_CHECKING:  # beyond CycleState's
-        def reclaim_units(self, claimants: Sequence[Workload], req: Request, size: int, p: Project,
-                          within: bool, gang: Gang | None) -> str | None: ...
+    def __init__(self, state: CycleState, gang_reclaim: GangReclaim) -> None:
+        self.state = state
+        self.gang_reclaim = gang_reclaim
+        self.gang_failed: FailureMemo[bool] = FailureMemo()  # context: the gang's size (see place_gang)
+        self.gang_failed_sizes: list[int] = []
+        self.gang_smallest_failed: dict[int, tuple[Request, int]] = {}  # id(request) -> (it, smallest failed size)
+        self.gang_texts: dict[tuple, str] = {}
+        self.gang_fit_total: dict[tuple, int] = {}  # see place_gang
+        # (id(request), project, within, priority) -> ((generation, use, reservers, starts), replicas, reason)
+        self.gang_verdicts: dict[tuple, tuple[tuple[int, int, int, int], int, str]] = {}  # see take_turn
 
     # ------------------------------------------------------------ a gang's turn
 
-    def gang_turn(self, w: Workload, first: bool, deferred: list[Workload], starving_from: float) -> None:
+    def take_turn(self, w: Workload, first: bool, deferred: list[Workload], starving_from: float) -> None:
         """The gang whose first replica is ``w`` takes its turn in a training pass."""
-        gang = self.gang_led_by[w.id]
-        p = self.projects[gang.project]
+        st = self.state
+        gang = st.gang_led_by[w.id]
+        p = st.projects[gang.project]
         need = gang.need
-        used = self.usage[p.name]
+        used = st.usage[p.name]
         g = p.train_guarantee_milli
         within = used < g or used + need <= g
         since = w.paused_at if w.paused_at is not None else w.submitted_at
@@ -74,52 +83,55 @@ class GangMixin(GangSetupMixin):
             deferred.append(w)
             return
         # A gang like one that just waited (the same replicas, no fewer of them, same project, priority;
-        # nothing started, paused or reserved since) waits for the same reason, as the engine's verdict memo
-        # does for single jobs: placement and reclaim would fail the same way. A starving gang must still try
-        # for a reservation, one in its resume backoff says so itself, and one past its limit says that.
+        # nothing started, paused or reserved since) waits for the same reason, as the training pass's
+        # verdict memo does for single jobs: placement and reclaim would fail the same way. A starving
+        # gang must still try for a reservation, one in its resume backoff says so itself, and one past
+        # its limit says that.
         key = (id(gang.request), p.name, within, w.priority)
-        n_reservers = self.n_reservers
-        mark = (self.cap.generation, used, n_reservers, len(self.started))
-        settled = within or w.paused_at is None or self.now - w.paused_at >= self.cfg.resume_backoff_s
-        quiet = n_reservers >= self.cfg.max_reservations or since > starving_from
+        n_reservers = st.n_reservers
+        mark = (st.cap.generation, used, n_reservers, len(st.started))
+        settled = within or w.paused_at is None or st.now - w.paused_at >= st.cfg.resume_backoff_s
+        quiet = n_reservers >= st.cfg.max_reservations or since > starving_from
         limit = p.train_limit_milli
         seen = self.gang_verdicts.get(key)
         if (seen is not None and seen[0] == mark and seen[1] <= gang.size and settled and quiet
                 and (limit is None or used + need <= limit)):
-            self._wait_all(gang, gang.text + seen[2])
+            wait_all(st, gang, gang.text + seen[2])
             return
-        before = len(self.waits)
+        before = len(st.waits)
         self.schedule_gang(gang, p, within)
-        if settled and len(self.waits) > before and self.n_reservers == n_reservers:
-            reason = self.waits[-1].reason
+        if settled and len(st.waits) > before and st.n_reservers == n_reservers:
+            reason = st.waits[-1].reason
             if reason.startswith(gang.text + ":") and (seen is None or seen[0] != mark or gang.size < seen[1]):
                 self.gang_verdicts[key] = (mark, gang.size, reason[len(gang.text):])
 
     def schedule_gang(self, gang: Gang, p: Project, within: bool) -> None:
-        cfg = self.cfg
+        """Seat every replica on free room, or by pausing units (gang reclaim), or say why the gang waits."""
+        st = self.state
+        cfg = st.cfg
         w = gang.leader
-        used, need, limit = self.usage[p.name], gang.need, p.train_limit_milli
+        used, need, limit = st.usage[p.name], gang.need, p.train_limit_milli
         if limit is not None and used + need > limit:
-            self._wait_all(gang, (
+            wait_all(st, gang, (
                 f"project {p.name} is at its training limit: it uses {txt.gpus(used)} of {txt.gpus(limit)} and "
                 f"{gang.text} needs {txt.gpus(need)} (all replicas start together or none)"))
             return
-        if not within and w.paused_at is not None and self.now - w.paused_at < cfg.resume_backoff_s:
-            self._wait_all(gang, (
-                f"{gang.text} was paused {txt.seconds(self.now - w.paused_at)} ago; it resumes on idle GPUs "
+        if not within and w.paused_at is not None and st.now - w.paused_at < cfg.resume_backoff_s:
+            wait_all(st, gang, (
+                f"{gang.text} was paused {txt.seconds(st.now - w.paused_at)} ago; it resumes on idle GPUs "
                 f"only after {txt.seconds(cfg.resume_backoff_s)} (anti-flapping), or sooner within project "
                 f"{p.name}'s guarantee"))
             return
         plan = self.place_gang(gang)
         if plan is not None:
-            self.seat_gang(gang, plan, "")
+            seat_gang(st, gang, plan, "")
             return
-        why = self.reclaim_units(gang.pending, gang.request, gang.size, p, within, gang)
+        why = self.gang_reclaim.claim_units(gang.pending, gang.request, gang.size, p, within, gang)
         if why is None:
             return
         what = self._gang_no_room(gang)  # (before a reservation blocks nodes)
         reserved = self.reserve_gang(gang)
-        self._wait_all(gang, what + ("; " + reserved if reserved is not None else why))
+        wait_all(st, gang, what + ("; " + reserved if reserved is not None else why))
 
     def place_gang(self, gang: Gang) -> list[tuple[str, int]] | None:
         """Nodes for every replica on free capacity now: [(node, replicas)], or None (nothing is taken).
@@ -128,7 +140,8 @@ class GangMixin(GangSetupMixin):
         only shrinks meanwhile): a gang fails when one of no more replicas,
         each asking no more (:mod:`gpupool.policy.memo`), failed.
         """
-        generation = self.cap.generation
+        st = self.state
+        generation = st.cap.generation
         req = gang.request
         memo = self.gang_failed
         if generation != memo.generation:
@@ -142,16 +155,16 @@ class GangMixin(GangSetupMixin):
                 return None
         # replicas of this shape that fit anywhere now, remembered while nothing starts, is paused or reserved:
         # most gangs of a full cluster fail on it, whatever their size, without a pass over the nodes
-        room_key = (id(req), generation, len(self.started), len(self.preempted), len(self.reserved))
+        room_key = (id(req), generation, len(st.started), len(st.preempted), len(st.reserved))
         fit_total = self.gang_fit_total.get(room_key)
-        state = self.cap.states[TRAIN_POOL]
+        state = st.cap.states[TRAIN_POOL]
         picks = None
         if fit_total is None or fit_total >= gang.size:
             room = state.replicas_fit(req)
             if fit_total is None:
                 fit_total = self.gang_fit_total[room_key] = int(room.sum())
             if fit_total >= gang.size:
-                picks = choose_nodes(room, gang.size, self.gang_groups(), state.whole_free)
+                picks = choose_nodes(room, gang.size, gang_groups(st), state.whole_free)
         if picks is None:
             memo.add(gang.size, req, generation, True)
             if smallest is None or smallest[0] is not req or gang.size < smallest[1]:
@@ -161,34 +174,18 @@ class GangMixin(GangSetupMixin):
             return None
         return [(state.names[i], n) for i, n in picks]
 
-    def gang_groups(self) -> np.ndarray:
-        """The train pool's node groups as small ids, in its node order (kept with the node list)."""
-        return for_nodes("gang groups", self.cap.states[TRAIN_POOL].nodes, group_ids)
-
-    def seat_gang(self, gang: Gang, plan: list[tuple[str, int]], note: str) -> None:
-        """Start every replica where ``plan`` says (the capacity is known to be there)."""
-        ledger = self.cap.ledger
-        req = gang.request
-        where = ", ".join(node + (f" ×{n}" if n > 1 else "") for node, n in plan)
-        text = (f"as one of the {gang.size} replicas of {gang.text}, all started together on {where}"
-                + (" " + note if note else ""))
-        replicas = iter(gang.pending)
-        for node, n in plan:
-            for _ in range(n):
-                a = ledger.assign_on(node, req)
-                assert a is not None, "the gang's plan counted room that is not there"
-                self.start(next(replicas), req, a, text)  # (commits: the next replica sees the room taken)
-
     def _gang_no_room(self, gang: Gang) -> str:
         """What does not fit, for a waiting gang's reason (kept while nothing is started, paused or reserved)."""
-        key = (id(gang.request), self.cap.generation, len(self.started), len(self.reserved))
+        st = self.state
+        key = (id(gang.request), st.cap.generation, len(st.started), len(st.reserved))
         text = self.gang_texts.get(key)
         if text is None:
             text = self.gang_texts[key] = self._gang_no_room_text(gang)
         return f"{gang.text}: {text}"
 
     def _gang_no_room_text(self, gang: Gang) -> str:
-        state = self.cap.states[TRAIN_POOL]
+        st = self.state
+        state = st.cap.states[TRAIN_POOL]
         room = state.replicas_fit(gang.request)
         nodes = int((room > 0).sum())
         fit = int(room.sum())
@@ -199,9 +196,9 @@ class GangMixin(GangSetupMixin):
         else:
             where = f"no node has room for a replica ({one})"
         text = f"{where}; all replicas start together or none"
-        if self.reserved:
+        if st.reserved:
             text += " (reserved for starving jobs: " + ", ".join(
-                f"{node} for {job}" for node, job in sorted(self.reserved.items())) + ")"
+                f"{node} for {job}" for node, job in sorted(st.reserved.items())) + ")"
         return text
 
     # ------------------------------------------------------------ starvation
@@ -216,27 +213,28 @@ class GangMixin(GangSetupMixin):
         counts as one against ``max_reservations``. Nothing new lands on those
         nodes this cycle, so their room only grows until the gang fits.
         """
-        cfg = self.cfg
-        if self.n_reservers >= cfg.max_reservations:
+        st = self.state
+        cfg = st.cfg
+        if st.n_reservers >= cfg.max_reservations:
             return None
         w = gang.leader
         since = w.paused_at if w.paused_at is not None else w.submitted_at
-        waited = self.now - since
+        waited = st.now - since
         if waited < cfg.starvation_s:
             return None
-        state = self.cap.states[TRAIN_POOL]
+        state = st.cap.states[TRAIN_POOL]
         req = gang.request
         empty = state.replicas_fit(req, empty=True)
         now = state.replicas_fit(req)
         ok = empty > 0
-        for name in self.reserved:
+        for name in st.reserved:
             i = state.node_index.get(name)
             if i is not None:
                 ok[i] = False
         cands = np.flatnonzero(ok)
         if int(empty[cands].sum()) < gang.size:
             return None
-        groups = self.gang_groups()
+        groups = gang_groups(st)
 
         def ranked(idx: np.ndarray) -> list[int]:
             return sorted(idx.tolist(), key=lambda i: (-int(now[i]), -int(state.whole_free[i]),
@@ -262,11 +260,11 @@ class GangMixin(GangSetupMixin):
                 best = (key, sel)
         sel = best[1] if best is not None else take(ranked(cands))
         names = [state.names[i] for i in sel]
-        have = ", ".join(f"{n} ({self.cap.ledger.free_gpus_text(n)})" for n in names)
+        have = ", ".join(f"{n} ({st.cap.ledger.free_gpus_text(n)})" for n in names)
         for n in names:
-            self.cap.block(n)
-            self.reserved[n] = w.id
-        self.n_reservers += 1
+            st.cap.block(n)
+            st.reserved[n] = w.id
+        st.n_reservers += 1
         plural = len(names) > 1
         return (
             f"waiting {txt.seconds(waited)}, longer than {txt.seconds(cfg.starvation_s)}: "

@@ -3,7 +3,7 @@
 Two kinds of claimant may pause jobs:
 
 * a job of a project **below its guarantee** (it may take the project past
-  it: see ``over_guarantee`` in the engine) may pause the preemptible jobs of
+  it: see :func:`~gpupool.policy.guarantee.over_guarantee`) may pause the preemptible jobs of
   other projects above their guarantee, never taking a project below its own
   guarantee;
 * any job may pause **lower-priority jobs of its own project**.
@@ -19,60 +19,50 @@ The claimant starts in the same cycle on the room its victims leave (the
 service applies pauses before starts), seated on that node by
 :meth:`~gpupool.policy.capacity.Ledger.assign_on`.
 
-This is a mixin of the engine's cycle object: it reads the cycle's usage,
-shares and capacity, and records pauses and starts through it.
+A phase object of the cycle (:class:`Reclaim`), made once per cycle and
+called by the training pass: it reads the cycle state's usage, shares and
+capacity, and records pauses and starts in it. Gang reclaim
+(:mod:`gpupool.policy.gang_reclaim`) builds on its victim lists.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from itertools import filterfalse
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
 from gpupool.policy import reasons as txt
 from gpupool.policy.cycle_state import CycleState
+from gpupool.policy.guarantee import sort_by_start
 from gpupool.policy.memo import FailureMemo
 from gpupool.policy.model import Project, Request, Workload
+from gpupool.policy.wait_reasons import no_room
 
 _by_id = attrgetter("id")
-_by_start = attrgetter("started_at")
 _by_priority = attrgetter("priority")
 _gang_of = attrgetter("gang")
 
-
-def _started_or_never(w: Workload) -> float:
-    return w.started_at if w.started_at is not None else -math.inf
+Victims = dict[str, tuple[list[Workload], list[Workload], int]]  # see Reclaim.victim_lists
 
 
-def sort_by_start(jobs: list[Workload], latest_first: bool = False) -> None:
-    """Stable in-place sort of running jobs by start time; one without a start time counts as started first.
+class Reclaim:
+    """Victim selection for single claimants and the pauses it decides (see the module docstring)."""
 
-    A C-level key (no tuple per job) whenever every job has a start time: the
-    engine sorts thousands of running jobs this way each cycle, after sorting
-    by id and before sorting by priority, so equal keys keep the earlier order.
-    """
-    key = _started_or_never if any(v.started_at is None for v in jobs) else _by_start
-    jobs.sort(key=key, reverse=latest_first)
-
-
-class ReclaimMixin(CycleState):
-    """Victim selection and the pauses it decides."""
-
-    if TYPE_CHECKING:  # beyond CycleState's
-        def no_room(self, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str: ...
-
-    def __init__(self) -> None:
+    def __init__(self, state: CycleState) -> None:
+        self.state = state
         # context (within guarantee, own project, priority) -> (jobs protected, victims tried)
         self.reclaim_failed: FailureMemo[tuple[int, bool]] = FailureMemo()
-        self._victims: dict[str, tuple[list[Workload], list[Workload], int]] | None = None
+        self._victims: Victims | None = None
         self.smallest_over: dict[str, int] = {}
         self.smallest_any: dict[str, int] = {}  # the same over all of a project's pause candidates
         # per project: GPUs its candidates hold on each node (all of them, and the over-guarantee ones)
         self._gpus_on: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
 
-    def victim_lists(self) -> dict[str, tuple[list[Workload], list[Workload], int]]:
+    def new_pass(self) -> None:
+        """Pass 2 starts: its starts push projects above their guarantee, which changes who may be paused."""
+        self.reclaim_failed = FailureMemo()
+
+    def victim_lists(self) -> Victims:
         """Per project: (its over-guarantee jobs, all its jobs, how many are protected by min runtime).
 
         Both lists hold only jobs past the minimum run time, in pause order:
@@ -80,17 +70,18 @@ class ReclaimMixin(CycleState):
         projects' claimants may pause; the second what the project's own
         higher-priority jobs may. Built once per cycle, on the first reclaim.
         """
+        st = self.state
         if self._victims is None:
-            min_start = self.now - self.cfg.min_runtime_s
-            train_nodes = self.train_nodes
-            over_at_start, milli = self.over_at_start, self.milli
+            min_start = st.now - st.cfg.min_runtime_s
+            train_nodes = st.train_nodes
+            over_at_start, milli = st.over_at_start, st.milli
             lists = {}
             # (a job on a node gone from the inventory, or off the train pool, is nobody's victim)
-            every_node = self.cap.every_job_on_a_node and len(train_nodes) == len(self.cap.ledger.nodes)
-            for name, jobs in self.train_running.items():
+            every_node = st.cap.every_job_on_a_node and len(train_nodes) == len(st.cap.ledger.nodes)
+            for name, jobs in st.train_running.items():
                 cand = list(jobs) if every_node else [
                     v for v in jobs if v.assignment.node in train_nodes]  # type: ignore[union-attr]
-                if self.running_gangs:
+                if st.running_gangs:
                     # a gang is paused whole or not at all: gpupool/policy/gangs.py treats gangs as units
                     cand = list(filterfalse(_gang_of, cand))  # (C-level: this runs on every running job)
                 # pause order as stable C-level sorts, last key first (this runs on every running job):
@@ -110,7 +101,7 @@ class ReclaimMixin(CycleState):
             self._victims = lists
         return self._victims
 
-    def reclaim(self, w: Workload, req: Request, p: Project, within: bool) -> str | None:
+    def claim(self, w: Workload, req: Request, p: Project, within: bool) -> str | None:
         """Try to make room for ``w`` by pausing other jobs; start it and return None, or say why not.
 
         A failure is remembered per (shape, claimant kind), with dominance
@@ -127,12 +118,12 @@ class ReclaimMixin(CycleState):
         # guarantees are GPU guarantees: a job asking no GPU does not pause other projects' work
         within = within and bool(req.gpus or req.gpu_milli or req.gpu_memory_mib)
         if not within and not own:
-            return self.no_room(req, p, within, 0, tried=False)
+            return no_room(self.state, req, p, within, 0, tried=False)
         context = (within, p.name if own else None, w.priority if own else None)
-        generation = self.cap.generation
+        generation = self.state.cap.generation
         memo = self.reclaim_failed.get(context, req, generation)
         if memo is not None:
-            return self.no_room(req, p, within, *memo)
+            return no_room(self.state, req, p, within, *memo)
         outcome = self._reclaim(w, req, p, within)
         if outcome is None:
             return None
@@ -145,7 +136,7 @@ class ReclaimMixin(CycleState):
                 return None
             outcome = (outcome[0], outcome[1] or wide[1])
         self.reclaim_failed.add(context, req, generation, outcome)
-        return self.no_room(req, p, within, *outcome)
+        return no_room(self.state, req, p, within, *outcome)
 
     def _reclaim(self, w: Workload, req: Request, p: Project, within: bool,
                  wide: bool = False) -> tuple[int, bool] | None:
@@ -153,9 +144,10 @@ class ReclaimMixin(CycleState):
 
         ``wide``: other projects' victims are all their jobs past the minimum
         run time, not only those flagged over the guarantee (the floor is kept
-        by the per-victim room and :meth:`victims_on_node`).
+        by the per-victim room and :func:`victims_on_node`).
         """
-        ledger = self.cap.ledger
+        st = self.state
+        ledger = st.cap.ledger
         lists = self.victim_lists()
         names = []
         protected = 0
@@ -164,9 +156,9 @@ class ReclaimMixin(CycleState):
                 if mine and mine[0].priority < w.priority:
                     names.append(name)
                 protected += young
-            elif within and self.usage[name] > self.projects[name].train_guarantee_milli:
+            elif within and st.usage[name] > st.projects[name].train_guarantee_milli:
                 # the smallest over-guarantee job must fit in what the project may lose
-                room = self.usage[name] - self.projects[name].train_guarantee_milli
+                room = st.usage[name] - st.projects[name].train_guarantee_milli
                 if wide:
                     if mine and self.smallest_any[name] <= room:
                         names.append(name)
@@ -174,8 +166,8 @@ class ReclaimMixin(CycleState):
                     names.append(name)
                 protected += young
         # the project most above its fair share first, its recent use counted (0 without history)
-        recent = self.recent
-        names.sort(key=lambda n: (self.shares.get(n, 0.0) - self.usage[n] - recent[n], n))
+        recent = st.recent
+        names.sort(key=lambda n: (st.shares.get(n, 0.0) - st.usage[n] - recent[n], n))
         if wide and not names:
             return (protected, False)
         if req.gpus > 1 and not self._gang_reachable(req.gpus, p.name, names, wide):
@@ -184,10 +176,10 @@ class ReclaimMixin(CycleState):
         room_on: dict[str, tuple[int, int, int, int]] = {}
         per_node: dict[str, list[tuple[int, Workload]]] = {}
         rank = 0
-        preempted, milli = self.preempted, self.milli
+        preempted, milli = st.preempted, st.milli
         for name in names:
             own = name == p.name
-            room = self.usage[name] - self.projects[name].train_guarantee_milli  # may go without breaking the floor
+            room = st.usage[name] - st.projects[name].train_guarantee_milli  # may go without breaking the floor
             over, mine, _ = lists[name]
             for v in mine if own or wide else over:
                 if own and v.priority >= w.priority:
@@ -221,7 +213,7 @@ class ReclaimMixin(CycleState):
                 req,
             ):
                 continue
-            chosen = self.victims_on_node(req, p, node, [v for _, v in ranked])
+            chosen = victims_on_node(st, req, p, node, [v for _, v in ranked])
             if chosen is None:
                 continue
             ranks = {v.id: r for r, v in ranked}
@@ -257,7 +249,7 @@ class ReclaimMixin(CycleState):
         big busy pool; this turns those failures into one pass over a
         per-node count instead of a victim-by-victim search.
         """
-        whole = self.cap.ledger.whole
+        whole = self.state.cap.ledger.whole
         if len(names) == 1:
             counts = self.gpus_on(names[0])[0 if wide or names[0] == own else 1]
             return any(n + whole[node] >= gpus for node, n in counts.items())
@@ -267,56 +259,25 @@ class ReclaimMixin(CycleState):
                 total[node] = total.get(node, 0) + n
         return any(n + whole[node] >= gpus for node, n in total.items())
 
-    def victims_on_node(self, req: Request, p: Project, node: str, victims: list[Workload]) -> list[Workload] | None:
-        """Fewest victims on ``node`` (taken in victim order) whose pause lets ``req`` fit there, or None."""
-        ledger = self.cap.ledger
-        left: dict[str, int] = {}
-        chosen: list[Workload] = []
-        fits = False
-        for v in victims:
-            assert v.assignment is not None
-            if v.project != p.name:
-                after = left.get(v.project, self.usage[v.project]) - self.milli[v.id]
-                if after < self.projects[v.project].train_guarantee_milli:
-                    continue  # never push a project below its guarantee
-                left[v.project] = after
-            chosen.append(v)
-            ledger.give(v.assignment, v.request)
-            if ledger.fits(node, req):
-                fits = True
-                break
-        if fits:
-            # drop victims that turn out unnecessary, least preferred first
-            for v in reversed(chosen[:-1]):
-                assert v.assignment is not None
-                ledger.take(v.assignment, v.request)
-                if ledger.fits(node, req):
-                    chosen.remove(v)
-                else:
-                    ledger.give(v.assignment, v.request)
-        for v in chosen:
-            assert v.assignment is not None
-            ledger.take(v.assignment, v.request)
-        return chosen if fits else None
-
     def apply_reclaim(
         self, w: Workload, req: Request, p: Project, node: str, victims: list[Workload]
     ) -> tuple[int, bool] | None:
         """Pause ``victims`` and start ``w`` on ``node`` in their place (None), or undo and say it failed."""
-        ledger = self.cap.ledger
+        st = self.state
+        ledger = st.cap.ledger
         before_free = ledger.node_free(node)
-        before = {v.project: self.usage[v.project] for v in victims}
+        before = {v.project: st.usage[v.project] for v in victims}
         for v in victims:
             assert v.assignment is not None
-            self.cap.release(v.assignment, v.request)
-            self.usage[v.project] -= self.milli[v.id]
+            st.cap.release(v.assignment, v.request)
+            st.usage[v.project] -= st.milli[v.id]
         a = ledger.assign_on(node, req)
         limit = p.train_limit_milli
-        if a is None or (limit is not None and self.usage[p.name] + a.total_milli > limit):
+        if a is None or (limit is not None and st.usage[p.name] + a.total_milli > limit):
             for v in victims:  # cannot use the room after all: undo, nobody is paused
                 assert v.assignment is not None
-                self.cap.commit(v.assignment, v.request)
-                self.usage[v.project] += self.milli[v.id]
+                st.cap.commit(v.assignment, v.request)
+                st.usage[v.project] += st.milli[v.id]
             return (0, True)
         for v in victims:
             if v.project == p.name:
@@ -325,28 +286,76 @@ class ReclaimMixin(CycleState):
                     f"of the same project {p.name}"
                 )
             else:
-                q = self.projects[v.project]
+                q = st.projects[v.project]
                 reason = (
                     f"paused to give GPUs back to project {p.name} (below its "
                     f"{txt.gpus(p.train_guarantee_milli)} guarantee) for job {w.id}: project {q.name} "
                     f"used {txt.gpus(before[q.name])}, over its {txt.gpus(q.train_guarantee_milli)} "
-                    f"guarantee (fair share {txt.gpus(self.shares.get(q.name, 0.0))}"
-                    + (f", {txt.gpus(self.recent[q.name])} on average recently" if self.recent[q.name] else "")
+                    f"guarantee (fair share {txt.gpus(st.shares.get(q.name, 0.0))}"
+                    + (f", {txt.gpus(st.recent[q.name])} on average recently" if st.recent[q.name] else "")
                     + ")"
                 )
-            self.preempted[v.id] = reason
-            self.touched.add(v.project)
-            if self.queue is not None:
-                self.queue.touch(v.project)
-        if self._victims is not None:  # victims are mostly taken from the front: drop paused ones there
-            for name in {v.project for v in victims}:
-                for lst in self._victims[name][:2]:
-                    while lst and lst[0].id in self.preempted:
-                        del lst[0]
-        self.start(w, req, a, note="on GPUs freed by pausing " + ", ".join(v.id for v in victims))
+            st.preempted[v.id] = reason
+            st.touched.add(v.project)
+            if st.queue is not None:
+                st.queue.touch(v.project)
+        self.drop_paused({v.project for v in victims})
+        st.start(w, req, a, note="on GPUs freed by pausing " + ", ".join(v.id for v in victims))
         if ledger.grew(node, before_free):
-            self.cap.generation += 1  # leftover room: shapes that failed before may fit now
+            st.cap.generation += 1  # leftover room: shapes that failed before may fit now
         return None
+
+    def drop_paused(self, projects: set[str]) -> None:
+        """Drop the jobs just paused from the front of these projects' victim lists.
+
+        Victims are mostly taken from the front (pause order), so the lists
+        stay short to walk; a paused job elsewhere in a list is skipped where
+        it is read.
+        """
+        if self._victims is not None:
+            for name in projects:
+                for lst in self._victims.get(name, ([], [], 0))[:2]:
+                    while lst and lst[0].id in self.state.preempted:
+                        del lst[0]
+
+
+def victims_on_node(
+    state: CycleState, req: Request, p: Project, node: str, victims: list[Workload]
+) -> list[Workload] | None:
+    """Fewest victims on ``node`` (taken in victim order) whose pause lets ``req`` fit there, or None.
+
+    Shared by this reclaim and the build claims (:mod:`gpupool.policy.build_reclaim`).
+    """
+    ledger = state.cap.ledger
+    left: dict[str, int] = {}
+    chosen: list[Workload] = []
+    fits = False
+    for v in victims:
+        assert v.assignment is not None
+        if v.project != p.name:
+            after = left.get(v.project, state.usage[v.project]) - state.milli[v.id]
+            if after < state.projects[v.project].train_guarantee_milli:
+                continue  # never push a project below its guarantee
+            left[v.project] = after
+        chosen.append(v)
+        ledger.give(v.assignment, v.request)
+        if ledger.fits(node, req):
+            fits = True
+            break
+    if fits:
+        # drop victims that turn out unnecessary, least preferred first
+        for v in reversed(chosen[:-1]):
+            assert v.assignment is not None
+            ledger.take(v.assignment, v.request)
+            if ledger.fits(node, req):
+                chosen.remove(v)
+            else:
+                ledger.give(v.assignment, v.request)
+    for v in chosen:
+        assert v.assignment is not None
+        ledger.take(v.assignment, v.request)
+    return chosen if fits else None
+
 
 
 def _gpus_per_node(jobs: Sequence[Workload]) -> dict[str, int]:
@@ -359,7 +368,8 @@ def _gpus_per_node(jobs: Sequence[Workload]) -> dict[str, int]:
     return out
 
 
-def _could_help(room: tuple[int, int, int, int], gpus, freed: Request, req: Request) -> bool:
+def _could_help(room: tuple[int, int, int, int], gpus: Sequence[tuple[str, int]], freed: Request,
+                req: Request) -> bool:
     """Upper bound: could releasing ``gpus`` (and ``freed``'s CPU and memory) make ``req`` fit?
 
     ``room`` is the node's (whole free GPUs, largest free share, free CPU,
