@@ -25,7 +25,7 @@ class JobState(str, Enum):
     REJECTED = "rejected"  # refused at its first cycle (e.g. it can never fit); never ran
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # (formats as the value, like __str__)
 
     @property
     def final(self) -> bool:
@@ -40,7 +40,7 @@ class JobKind(str, Enum):
     BUILD = "build"
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # (formats as the value, like __str__)
 
 
 LIVE_STATES: tuple[JobState, ...] = (JobState.QUEUED, JobState.RUNNING, JobState.PAUSED)
