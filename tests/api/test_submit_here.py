@@ -1,8 +1,8 @@
 """The README's first CLI example, as a new user types it (issue 22, item 11).
 
 ``gpupool submit --project P --gpus 1 -- python train.py`` from the folder
-that holds ``train.py``: the job runs there (the real ``gpupool`` command, its
-fast path included, against a real scheduler on this machine), and when it
+that holds ``train.py``: the job runs there (the real ``gpupool`` command, as a
+process, against a real scheduler on this machine), and when it
 fails at once ``gpupool list`` still shows it, with its reason.
 """
 
@@ -48,7 +48,7 @@ def test_a_job_submitted_from_a_folder_runs_in_it(svc, tmp_path):
     assert job["state"] == "succeeded", admin.logs(job_id)["data"]
     assert job["workdir"] == str(tmp_path)
     assert (tmp_path / "model.txt").read_text() == "trained"
-    # the full CLI (a submit the fast path hands over) says the same
+    # another submit, with a label, runs there too
     done = _gpupool(svc, tmp_path, "submit", "--project", "vision", "--gpus", "1", "--label", "a=b", "--",
                     sys.executable, "train.py")
     assert done.returncode == 0, done.stderr
