@@ -77,8 +77,8 @@ def read_jobs(source: TextIO, defaults: dict[str, Any]) -> tuple[list[tuple[int,
             continue
         try:
             value = json.loads(text)
-        except ValueError as e:
-            problems.append(f"line {number}: not JSON ({e})")
+        except json.JSONDecodeError as e:
+            problems.append(f"line {number}: not JSON ({e.msg} at column {e.colno})")
             continue
         if not isinstance(value, dict):
             problems.append(f"line {number}: a job is a JSON object ({{\"project\": ..., \"command\": [...]}}), "

@@ -111,7 +111,7 @@ def test_a_bad_line_submits_nothing_and_each_is_named(env, capsys, tmp_path):
     code, out, err = run(capsys, "submit", "--from", path)
     assert code == 2 and out == ""
     assert err.splitlines() == [
-        "gpupool: error: line 2: not JSON (Expecting ',' delimiter: line 1 column 42 (char 41))",
+        "gpupool: error: line 2: not JSON (Expecting ',' delimiter at column 42)",
         'gpupool: error: line 3: a job is a JSON object ({"project": ..., "command": [...]}), not a list',
         'gpupool: error: line 4: no project: give "project" on the line, or --project',
         "gpupool: error: line 5: no command: give \"command\" on the line, or one after '--'",
