@@ -290,7 +290,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         made = original_add_parser(name, **kwargs)
         return made if name in ("serve", "node-agent") else _connection_options(made)
 
-    sub.add_parser = add_parser  # type: ignore[method-assign]
+    sub.add_parser = add_parser  # type: ignore[method-assign,assignment]
     for name, add in SUBCOMMANDS.items():
         if only is None or name == only:
             add(sub)

@@ -102,7 +102,7 @@ def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
     now = time.time()
     rows = [
         (j.get("id"), _clip(j.get("name"), 24), j.get("project"), j.get("user"), j.get("kind"),
-         j.get("state") + ("*" if j.get("preemptible") and j.get("state") == "running" else ""),
+         str(j.get("state") or "") + ("*" if j.get("preemptible") and j.get("state") == "running" else ""),
          request_text(j), j.get("priority"), ago(j.get("submitted_at"), now), _clip(j.get("reason"), 60))
         for j in jobs
     ]
