@@ -20,9 +20,9 @@ from gpupool.policy.queue import job_order
 class Builds:
     """The build phase: each kernel in job order, within its project's quota."""
 
-    def __init__(self, state: CycleState) -> None:
+    def __init__(self, state: CycleState, claims: BuildReclaim) -> None:
         self.state = state
-        self.claims = BuildReclaim(state)
+        self.claims = claims  # a kernel that does not fit pausing training on shared nodes
 
     def run(self, builds: list[Workload]) -> None:
         """Decide every pending build workload (priority, submission, id)."""

@@ -54,10 +54,14 @@ from __future__ import annotations
 import gc
 
 from gpupool.policy.build import Builds
+from gpupool.policy.build_reclaim import BuildReclaim
 from gpupool.policy.cache import PolicyCache, using
+from gpupool.policy.gang_reclaim import GangReclaim
+from gpupool.policy.gangs import GangTurns
 from gpupool.policy.intake import open_cycle
 from gpupool.policy.model import Decisions, Snapshot
 from gpupool.policy.outcome import decisions
+from gpupool.policy.reclaim import Reclaim
 from gpupool.policy.training import Training
 
 __all__ = ["schedule"]
@@ -83,8 +87,10 @@ def schedule(snapshot: Snapshot, cache: PolicyCache | None = None) -> Decisions:
         with using(cache if cache is not None else PolicyCache()):
             state, builds, trains = open_cycle(snapshot)
             try:
-                Builds(state).run(builds)
-                Training(state).run(trains)
+                Builds(state, BuildReclaim(state)).run(builds)
+                reclaim = Reclaim(state)
+                gang_reclaim = GangReclaim(state, reclaim)  # builds on the plain reclaim's victim lists
+                Training(state, reclaim, gang_reclaim, GangTurns(state, gang_reclaim)).run(trains)
                 return decisions(state)
             finally:
                 state.queue = None  # the queue holds a bound method of the state: break the loop

@@ -28,11 +28,11 @@ from gpupool.policy.reclaim import Reclaim
 class Training:
     """Training passes, reasons for waiting, and starvation reservations (see the module docstring)."""
 
-    def __init__(self, state: CycleState) -> None:
+    def __init__(self, state: CycleState, reclaim: Reclaim, gang_reclaim: GangReclaim, gangs: GangTurns) -> None:
         self.state = state
-        self.reclaim = Reclaim(state)
-        self.gang_reclaim = GangReclaim(state, self.reclaim)
-        self.gangs = GangTurns(state, self.gang_reclaim)
+        self.reclaim = reclaim  # a single job's claim
+        self.gang_reclaim = gang_reclaim  # a single job's claim on running gangs (whole units)
+        self.gangs = gangs  # a gang's turn
         # (id(request), project, within guarantee, priority) -> (generation, use, reservers, reason):
         # see train_pass
         self.verdicts: dict[tuple, tuple[int, int, int, str]] = {}
