@@ -19,6 +19,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from gpupool.wire.errors import GpupoolError
+from gpupool.wire.states import LIVE_STATES
 from jupyter_gpupool.promote import (
     PromoteRequest,
     build_spec,
@@ -133,7 +134,7 @@ class GpupoolMagics(Magics):
 
     def _list(self, args: argparse.Namespace) -> None:
         client = self.client()
-        filters: dict[str, Any] = {"state": "queued,running,paused"}
+        filters: dict[str, Any] = {"state": ",".join(LIVE_STATES)}
         if not args.all:
             filters["user"] = client.whoami()["user"]
         print(format_jobs(client.jobs(**filters)))

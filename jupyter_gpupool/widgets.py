@@ -32,9 +32,10 @@ from typing import Any
 
 import ipywidgets as w
 
+from gpupool.wire.states import LIVE_STATES
 from jupyter_gpupool.provisioner import fraction_label
 
-LIVE_JOB_STATES = "queued,running,paused"
+LIVE_JOB_STATES = ",".join(LIVE_STATES)
 GIB = 1024**3
 ERROR_STYLE = "color:var(--jp-error-color1,#c00)"
 

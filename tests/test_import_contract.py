@@ -45,7 +45,7 @@ EXCEPTIONS = {
 }
 
 EXTENSION_MAY_IMPORT = {
-    "gpupool.client", "gpupool.wire.errors", "gpupool.wire.limits", "gpupool.envbuilder",
+    "gpupool.client", "gpupool.wire.errors", "gpupool.wire.limits", "gpupool.wire.states", "gpupool.envbuilder",
     "gpupool.inventory.simulated", "gpupool.app.embedded",
 }
 

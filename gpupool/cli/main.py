@@ -21,7 +21,6 @@ from gpupool.cli.parser import (
     EXIT_SERVER,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
-    FINAL_STATES,
     UsageError,
     _command_in,
     _node_agent,
@@ -33,6 +32,7 @@ from gpupool.cli.parser import (
 from gpupool.client import GpupoolClient, config_path, with_submit_dir
 from gpupool.wire.errors import GpupoolError, Unavailable
 from gpupool.wire.plain_text import escape
+from gpupool.wire.states import FINAL_STATES, LIVE_STATES
 
 __all__ = ["UsageError", "build_parser", "main", "parse_size", "submit_spec", "version"]
 
@@ -168,7 +168,7 @@ def cmd_list(client: GpupoolClient, args: argparse.Namespace) -> None:
     if args.state:
         filters["state"] = args.state
     elif not args.all:
-        filters["state"] = "queued,running,paused"
+        filters["state"] = ",".join(LIVE_STATES)
     jobs = client.jobs(**filters)
     if not args.state and not args.all:
         jobs = _with_just_finished(client, jobs, filters)
@@ -213,7 +213,7 @@ def cancel_users_jobs(client: GpupoolClient, args: argparse.Namespace) -> int:
     done: list[dict[str, Any]] = []
     failed: set[str] = set()
     while True:
-        jobs = [j for j in client.jobs(user=args.user, state="queued,running,paused") if j["id"] not in failed]
+        jobs = [j for j in client.jobs(user=args.user, state=",".join(LIVE_STATES)) if j["id"] not in failed]
         if not jobs:
             break
         for job in jobs:

@@ -17,7 +17,6 @@ EXIT_SERVER = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
-FINAL_STATES = {"succeeded", "failed", "cancelled", "rejected"}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtpe]?i?)b?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15, "e": 10**18,
