@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config, watch  # noqa: E402
 
+from gpupool.app.backend import build_core  # noqa: E402
 from gpupool.service.actor import Actor  # noqa: E402
 from gpupool.service.config import ServiceConfig  # noqa: E402
 from gpupool.service.core import SchedulerCore  # noqa: E402
@@ -172,7 +173,7 @@ async def main() -> None:
             cfg = ServiceConfig(state_dir=work / f"state-{which}", backend="kubernetes", kubeconfig=str(kubeconfig),
                                 namespace=ns, image="train:1", admin_token="bench", run_jobs_as="service",
                                 on_shutdown="leave", cycle_min_interval_s=0.0, min_runtime_s=0.0)
-            core = SchedulerCore(cfg)
+            core = build_core(cfg)
             cores.append(core)
             await core.start()
             while len(core.pool()["nodes"]) < args.nodes:

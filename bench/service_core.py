@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpupool.app.backend import build_core
 from gpupool.service.config import ServiceConfig
 from gpupool.service.core import Actor, SchedulerCore
 from gpupool.service.store import JobRecord
@@ -59,7 +60,7 @@ def _bulk_queue(core: SchedulerCore, n: int) -> None:
 async def _loaded_core(state_dir: Path, pending: int) -> SchedulerCore:
     """A started core on a full pool with ``pending`` train jobs queued, after its first cycle
     (which writes every wait reason once, so later cycles measure the steady state)."""
-    core = SchedulerCore(_config(state_dir))
+    core = build_core(_config(state_dir))
     await core.start()
     await _full_pool(core)
     _bulk_queue(core, pending)
@@ -77,7 +78,7 @@ async def cycle_times(n: int) -> tuple[float, float, float]:
             times.append(time.perf_counter() - t)
         await core.stop()
         t = time.perf_counter()
-        again = SchedulerCore(_config(Path(d)))
+        again = build_core(_config(Path(d)))
         await again.start()
         startup = time.perf_counter() - t
         await again.stop()
@@ -140,7 +141,7 @@ async def pause_round_trip(samples: int = 5) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as d:
         cfg = _config(Path(d) / "s")
         cfg.poll_s = 0.01
-        core = SchedulerCore(cfg)
+        core = build_core(cfg)
         await core.start()
         core.set_project(ADMIN, "train", {"train_guarantee": 8})
         for i in range(samples):

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpupool.app.backend import build_core
 from gpupool.service.config import ServiceConfig
 from gpupool.service.core import Actor, SchedulerCore
 from gpupool.service.store import JobRecord
@@ -60,7 +61,7 @@ def _queue(core: SchedulerCore, n: int, gang_share: float) -> None:
 async def cycle_times(n: int, gang_share: float, repeats: int = 5) -> tuple[float, float, int]:
     """(median, max) seconds of a steady cycle, and the workloads in its snapshot."""
     with tempfile.TemporaryDirectory() as d:
-        core = SchedulerCore(_config(Path(d)))
+        core = build_core(_config(Path(d)))
         await core.start()
         core.set_project(ADMIN, "kernels", {"build_quota": NODES * 8})
         core.set_project(ADMIN, "train", {"train_guarantee": 64})
@@ -85,7 +86,7 @@ async def start_latency(replicas: int, samples: int = 5) -> float:
     """Median seconds from submit to every process of the job running (each wrote its file)."""
     out = []
     with tempfile.TemporaryDirectory() as d:
-        core = SchedulerCore(_config(Path(d) / "s", "a@r=8xA100-80GB;b@r=8xA100-80GB"))
+        core = build_core(_config(Path(d) / "s", "a@r=8xA100-80GB;b@r=8xA100-80GB"))
         await core.start()
         core.set_project(ADMIN, "train", {"train_guarantee": 16})
         for i in range(samples):

@@ -1,120 +1,78 @@
-"""The backend seam of the service: the machines the core schedules on, and how it runs jobs there.
+"""The one place that picks a backend from the config and builds it, and builds the core on it.
 
-The core talks to a backend for two things: the pool (its nodes and GPUs,
-with samples of their use) and an executor that starts, watches and stops a
-job's attempts. ``LocalBackend`` is the embedded default: this machine's GPUs
-(NVML, or simulated from a spec) as one node (or a build node and a train
-node, with ``build_gpus``), or the nodes of a simulated pool of several
-(``--simulate "node-a@rack1=8xA100-80GB;node-b=4xT4"``: every replica of a
-gang still runs here, as a local process on its node's simulated GPUs), and
-jobs as local processes. A cluster backend
-(Kubernetes nodes, jobs as pods) is the second implementation to come
-(issue 14); the core knows neither.
+``ServiceConfig.backend`` (``gpupool serve --backend``) names the backend:
+``local`` (this machine's GPUs, jobs as processes; gpupool.backends.local) or
+``kubernetes`` (a cluster's GPU nodes, jobs as pods; gpupool.backends.kubernetes).
+The service core knows neither: it gets a :class:`gpupool.backends.base.Backend`
+from here, and each backend gets its own settings dataclass, made here from
+the service's config (docs/design.md, "Backends and executors").
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
-from gpupool.backends.base import Executor
-from gpupool.backends.local.executor import LocalExecutor
-from gpupool.inventory import GpuInfo, GpuSample, Inventory, detect
-from gpupool.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
+from gpupool.backends.base import Backend
+from gpupool.backends.local.backend import LocalBackend, LocalSettings
+from gpupool.backends.settings import resolve_mode
+from gpupool.inventory import Inventory
 from gpupool.service.config import ServiceConfig
+from gpupool.service.core import SchedulerCore
+from gpupool.service.cycle import PolicyFn
+
+if TYPE_CHECKING:
+    from gpupool.backends.kubernetes.backend import KubeSettings
 
 
-class Backend(Protocol):
-    """What the core needs of where it runs jobs."""
-
-    simulated: bool
-    # Nodes come and go (a cluster): requests are not checked against the pool of the moment, and work no
-    # node can hold now waits for one instead of being refused (PolicyConfig.elastic_pool).
-    elastic: bool
-    gpus: dict[str, GpuInfo]  # by GPU id
-    nodes: tuple[Node, ...]  # the policy's view of the same GPUs
-    executor: Executor
-
-    def sample(self) -> dict[str, GpuSample]:
-        """Utilisation and memory now, per GPU id (empty where nothing is measured)."""
-        ...
-
-    def refresh(self) -> bool:
-        """Apply the pool changes seen since the last call (on the core's loop); True if ``gpus``/``nodes`` changed."""
-        ...
-
-    def health(self) -> dict[str, Any]:
-        """How the backend's own machinery is doing, for ``GET /status`` (e.g. an unreachable API server)."""
-        ...
-
-    def close(self) -> None:
-        """Give back what the backend holds (NVML handles, watches)."""
-        ...
+def local_settings(config: ServiceConfig) -> LocalSettings:
+    """The local backend's settings from the service's config."""
+    return LocalSettings(
+        jobs_dir=config.jobs_dir, node_name=config.node_name, cpu=config.host_cpu(), memory=config.host_memory(),
+        simulate=config.simulate, default_simulation=config.default_simulation, build_gpus=config.build_gpus,
+        run_jobs_as=config.run_jobs_as, allow_root_jobs=config.allow_root_jobs,
+        job_account_template=config.job_account_template,
+        allowed_system_accounts=tuple(config.allowed_system_accounts),
+        job_env_passthrough=tuple(config.job_env_passthrough), pause_grace_s=config.pause_grace_s)
 
 
-class LocalBackend:
-    """This machine: its GPUs from ``inventory`` (default: NVML or the simulation spec), jobs as processes.
+def kube_settings(config: ServiceConfig) -> KubeSettings:
+    """The Kubernetes backend's settings from the service's config (the kubernetes client loads only here)."""
+    from gpupool.backends.kubernetes.backend import KubeSettings
 
-    ``traversable``: jobs run as other Unix accounts (a root service), so the
-    executor's job directories must let them in (see gpupool.backends.local.accounts).
+    return KubeSettings(
+        jobs_dir=config.jobs_dir, kubeconfig=config.kubeconfig, namespace=config.namespace, image=config.image,
+        kube_scheduler_name=config.kube_scheduler_name, pause_grace_s=config.pause_grace_s,
+        kube_workdir_pvc=config.kube_workdir_pvc, kube_start_timeout_s=config.kube_start_timeout_s,
+        kube_pod_namespaces=config.kube_pod_namespaces)
+
+
+def make_backend(config: ServiceConfig, inventory: Inventory | None = None) -> Backend:
+    """The backend ``config.backend`` names: ``local`` (this machine) or ``kubernetes`` (a cluster).
+
+    Local jobs that run as their owners' accounts (a root service) must pass
+    through the executor's job directories: they are made traversable then.
     """
-
-    elastic = False  # one machine's GPUs never change while the service runs
-
-    def __init__(self, config: ServiceConfig, inventory: Inventory | None = None, traversable: bool = False) -> None:
-        self.inventory = inventory or detect(config.simulate, config.default_simulation, config.node_name)
-        self.simulated = bool(self.inventory.simulated)
-        self.gpus: dict[str, GpuInfo] = {g.id: g for g in self.inventory.gpus()}
-        self.nodes = _nodes(config, self.gpus, self.inventory)
-        self.executor = LocalExecutor(config.jobs_dir, traversable=traversable, run_jobs_as=config.run_jobs_as,
-                                      allow_root_jobs=config.allow_root_jobs,
-                                      account_template=config.job_account_template,
-                                      allowed_system_accounts=config.allowed_system_accounts,
-                                      env_passthrough=config.job_env_passthrough,
-                                      gang_grace_s=config.pause_grace_s)  # a failed replica's peers checkpoint
-
-    def sample(self) -> dict[str, GpuSample]:
-        return self.inventory.sample()
-
-    def refresh(self) -> bool:
-        """One machine's GPUs are read once: the pool never changes."""
-        return False
-
-    def health(self) -> dict[str, Any]:
-        return {"backend": "local", "ok": True}
-
-    def close(self) -> None:
-        self.inventory.close()
-
-
-def make_backend(config: ServiceConfig, inventory: Inventory | None = None, traversable: bool = False) -> Backend:
-    """The backend ``config.backend`` names: ``local`` (this machine) or ``kubernetes`` (a cluster)."""
     if config.backend == "kubernetes":
         from gpupool.backends.kubernetes.backend import (
             KubeBackend,  # the kubernetes client loads only when asked for
         )
 
-        return KubeBackend(config)
-    return LocalBackend(config, inventory, traversable=traversable)
+        return KubeBackend(kube_settings(config))
+    traversable = resolve_mode(config.run_jobs_as) == "owner"
+    return LocalBackend(local_settings(config), inventory, traversable=traversable)
 
 
-def _nodes(config: ServiceConfig, gpus: dict[str, GpuInfo], inventory: Inventory | None = None) -> tuple[Node, ...]:
-    """One node serving both pools, or (``build_gpus`` = N) a build-only node of the first N GPUs and a train node;
-    a simulated pool of several nodes gives its nodes, with their groups."""
-    ordered = sorted(gpus.values(), key=lambda g: g.index)
-    cpu_milli = int(config.host_cpu() * 1000)
-    mem_mib = config.host_memory() // (1024 * 1024)
+def build_core(config: ServiceConfig | None = None, *, inventory: Inventory | None = None,
+               backend: Backend | None = None, policy: PolicyFn | None = None) -> SchedulerCore:
+    """The service core on the backend the config names (or on ``backend``, tests and benchmarks).
 
-    def node(name: str, members: list[GpuInfo], pools: frozenset[str], group: str = "") -> Node:
-        return Node(name, cpu_milli, mem_mib,
-                    tuple(Gpu(g.id, g.index, g.model, g.memory // (1024 * 1024), g.topology_group) for g in members),
-                    pools, group)
-
-    sim_nodes = getattr(inventory, "nodes", None) if getattr(inventory, "multi_node", False) else None
-    if sim_nodes is not None:
-        # A simulated pool of several nodes: each serves both pools (config refuses build_gpus with it).
-        return tuple(node(n.name, members, frozenset({BUILD_POOL, TRAIN_POOL}), n.group) for n, members in sim_nodes)
-    if config.build_gpus is None:
-        return (node(config.node_name, ordered, frozenset({BUILD_POOL, TRAIN_POOL})),)
-    n = min(config.build_gpus, len(ordered))
-    return (node(f"{config.node_name}-build", ordered[:n], frozenset({BUILD_POOL})),
-            node(config.node_name, ordered[n:], frozenset({TRAIN_POOL})))
+    ``inventory`` replaces the local backend's GPUs (NVML or the simulation
+    spec); ``policy`` the policy engine. The backend is built by the core
+    once it holds the state directory, so a second service on the same state
+    directory is refused before it starts anything.
+    """
+    config = config or ServiceConfig()
+    if backend is not None:
+        given = backend
+        return SchedulerCore(config, lambda: given, policy=policy)
+    return SchedulerCore(config, lambda: make_backend(config, inventory), policy=policy)

@@ -83,6 +83,7 @@ class EmbeddedScheduler:
 
     async def start(self) -> None:
         """Start the core (recovering its state), create missing projects, then listen."""
+        from gpupool.app.backend import build_core  # the core and its backend load only when started
         from gpupool.service.core import SchedulerCore
 
         if self.core is not None:
@@ -96,7 +97,7 @@ class EmbeddedScheduler:
         core: SchedulerCore | None = None
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            core = SchedulerCore(cfg)
+            core = build_core(cfg)
             await core.start()
             self.admin_token = self._find_admin_token(core, cfg)
             self._ensure_projects(core, cfg)

@@ -1,12 +1,14 @@
-"""The interface between the service core and whatever runs a training job's attempts.
+"""The seam between the service core and where jobs run: a backend (the pool) and its executor (attempts).
 
 The core (gpupool/service/attempts.py) owns the job states and their
-durability; an executor only runs attempts and reports how they ended. Two
-implement it: :class:`gpupool.backends.local.executor.LocalExecutor` (processes on
-this machine, the embedded default) and
-:class:`gpupool.backends.kubernetes.executor.PodExecutor` (one Pod per attempt). Keeping
-this small is what lets one policy and one core run on a laptop and on a
-cluster alike.
+durability; an executor only runs attempts and reports how they ended, and a
+backend says which nodes and GPUs there are. Two implement them:
+:class:`gpupool.backends.local.backend.LocalBackend` (this machine; processes,
+the embedded default) and :class:`gpupool.backends.kubernetes.backend.KubeBackend`
+(a cluster's GPU nodes; one Pod per attempt). Keeping this small is what lets
+one policy and one core run on a laptop and on a cluster alike. The service
+imports this module alone of the backends; ``gpupool.app`` picks and builds
+the backend (docs/design.md, "Backends and executors").
 
 Every method but :meth:`Executor.stop` is called on the asyncio loop and must
 not block on the network: a remote executor answers from a cache kept current
@@ -18,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from gpupool.inventory import GpuInfo, GpuSample
+from gpupool.policy.model import Node
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,10 @@ class Executor(Protocol):
         """The job's log file on this machine (what ``gpupool logs`` reads)."""
         ...
 
+    def replica_log_path(self, job_id: str, replica: int) -> Path:
+        """A multi-node gang's replica ``replica``'s own log (the job's log holds every replica's lines)."""
+        ...
+
     def log_settled(self, job_id: str) -> bool:
         """Whether the log file already holds all the output of the job's ended attempts.
 
@@ -156,4 +165,47 @@ class Executor(Protocol):
 
     def default_workdir(self, job_id: str) -> Path:
         """Where a job runs when its spec names no working directory."""
+        ...
+
+
+class Backend(Protocol):
+    """What the core needs of where it runs jobs."""
+
+    simulated: bool
+    # Nodes come and go (a cluster): requests are not checked against the pool of the moment, and work no
+    # node can hold now waits for one instead of being refused (PolicyConfig.elastic_pool).
+    elastic: bool
+    gpus: dict[str, GpuInfo]  # by GPU id
+    nodes: tuple[Node, ...]  # the policy's view of the same GPUs
+
+    @property
+    def executor(self) -> Executor:
+        """What runs the attempts of jobs on this backend's pool."""
+        ...
+
+    def sample(self) -> dict[str, GpuSample]:
+        """Utilisation and memory now, per GPU id (empty where nothing is measured)."""
+        ...
+
+    def refresh(self) -> bool:
+        """Apply the pool changes seen since the last call (on the core's loop); True if ``gpus``/``nodes`` changed."""
+        ...
+
+    def admit(self, user: str, workdir: str | None, submit_dir: str | None) -> str | None:
+        """A training job of ``user`` is being submitted: refuse it now if it could never start here.
+
+        Raises :class:`gpupool.wire.errors.Forbidden` (no account to run it
+        as) or :class:`gpupool.wire.errors.InvalidRequest` (a folder its
+        account cannot use), so the submit gets a 4xx that says what to do
+        instead of a job that fails at start. Returns the working directory
+        the job is stored with (None: the executor's default for the job).
+        """
+        ...
+
+    def health(self) -> dict[str, Any]:
+        """How the backend's own machinery is doing, for ``GET /status`` (e.g. an unreachable API server)."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the backend holds (NVML handles, watches)."""
         ...

@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.backends.local.accounts import RunAs, blocked_at, job_account
 from gpupool.policy.model import MILLI
 from gpupool.service.actor import Actor
 from gpupool.service.build_quota import build_holders, check_build_quota
 from gpupool.service.jobs import held_milli, job_to_wire, project_to_wire
 from gpupool.service.membership import is_member, unix_groups
 from gpupool.service.store import JobRecord, ProjectRecord
-from gpupool.service.validation import JobSpec, validate_project, validate_spec, validate_user
+from gpupool.service.validation import validate_project, validate_spec, validate_user
 from gpupool.service.views import job_filters, pool_view, read_log_chunk
 from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound
 
@@ -39,6 +38,7 @@ class ApiMethodsMixin:
     """What callers of the core may ask (state lives on the core; see SchedulerCore.__init__)."""
 
     config: Any
+    backend: Any
     executor: Any
     simulated: bool
     tokens: Any
@@ -224,27 +224,6 @@ class ApiMethodsMixin:
                                 held_milli, self._estimate_milli)
         check_build_quota(project, self._estimate_milli(request), holders)
 
-    @staticmethod
-    def _local_workdir(js: JobSpec, run_as: RunAs | None) -> str | None:
-        """Where a local train job runs: its workdir, else the folder it was submitted from, else None (a fresh one).
-
-        Checked now for the account the job runs as, so a folder it may not
-        enter is a 400 that says what to do, not a job that fails at start.
-        """
-        for given, what in ((js.workdir, "workdir"), (js.submit_dir, None)):
-            if given is None:
-                continue
-            where = blocked_at(given, run_as)
-            if where is None:
-                return given
-            account = f"account {run_as.name!r}" if run_as is not None else "the scheduler's account"
-            if what is None:
-                raise InvalidRequest(f"the job would run in {given} (the folder you submitted from), but its "
-                                     f"{account} cannot enter and read {where}; give --workdir DIR (a folder it "
-                                     "can use), or submit from one")
-            raise InvalidRequest(f"workdir {given}: the job's {account} cannot enter and read {where}")
-        return None
-
     async def submit(self, actor: Actor, spec: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Validate, store as queued, decide; ``(job, created)`` (created False for a client_key match).
 
@@ -270,11 +249,8 @@ class ApiMethodsMixin:
         if js.kind == "build":
             self._check_build_quota(project, request)
         else:
-            # refused now, not at start
-            run_as = job_account(actor.user, self.config.run_jobs_as, self.config.allow_root_jobs,
-                                 self.config.job_account_template, self.config.allowed_system_accounts)
-            if self.config.backend == "local":
-                js.workdir = self._local_workdir(js, run_as)
+            # refused now, not at start: the account it would run as, the folder it would run in
+            js.workdir = self.backend.admit(actor.user, js.workdir, js.submit_dir)
         now = time.time()
         job_id = self._insert_new_job(lambda job_id, num: JobRecord(
             id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",

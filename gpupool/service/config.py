@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool.backends.local.accounts import check_account_template, check_passthrough
+from gpupool.backends.settings import check_account_template, check_passthrough, pod_namespace_rules
 from gpupool.wire.errors import InvalidRequest
 
 _SHUTDOWN_MODES = ("stop", "leave")
@@ -188,9 +188,7 @@ class ServiceConfig:
         if self.kube_pod_namespaces is not None:
             if self.backend != "kubernetes":
                 raise InvalidRequest("kube_pod_namespaces is for the kubernetes backend (pods created with kubectl)")
-            from gpupool.backends.kubernetes.pod_namespaces import PodNamespaces
-
-            PodNamespaces.from_setting(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
+            pod_namespace_rules(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

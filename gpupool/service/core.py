@@ -9,18 +9,16 @@ Authorization lives here, not in the HTTP layer, so every caller gets it.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from gpupool.app.backend import Backend, make_backend
-from gpupool.backends.local.accounts import check_reachable, resolve_mode
-from gpupool.backends.local.executor import ProcessHandle
-from gpupool.inventory import GpuInfo, GpuSample, Inventory
+from gpupool.backends.base import AttemptHandle, Backend
+from gpupool.backends.settings import resolve_mode
+from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.policy import PolicyCache
 from gpupool.policy.fairshare import ShareInput
 from gpupool.policy.model import (
@@ -38,6 +36,7 @@ from gpupool.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleMixi
 from gpupool.service.jobs import assigned_gpus, held_milli, workloads_of
 from gpupool.service.live_view import LiveView
 from gpupool.service.metrics import Metrics
+from gpupool.service.state_dir import lock_state_dir, prepare_state_dir
 from gpupool.service.store import LIVE_STATES, JobRecord, ProjectRecord, Store
 from gpupool.service.tokens import TokenStore, load_or_create_admin_token
 from gpupool.service.usage import (
@@ -56,7 +55,7 @@ from gpupool.wire.errors import InvalidRequest, Unavailable
 # The implementation (class SchedulerCore) is built in this module by the
 # service work. Its public surface, which gpupool.api relies on:
 #
-#   SchedulerCore(config: ServiceConfig)           config from gpupool.service.config
+#   SchedulerCore(config: ServiceConfig, make_backend)   built by gpupool.app.backend.build_core
 #   await core.start() / await core.stop()          recover from the store, run cycles and ticks
 #   core.simulated -> bool
 #   core.registry -> prometheus_client.CollectorRegistry
@@ -85,28 +84,6 @@ _WORKLOAD_FIELDS = frozenset({"state", "assignment", "started_at", "attempts", "
 """Job fields the policy's Workload is built from; other changes (reason, pid...) keep the cached one."""
 
 
-def _lock_state_dir(state_dir: Path) -> IO[str]:
-    """Hold an exclusive lock on ``<state_dir>/service.lock`` for the core's lifetime.
-
-    Two services on one state dir would both start jobs on the same GPUs. The
-    kernel drops the lock when the process dies (kill -9 included), so a crash
-    never leaves a stale lock behind.
-    """
-    f = open(state_dir / "service.lock", "a+")  # kept open: the lock lives as long as this file
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise Unavailable(f"another gpupool scheduler (pid {holder}) is using the state directory {state_dir}") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
-
-
 class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin):
     """Durable job state, a scheduling cycle on every event, and execution through a backend.
 
@@ -115,32 +92,22 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
     (``api_methods``), the scheduling cycle (``cycle``) and the jobs'
     attempts (``attempts``), all on this one object's state.
 
-    ``inventory`` (for the default local backend), ``backend`` and ``policy``
-    may be injected (tests, benchmarks); by default the backend is this
-    machine (NVML or the simulation spec, local processes), and the policy is
-    :func:`gpupool.policy.schedule`, with the first-fit fallback for any
-    cycle where the engine raises.
+    The backend comes from ``gpupool.app`` (:func:`gpupool.app.backend.build_core`),
+    the one place that picks one from the config: ``make_backend`` is called
+    once the core holds its state directory (a second service on the same
+    directory is refused before it starts anything). ``policy`` replaces
+    :func:`gpupool.policy.schedule` (tests, benchmarks), with the first-fit
+    fallback for any cycle where it raises.
     """
 
-    def __init__(
-        self,
-        config: ServiceConfig | None = None,
-        *,
-        inventory: Inventory | None = None,
-        backend: Backend | None = None,
-        policy: PolicyFn | None = None,
-    ) -> None:
-        self.config = config or ServiceConfig()
+    def __init__(self, config: ServiceConfig, make_backend: Callable[[], Backend], *,
+                 policy: PolicyFn | None = None) -> None:
+        self.config = config
         self.state_dir = self.config.state_dir
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # Jobs of other accounts (a root service) must enter the state dir to reach their own job's
-        # directory: 0711 lets them in but not list it; every secret in it is a 0600 file.
         self.owner_jobs = resolve_mode(self.config.run_jobs_as) == "owner"
         """Whether training jobs run as their owners' Unix accounts (a root service), not as ours."""
-        os.chmod(self.state_dir, 0o711 if self.owner_jobs else 0o700)
-        if self.owner_jobs:
-            check_reachable(self.state_dir)
-        self._lock = _lock_state_dir(self.state_dir)
+        prepare_state_dir(self.state_dir, jobs_enter=self.owner_jobs)
+        self._lock = lock_state_dir(self.state_dir)
         try:
             self._store = Store(self.config.database, synchronous=self.config.sqlite_synchronous)
         except BaseException:
@@ -151,7 +118,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
             if db_file.exists():
                 os.chmod(db_file, 0o600)
         try:
-            self.backend: Backend = backend or make_backend(self.config, inventory, traversable=self.owner_jobs)
+            self.backend: Backend = make_backend()
         except BaseException:  # e.g. an unknown model in the simulation spec: free the state dir again
             self._store.close()
             self._lock.close()
@@ -177,7 +144,7 @@ class SchedulerCore(AdoptedPodsMixin, ApiMethodsMixin, CycleMixin, AttemptsMixin
         self._nodes = self.backend.nodes
         self._pool_limits: PoolLimits | None = None
         self._project_cache: dict[str, ProjectRecord] | None = None
-        self._procs: dict[str, ProcessHandle] = {}
+        self._procs: dict[str, AttemptHandle] = {}
         # Keyed by (job, attempt): a stop of an attempt that already ended must never hide
         # the stop of the job's next attempt (pause, resume, cancel in quick succession).
         self._stop_tasks: dict[tuple[str, int], asyncio.Task[bool]] = {}

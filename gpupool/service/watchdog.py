@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpupool.procstat import stat_fields
+
 MIB = 1024 * 1024
 SLACK_MIN = 256 * MIB  # a CUDA context alone costs a few hundred MiB the frameworks do not count
 SLACK_FRACTION = 0.05
@@ -92,9 +94,8 @@ class Watchdog:
 
 def job_of_process(pid: int, sessions: dict[int, str]) -> str | None:
     """Which job a GPU process belongs to: by session (jobs run in their own), else by GPUPOOL_JOB_ID in its environment."""
-    from gpupool.backends.local.executor import proc_session
-
-    sid = proc_session(pid)
+    fields = stat_fields(pid)  # field 6 of /proc/<pid>/stat: the session id (jobs run in their own)
+    sid = int(fields[3]) if fields is not None else None
     if sid is not None and sid in sessions:
         return sessions[sid]
     try:

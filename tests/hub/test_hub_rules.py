@@ -65,10 +65,10 @@ def test_a_hub_spawned_server_uses_its_users_hub_token_with_the_shared_scheduler
 
 async def test_an_unreachable_hub_is_a_503_not_a_401(tmp_path, unused_tcp_port) -> None:
     from gpupool.api import auth
-    from gpupool.service.core import SchedulerCore
+    from gpupool.app.backend import build_core
     from gpupool.wire.errors import Unauthorized, Unavailable
 
-    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True, admin_token="adm",
+    core = build_core(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True, admin_token="adm",
                                        hub_api_url=f"http://127.0.0.1:{unused_tcp_port}/hub/api"))
     try:
         with pytest.raises(Unavailable, match="cannot check the token with JupyterHub"):
@@ -85,7 +85,7 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
     import time
 
     from gpupool.api import auth
-    from gpupool.service.core import SchedulerCore
+    from gpupool.app.backend import build_core
     from gpupool.wire.errors import Unavailable
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -93,7 +93,7 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
+    core = build_core(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
                                        hub_api_url=f"http://127.0.0.1:{port}/hub/api"))
     core.hub.timeout_s = 0.5
     try:
@@ -107,9 +107,9 @@ async def test_a_hub_that_does_not_answer_is_a_503_within_the_timeout(tmp_path) 
 
 
 async def test_a_group_project_whose_configured_quota_does_not_fit_is_made_without_it(tmp_path) -> None:
-    from gpupool.service.core import SchedulerCore
+    from gpupool.app.backend import build_core
 
-    core = SchedulerCore(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
+    core = build_core(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
                                        hub_api_url="http://127.0.0.1:9/hub/api",  # never asked here
                                        hub_group_project={"build_quota": 99}))
     try:

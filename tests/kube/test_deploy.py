@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config, utils
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.gang_pods import gang_service_name
 from gpupool.service.actor import Actor
-from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -86,7 +86,7 @@ async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, k
         return True
 
     wait(rbac_in_effect, what="the roles in effect")
-    core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
     await core.start()
     try:
         await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.service.actor import Actor
 from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet
@@ -27,7 +28,7 @@ ADMIN = Actor("admin", True)
 
 @pytest.fixture
 async def core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIterator[SchedulerCore]:
-    c = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, pause_grace_s=1.0))
+    c = build_core(kube_config(tmp_path / "state", kubeconfig, namespace, pause_grace_s=1.0))
     await c.start()
     yield c
     await c.stop()

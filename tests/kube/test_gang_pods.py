@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.gang_pods import MASTER_PORT, gang_service_name
 from gpupool.service.actor import Actor
 from gpupool.service.core import SchedulerCore
@@ -30,7 +31,7 @@ def services(api: Any, ns: str) -> dict[str, Any]:
 
 
 async def _core(tmp_path: Path, kubeconfig: Path, namespace: str) -> SchedulerCore:
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
     core.set_project(ADMIN, "vision", {"train_guarantee": 16})
@@ -113,7 +114,7 @@ async def test_pause_deletes_every_replica_resume_and_restart_keep_one_pod_each(
 
             await core.stop()  # on_shutdown=leave: the pods keep running while the scheduler is away
             started = list(kubelet.started)
-            core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+            core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
             await core.start()
             again = core.get_job(ADMIN, jid)
             assert again["state"] == "running" and again["attempts"] == 2  # adopted, not restarted
@@ -142,7 +143,7 @@ async def test_a_replica_deleted_while_the_scheduler_was_away_requeues_the_whole
             await core.stop()  # on_shutdown=leave
             api.delete_namespaced_pod(r1, namespace, grace_period_seconds=0)  # replica 1 vanishes meanwhile
             await wait_for(lambda: r1 not in pods(api, namespace), what="replica 1 gone")
-            core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+            core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
             await core.start()
             # A gang never runs partly: replica 0 is stopped too, and the job resumes whole (not failed).
             second = {f"gpupool-{jid}-2-r0", f"gpupool-{jid}-2-r1"}

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.pod_namespaces import PodNamespaces, parse_flag
 from gpupool.service.actor import Actor
 from gpupool.service.config import ServiceConfig
-from gpupool.service.core import SchedulerCore
 from gpupool.wire.errors import InvalidRequest
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
@@ -170,7 +170,7 @@ async def test_the_deploy_rbac_bound_in_a_team_namespace_is_enough(api: Any, gpu
         return True
 
     wait(rbac_in_effect, what="the roles in effect")
-    core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool",
+    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool",
                                      kube_pod_namespaces={"gpupool": ["*"], team: ["vision"]}))
     await core.start()
     try:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.cli.tables import jobs_table
 from gpupool.service.actor import Actor
 from gpupool.service.core import SchedulerCore
@@ -242,7 +243,7 @@ async def test_the_deploy_rbac_is_enough_for_kubectl_pods_and_other_schedulers_p
     api.create_namespaced_pod(other_ns, {"metadata": {"name": "placed"}, "spec": {"nodeName": node, "containers": [
         {"name": "c", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
     name = f"sa-{uuid.uuid4().hex[:6]}"
-    core = SchedulerCore(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
     await core.start()
     try:
         await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
@@ -299,7 +300,7 @@ async def test_a_refused_start_leaves_the_pod_pending_and_says_why(api: Any, nam
 
     wait(lambda: may(lambda: as_limited.list_namespaced_pod(namespace)) and may(as_limited.list_node),
          what="the roles in effect")
-    core = SchedulerCore(kube_config(tmp_path / "state", limited, namespace))
+    core = build_core(kube_config(tmp_path / "state", limited, namespace))
     await core.start()
     try:
         await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")

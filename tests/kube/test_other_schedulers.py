@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from gpupool.app.backend import build_core
 from gpupool.cli.tables import gpus_table
 from gpupool.service.actor import Actor
 from gpupool.service.core import SchedulerCore
@@ -36,7 +37,7 @@ async def test_another_schedulers_pod_holding_6_of_8_gpus_leaves_2(api: Any, nam
     api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other_ns}})
     placed_pod(api, other_ns, "trainer", node, 6)
     placed_pod(api, other_ns, "cpu-only", node, 0)  # holds no GPU: not counted
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     try:
         await wait_for(lambda: len(held_by_others(core)) == 6, what="6 GPUs shown held by the other pod")

@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from gpupool.app.backend import build_core
 from gpupool.service.actor import Actor
-from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, pod_env
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -22,7 +22,7 @@ def our_pods(api: Any, ns: str) -> dict[str, Any]:
 async def test_a_job_is_a_pod_bound_to_a_node_and_ends_with_its_exit_code(api: Any, namespace: str, gpu_nodes: Any,
                                                                           kubeconfig: Path, tmp_path: Path) -> None:
     nodes = gpu_nodes(3, gpus=8)
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     try:
         await wait_for(lambda: len(core.pool()["nodes"]) == 3, what="3 nodes in the pool")
@@ -62,7 +62,7 @@ async def test_a_job_is_a_pod_bound_to_a_node_and_ends_with_its_exit_code(api: A
 async def test_a_failing_command_fails_the_job_with_its_code(api: Any, namespace: str, gpu_nodes: Any,
                                                              kubeconfig: Path, tmp_path: Path) -> None:
     gpu_nodes(1, gpus=4)
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     try:
         core.set_project(ADMIN, "nlp", {"train_guarantee": 4})
@@ -84,7 +84,7 @@ async def test_the_liveness_mark_stands_while_pods_run_and_moves_when_one_ends(a
                                                                               tmp_path: Path) -> None:
     """The core skips scanning every running pod while the executor's mark stands: it must move on an end."""
     gpu_nodes(1, gpus=4)
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     try:
         core.set_project(ADMIN, "nlp", {"train_guarantee": 4})

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.nodes import read_node
 from gpupool.service.actor import Actor
-from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -35,7 +35,7 @@ async def test_a_gang_goes_on_two_nodes_of_one_rack_not_the_first_two_nodes(api:
     api.patch_node(lone, {"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-b"}}})
     for n in (a1, a2):
         api.patch_node(n, {"metadata": {"labels": {"gpupool.io/rack": "rack-a"}}})
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace))
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
     await core.start()
     try:
         await wait_for(lambda: sorted(n["group"] for n in core.pool()["nodes"]) == ["rack-a", "rack-a", "zone-b"],

@@ -8,9 +8,9 @@ from typing import Any
 
 from kubernetes import client, config
 
+from gpupool.app.backend import build_core, kube_settings
 from gpupool.backends.kubernetes.backend import KubeBackend
 from gpupool.service.actor import Actor
-from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import kube_config
 from tests.service.helpers import wait_for
@@ -26,7 +26,7 @@ async def test_restart_recovers_pods_by_label_with_no_duplicates(api: Any, names
                                                                  kubeconfig: Path, tmp_path: Path) -> None:
     gpu_nodes(2, gpus=8)
     cfg = kube_config(tmp_path / "state", kubeconfig, namespace)
-    core = SchedulerCore(cfg)
+    core = build_core(cfg)
     await core.start()
     core.set_project(ADMIN, "vision", {"train_guarantee": 16})
     ids = []
@@ -48,7 +48,7 @@ async def test_restart_recovers_pods_by_label_with_no_duplicates(api: Any, names
             "spec": {"schedulerName": "gpupool", "containers": [{"name": "job", "image": "busybox"}]}})
         started_before = list(kubelet.started)
 
-        core = SchedulerCore(cfg)
+        core = build_core(cfg)
         await core.start()
         try:
             states = {j: core.get_job(ADMIN, j) for j in ids}
@@ -85,7 +85,7 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 """)
     cfg = kube_config(tmp_path / "state", bad, namespace)
-    core = SchedulerCore(cfg, backend=KubeBackend(cfg, initial_sync_s=0.5))
+    core = build_core(cfg, backend=KubeBackend(kube_settings(cfg), initial_sync_s=0.5))
     await core.start()
     try:
         health = await wait_for(lambda: (h := core.status(ADMIN)["backend"]) and not h["ok"] and h,
@@ -130,7 +130,7 @@ async def test_a_refused_bind_returns_the_job_to_the_queue(api: Any, namespace: 
 
     wait(rbac_in_effect, what="the roles in effect")
     cfg = kube_config(tmp_path / "state", limited, namespace)
-    core = SchedulerCore(cfg)
+    core = build_core(cfg)
     await core.start()
     try:
         await wait_for(lambda: len(core.pool()["nodes"]) == 1, what="the node in the pool")

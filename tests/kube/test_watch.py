@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.health import Health
 from gpupool.backends.kubernetes.watcher import ListWatch
 from gpupool.service.actor import Actor
-from gpupool.service.core import SchedulerCore
 from tests.kube.cluster import Kubelet, wait
 from tests.kube.conftest import KUBE, kube_config
 from tests.service.helpers import wait_for
@@ -115,7 +115,7 @@ def test_the_watch_hands_on_each_object_whole_as_json_and_stops_at_once(api: Any
 async def test_a_pause_that_lands_after_the_pod_ended_does_not_win(api: Any, namespace: str, gpu_nodes: Any,
                                                                    kubeconfig: Path, tmp_path: Path) -> None:
     gpu_nodes(1, gpus=8)
-    core = SchedulerCore(kube_config(tmp_path / "state", kubeconfig, namespace, poll_s=5.0))  # a slow monitor
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace, poll_s=5.0))  # a slow monitor
     await core.start()
     try:
         core.set_project(ADMIN, "vision", {"train_guarantee": 8})

@@ -20,8 +20,9 @@ import signal
 import sys
 from pathlib import Path
 
+from gpupool.app.backend import build_core
 from gpupool.service.config import ServiceConfig
-from gpupool.service.core import Actor, SchedulerCore
+from gpupool.service.core import Actor
 from gpupool.service.store import Store
 
 
@@ -40,7 +41,7 @@ def _die_at_event(state: str) -> None:
 async def main(state_dir: str, specs_path: str, gpus: str) -> None:
     if os.environ.get("GPUPOOL_TEST_DIE_AT_EVENT"):
         _die_at_event(os.environ["GPUPOOL_TEST_DIE_AT_EVENT"])
-    core = SchedulerCore(ServiceConfig(
+    core = build_core(ServiceConfig(
         state_dir=Path(state_dir), simulate=gpus, tick_s=0.1, poll_s=0.02, pause_grace_s=1.0,
         on_shutdown="leave", min_runtime_s=0.0, resume_backoff_s=0.0, admin_token="admin", node_name="crash",
         history_interval_s=0.5,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from gpupool.app.backend import build_core
 from gpupool.service.config import ServiceConfig
 from gpupool.service.core import Actor
 
@@ -27,7 +28,7 @@ async def cores_made(config_of: Callable[..., ServiceConfig]) -> AsyncIterator[C
     cores: list[SchedulerCore] = []
 
     async def make(**overrides: Any) -> SchedulerCore:
-        core = SchedulerCore(config_of(**overrides))
+        core = build_core(config_of(**overrides))
         await core.start()
         cores.append(core)
         return core

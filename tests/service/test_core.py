@@ -333,8 +333,8 @@ async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_p
 async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
     import time as _time
 
+    from gpupool.app.backend import build_core
     from gpupool.service import fallback_policy
-    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     calls = []
@@ -344,7 +344,7 @@ async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
         _time.sleep(0.03)  # an expensive cycle, as with a very long queue
         return fallback_policy.schedule(snapshot)
 
-    core = SchedulerCore(fast_config(tmp_path / "s", cycle_min_interval_s=0.5, tick_s=60), policy=slow_policy)
+    core = build_core(fast_config(tmp_path / "s", cycle_min_interval_s=0.5, tick_s=60), policy=slow_policy)
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 2})
@@ -402,8 +402,9 @@ async def test_work_goes_to_a_free_gpu_not_to_one_a_stopping_job_still_holds(mak
 
 async def test_first_fit_start_on_a_stopping_jobs_gpu_is_placed_again_around_it(tmp_path):
     """First fit always picks the first GPU: the one the stopping job holds, in the view without it."""
+    from gpupool.app.backend import build_core
     from gpupool.service import fallback_policy
-    from gpupool.service.core import STOPPING_PROJECT, SchedulerCore
+    from gpupool.service.core import STOPPING_PROJECT
     from tests.service.helpers import fast_config
 
     held_views = []
@@ -413,7 +414,7 @@ async def test_first_fit_start_on_a_stopping_jobs_gpu_is_placed_again_around_it(
             held_views.append(snapshot)
         return fallback_policy.schedule(snapshot)
 
-    core = SchedulerCore(fast_config(tmp_path / "s", pause_grace_s=30.0, reply_wait_s=0.1), policy=first_fit)
+    core = build_core(fast_config(tmp_path / "s", pause_grace_s=30.0, reply_wait_s=0.1), policy=first_fit)
     await core.start()
     try:
         await _free_gpu_not_the_stopping_jobs(core, tmp_path)
@@ -448,8 +449,8 @@ async def _free_gpu_not_the_stopping_jobs(core, tmp_path) -> None:
 
 
 async def test_a_burst_of_train_submits_shares_one_cycle(tmp_path):
+    from gpupool.app.backend import build_core
     from gpupool.service import fallback_policy
-    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
     calls = []
@@ -458,7 +459,7 @@ async def test_a_burst_of_train_submits_shares_one_cycle(tmp_path):
         calls.append(sum(1 for w in snapshot.workloads if w.assignment is None))
         return fallback_policy.schedule(snapshot)
 
-    core = SchedulerCore(fast_config(tmp_path / "s", tick_s=60), policy=counting_policy)
+    core = build_core(fast_config(tmp_path / "s", tick_s=60), policy=counting_policy)
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 2})

@@ -274,8 +274,8 @@ async def test_a_running_gang_is_adopted_whole_after_a_service_restart(make_core
 
 async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path):
     """A cluster's node can leave (cordoned, deleted): the whole gang stops, naming that node."""
-    from gpupool.app.backend import LocalBackend
-    from gpupool.service.core import SchedulerCore
+    from gpupool.app.backend import build_core, local_settings
+    from gpupool.backends.local.backend import LocalBackend
     from tests.service.helpers import fast_config
 
     class ShrinkingPool(LocalBackend):
@@ -296,8 +296,8 @@ async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path
             return changed
 
     config = fast_config(tmp_path / "state", simulate=TWO_NODES)
-    backend = ShrinkingPool(config)
-    core = SchedulerCore(config, backend=backend)
+    backend = ShrinkingPool(local_settings(config))
+    core = build_core(config, backend=backend)
     await core.start()
     try:
         core.set_project(ADMIN, "vision", {"train_guarantee": 16})
@@ -325,11 +325,11 @@ async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path
 async def test_a_policy_that_places_part_of_a_gang_starts_nothing(tmp_path: Path):
     """The core never runs part of a gang, whatever the policy says: the first-fit fallback (used when the
     engine raises) knows no gangs and places the replicas that fit one by one."""
+    from gpupool.app.backend import build_core
     from gpupool.service import fallback_policy
-    from gpupool.service.core import SchedulerCore
     from tests.service.helpers import fast_config
 
-    core = SchedulerCore(fast_config(tmp_path / "state", simulate=TWO_NODES), policy=fallback_policy.schedule)
+    core = build_core(fast_config(tmp_path / "state", simulate=TWO_NODES), policy=fallback_policy.schedule)
     core.executor = RecordingExecutor(core.executor)
     await core.start()
     try:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.service.config import ServiceConfig
-from gpupool.service.core import Actor, SchedulerCore
+from gpupool.service.core import Actor
 from gpupool.wire.errors import Forbidden, InvalidRequest
 from tests.service.helpers import ADMIN, fast_config, wait_for
 
@@ -71,7 +72,7 @@ echo mine > own.txt && cat own.txt
 
 async def test_jobs_run_as_their_owners_and_reach_no_secret(accounts, state_dir, monkeypatch):
     monkeypatch.setenv("GPUPOOL_ADMIN_TOKEN", "leaked-if-you-see-this")
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner"))
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 2})
@@ -102,7 +103,7 @@ async def test_jobs_run_as_their_owners_and_reach_no_secret(accounts, state_dir,
 
 
 async def test_jobs_of_users_without_an_account_or_of_root_are_refused(accounts, state_dir):
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner"))
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 1, "build_quota": 1})
@@ -140,7 +141,7 @@ async def test_jobs_of_users_without_an_account_or_of_root_are_refused(accounts,
 
 async def test_an_account_template_maps_hub_users_to_their_accounts(accounts, state_dir):
     """TLJH's way: Hub user 'alice' has the account 'jupyter-alice'; here 'gpt-{user}' maps 'alice' to gpt-alice."""
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner", job_account_template="gpt-{user}"))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner", job_account_template="gpt-{user}"))
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 1})
@@ -160,7 +161,7 @@ def test_a_state_dir_other_accounts_cannot_enter_is_refused_at_start(accounts, t
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
     with pytest.raises(InvalidRequest, match="others may not enter it"):
-        SchedulerCore(ServiceConfig(state_dir=closed / "state", simulate="1xA100-80GB", run_jobs_as="owner"))
+        build_core(ServiceConfig(state_dir=closed / "state", simulate="1xA100-80GB", run_jobs_as="owner"))
 
 
 PWN_SO = r"""
@@ -205,7 +206,7 @@ async def test_nothing_of_a_jobs_environment_is_run_with_the_services_privileges
              "LD_PRELOAD": str(pwn / "libpwn.so"), "PATH": f"{pwn}:/usr/bin:/bin"}[variable]
     if variable == "LD_PRELOAD" and not (pwn / "libpwn.so").exists():
         pytest.skip("no C compiler to build the preloaded library")
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner"))
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 1})
@@ -233,7 +234,7 @@ async def test_jobs_never_run_as_system_accounts_unless_the_admin_names_them(acc
     if not present:
         pytest.skip("no system account on this machine")
     spec = {"project": "p", "gpus": 1, "command": ["sh", "-c", "id -u"]}
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner"))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner"))
     await core.start()
     try:
         core.set_project(ADMIN, "p", {"train_guarantee": 1})
@@ -245,7 +246,7 @@ async def test_jobs_never_run_as_system_accounts_unless_the_admin_names_them(acc
     finally:
         await core.stop()
     allowed = present[0]
-    core = SchedulerCore(fast_config(state_dir, run_jobs_as="owner", allowed_system_accounts=[allowed]))
+    core = build_core(fast_config(state_dir, run_jobs_as="owner", allowed_system_accounts=[allowed]))
     await core.start()
     try:
         job, _ = await core.submit(Actor(allowed), spec)

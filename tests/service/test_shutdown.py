@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.service.core import SchedulerCore
 from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, SLOW_TO_STOP, fast_config, wait_for
 
@@ -11,14 +12,14 @@ from tests.service.helpers import ADMIN, ALICE, CHECKPOINTING_JOB, PY, SLOW_TO_S
 async def test_stop_mode_pauses_and_next_start_resumes(tmp_path):
     wd = tmp_path / "w"
     wd.mkdir()
-    core = SchedulerCore(fast_config(tmp_path / "s", on_shutdown="stop"))
+    core = build_core(fast_config(tmp_path / "s", on_shutdown="stop"))
     await core.start()
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd),
                                        "command": [PY, "-c", CHECKPOINTING_JOB, "30", "0.05"]})
     await wait_for(lambda: (wd / "ckpt.txt").exists())
     await core.stop()
-    again = SchedulerCore(fast_config(tmp_path / "s", on_shutdown="stop"))
+    again = build_core(fast_config(tmp_path / "s", on_shutdown="stop"))
     rec = again._store.job(job["id"])
     assert rec is not None and rec.state == "paused" and not rec.user_paused and "shutdown" in rec.reason
     await again.start()
@@ -33,14 +34,14 @@ async def test_stop_mode_pauses_and_next_start_resumes(tmp_path):
 async def test_leave_mode_readopts_running_jobs(tmp_path):
     wd = tmp_path / "w"
     wd.mkdir()
-    core = SchedulerCore(fast_config(tmp_path / "s", on_shutdown="leave"))
+    core = build_core(fast_config(tmp_path / "s", on_shutdown="leave"))
     await core.start()
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd),
                                        "command": [PY, "-c", CHECKPOINTING_JOB, "20", "0.05"]})
     await wait_for(lambda: (wd / "ckpt.txt").exists())
     await core.stop()
-    again = SchedulerCore(fast_config(tmp_path / "s", on_shutdown="leave"))
+    again = build_core(fast_config(tmp_path / "s", on_shutdown="leave"))
     await again.start()
     try:
         assert again.get_job(ALICE, job["id"])["state"] == "running"
@@ -56,7 +57,7 @@ async def test_start_interrupted_before_spawn_is_requeued_not_lost(tmp_path):
     """The store says "starting attempt 1" but the service died before the process existed."""
     from gpupool.service.store import JobRecord, Store
 
-    core = SchedulerCore(fast_config(tmp_path / "s"))
+    core = build_core(fast_config(tmp_path / "s"))
     await core.start()
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     gpu = core.pool()["nodes"][0]["gpus"][0]
@@ -74,7 +75,7 @@ async def test_start_interrupted_before_spawn_is_requeued_not_lost(tmp_path):
     ticket.parent.mkdir(parents=True)
     ticket.write_text("x")  # written, but the wrapper never claimed it
     store.close()
-    again = SchedulerCore(fast_config(tmp_path / "s"))
+    again = build_core(fast_config(tmp_path / "s"))
     await again.start()
     try:
         events = [e for e in again.events_since(0) if e.get("job_id") == "j-000900"]
@@ -118,18 +119,18 @@ def test_process_owner_found_by_environment(tmp_path):
 async def test_one_service_per_state_dir(tmp_path):
     from gpupool.wire.errors import Unavailable
 
-    first = SchedulerCore(fast_config(tmp_path / "s"))
+    first = build_core(fast_config(tmp_path / "s"))
     await first.start()
     try:
         try:
-            SchedulerCore(fast_config(tmp_path / "s"))
+            build_core(fast_config(tmp_path / "s"))
         except Unavailable as e:
             assert "another gpupool scheduler" in e.message and str(__import__("os").getpid()) in e.message
         else:
             raise AssertionError("a second service started on the same state dir")
     finally:
         await first.stop()
-    second = SchedulerCore(fast_config(tmp_path / "s"))  # released at stop
+    second = build_core(fast_config(tmp_path / "s"))  # released at stop
     await second.start()
     await second.stop()
 
@@ -140,8 +141,8 @@ def test_bad_simulation_spec_is_a_clear_error_and_frees_the_state_dir(tmp_path):
     from gpupool.wire.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="unknown GPU model"):
-        SchedulerCore(fast_config(tmp_path / "s", simulate="2xB9000"))
-    SchedulerCore(fast_config(tmp_path / "s"))._lock.close()  # the lock was released
+        build_core(fast_config(tmp_path / "s", simulate="2xB9000"))
+    build_core(fast_config(tmp_path / "s"))._lock.close()  # the lock was released
 
 
 async def _crash(core: SchedulerCore) -> None:
@@ -159,7 +160,7 @@ async def _crash(core: SchedulerCore) -> None:
 async def test_crash_during_a_pause_still_ends_paused(tmp_path):
     wd = tmp_path / "w"
     wd.mkdir()
-    core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
+    core = build_core(fast_config(tmp_path / "s", reply_wait_s=0.05))
     await core.start()
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP, "0.8"]})
@@ -167,7 +168,7 @@ async def test_crash_during_a_pause_still_ends_paused(tmp_path):
     reply = await core.pause(ALICE, job["id"])
     assert reply["state"] == "running"  # SIGTERM sent; the job takes its time
     await _crash(core)
-    again = SchedulerCore(fast_config(tmp_path / "s"))
+    again = build_core(fast_config(tmp_path / "s"))
     await again.start()
     try:
         await wait_for(lambda: again.get_job(ALICE, job["id"])["state"] == "paused", what="paused after restart")
@@ -182,7 +183,7 @@ async def test_crash_during_a_pause_still_ends_paused(tmp_path):
 async def test_crash_during_a_cancel_still_ends_cancelled(tmp_path):
     wd = tmp_path / "w"
     wd.mkdir()
-    core = SchedulerCore(fast_config(tmp_path / "s", reply_wait_s=0.05))
+    core = build_core(fast_config(tmp_path / "s", reply_wait_s=0.05))
     await core.start()
     core.set_project(ADMIN, "p", {})
     job, _ = await core.submit(ALICE, {"project": "p", "gpus": 1, "workdir": str(wd), "command": [PY, "-c", SLOW_TO_STOP, "0.8"]})
@@ -192,7 +193,7 @@ async def test_crash_during_a_cancel_still_ends_cancelled(tmp_path):
     import asyncio
 
     await asyncio.sleep(1.5)  # the job finishes its SIGTERM handling while no service runs
-    again = SchedulerCore(fast_config(tmp_path / "s"))
+    again = build_core(fast_config(tmp_path / "s"))
     await again.start()
     try:
         done = again.get_job(ALICE, job["id"])

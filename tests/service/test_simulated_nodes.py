@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.cli.tables import gpus_table
 from gpupool.inventory.simulated import SimulatedInventory, parse_nodes, parse_spec
 from gpupool.service.config import ServiceConfig
-from gpupool.service.core import SchedulerCore
 from gpupool.wire.errors import InvalidRequest
 from tests.service.helpers import fast_config
 
@@ -68,7 +68,7 @@ def test_build_gpus_with_several_nodes_is_refused_with_a_reason(tmp_path):
 
 
 async def test_the_core_schedules_on_every_simulated_node_and_shows_them(tmp_path):
-    core = SchedulerCore(fast_config(tmp_path / "state", simulate=THREE))
+    core = build_core(fast_config(tmp_path / "state", simulate=THREE))
     await core.start()
     try:
         assert [(n.name, n.group, len(n.gpus)) for n in core._nodes] == [

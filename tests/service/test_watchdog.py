@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpupool.app.backend import build_core
 from gpupool.inventory import GpuInfo, GpuSample
-from gpupool.service.core import SchedulerCore
 from gpupool.service.watchdog import MIB, Reading, Watchdog, over_limit
 from tests.service.helpers import ADMIN, ALICE, PY, fast_config, started, wait_for
 
@@ -62,7 +62,7 @@ class FakeNvmlInventory:
 @pytest.fixture
 async def nvml_core(tmp_path):
     inv = FakeNvmlInventory()
-    core = SchedulerCore(fast_config(tmp_path / "s", simulate=None, watchdog="stop", watchdog_grace_s=0.3), inventory=inv)
+    core = build_core(fast_config(tmp_path / "s", simulate=None, watchdog="stop", watchdog_grace_s=0.3), inventory=inv)
     await core.start()
     yield core, inv
     await core.stop()

@@ -9,7 +9,9 @@ its GPUs; the core then requeues its jobs (gpupool/service/attempts.py).
 Two more watches: pods users create with kubectl for gpupool to place
 (:mod:`.foreign_jobs`, queued as jobs by gpupool/service/adopted.py), and
 other schedulers' pods holding GPUs on pool nodes (:mod:`.other_pods`), which
-the core counts as used capacity.
+the core counts as used capacity. The settings come from the app
+(gpupool.app.backend builds them from the service's config), so this module
+needs nothing of the service.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -36,18 +40,32 @@ from gpupool.backends.kubernetes.routing import KubeExecutor
 from gpupool.backends.kubernetes.watcher import ListWatch
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.policy.model import Node
-from gpupool.service.config import ServiceConfig
 
 log = logging.getLogger("gpupool.backends.kubernetes")
 
 
+@dataclass(frozen=True)
+class KubeSettings:
+    """What the Kubernetes backend reads of the service's config (ServiceConfig fields of the same names)."""
+
+    jobs_dir: Path  # logs of pods, copied here after they end
+    kubeconfig: str | None = None
+    namespace: str = "gpupool"
+    image: str = "python:3.12-slim"
+    kube_scheduler_name: str = "gpupool"
+    pause_grace_s: float = 10.0
+    kube_workdir_pvc: str | None = None
+    kube_start_timeout_s: float = 300.0
+    kube_pod_namespaces: dict[str, list[str]] | None = None
+
+
 class KubeBackend:
-    """A cluster as the pool (a :class:`gpupool.app.backend.Backend`)."""
+    """A cluster as the pool (a :class:`gpupool.backends.base.Backend`)."""
 
     simulated = False
     elastic = True  # nodes join, drain and leave: what does not fit now may fit later
 
-    def __init__(self, config: ServiceConfig, initial_sync_s: float = 10.0) -> None:
+    def __init__(self, config: KubeSettings, initial_sync_s: float = 10.0) -> None:
         """Connect, start the node and pod watches, and wait up to ``initial_sync_s`` for the first node list.
 
         An API server that does not answer is no reason not to start: the
@@ -130,6 +148,10 @@ class KubeBackend:
         with self._lock:
             n = self._seen.get(name)
         return n is None or n.problem == "not ready"
+
+    def admit(self, user: str, workdir: str | None, submit_dir: str | None) -> str | None:
+        """Jobs run in pods, not as Unix accounts of this machine: nothing to refuse; the folder is the spec's."""
+        return workdir
 
     def sample(self) -> dict[str, GpuSample]:
         """Utilisation is not read from the cluster (yet): the node agent would be its source."""

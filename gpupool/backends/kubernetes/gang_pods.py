@@ -47,7 +47,7 @@ from gpupool.backends.kubernetes.names import (
     pod_name,
 )
 from gpupool.backends.kubernetes.pods import PodEnd, PodHandle, PodSettings, label_value, pod_manifest
-from gpupool.backends.local.rendezvous import rendezvous_env
+from gpupool.backends.rendezvous import rendezvous_env
 
 if TYPE_CHECKING:
     from gpupool.backends.kubernetes.executor import PodExecutor

@@ -17,16 +17,15 @@ every project.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.backends.settings import ANY, pod_namespace_rules
+from gpupool.backends.settings import POD_NAMESPACES_SETTING as SETTING
 from gpupool.wire.errors import InvalidRequest
 
-ANY = "*"
-SETTING = "kube_pod_namespaces"
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+__all__ = ["ANY", "SETTING", "PodNamespaces", "parse_flag"]
 
 
 def parse_flag(text: str) -> dict[str, list[str]]:
@@ -57,22 +56,7 @@ class PodNamespaces:
     @classmethod
     def from_setting(cls, own: str, setting: Any) -> PodNamespaces:
         """Check the setting (None: the scheduler's namespace only, any project) and build the rules."""
-        if setting is None:
-            return cls(own, {own: frozenset({ANY})})
-        if not isinstance(setting, dict) or not setting:
-            raise InvalidRequest(f"{SETTING} must map namespaces to lists of projects, e.g. "
-                                 f'{{"team-a": ["vision"], "{own}": ["*"]}}, not {setting!r}')
-        allowed: dict[str, frozenset[str]] = {}
-        for ns, projects in setting.items():
-            if ns != ANY and not (isinstance(ns, str) and _NAMESPACE.fullmatch(ns)):
-                raise InvalidRequest(f"{SETTING}: {ns!r} is not a namespace name (lower case letters, digits "
-                                     "and '-', at most 63) or '*'")
-            if (not isinstance(projects, list) or not projects
-                    or not all(isinstance(p, str) and p.strip() for p in projects)):
-                raise InvalidRequest(f"{SETTING}: namespace {ns!r} needs a non-empty list of project names "
-                                     f"(or [\"*\"] for every project), not {projects!r}")
-            allowed[ns] = frozenset(p.strip() for p in projects)
-        return cls(own, allowed)
+        return cls(own, pod_namespace_rules(own, setting))
 
     def takes(self, namespace: str) -> bool:
         """Whether pods of this namespace may get jobs at all (pods whose job exists are followed anyway)."""

@@ -16,22 +16,21 @@ from __future__ import annotations
 import fnmatch
 import os
 import pwd
-import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpupool.wire.errors import Forbidden, InvalidRequest
+from gpupool.backends.settings import (  # the rules the service's config checks too
+    RUN_AS_MODES,
+    SECRET_ENV,
+    check_account_template,
+    check_passthrough,
+    resolve_mode,
+)
+from gpupool.wire.errors import Forbidden
 
-RUN_AS_MODES = ("auto", "owner", "service")
-
-SECRET_ENV = frozenset({
-    "GPUPOOL_ADMIN_TOKEN", "GPUPOOL_TOKEN", "JUPYTERHUB_API_TOKEN", "JPY_API_TOKEN", "JUPYTER_TOKEN",
-    "JUPYTERHUB_OAUTH_CLIENT_SECRET", "JUPYTERHUB_CRYPT_KEY", "CONFIGPROXY_AUTH_TOKEN",
-})
-"""Variables that hold credentials of the service (or of the Jupyter server it is embedded in): never
-passed to a job, not even when an admin names them in ``job_env_passthrough``."""
+__all__ = ["RUN_AS_MODES", "SECRET_ENV", "RunAs", "blocked_at", "check_account_template", "check_passthrough",
+           "job_account", "job_environment", "resolve_mode"]
 
 JOB_ENV_ALLOWED = ("PATH", "LANG", "LANGUAGE", "LC_*", "TZ")
 """What a job takes from the service's environment unless the admin names more (``job_env_passthrough``).
@@ -42,8 +41,6 @@ user's. The account's own names (HOME, USER, LOGNAME, SHELL) are set per job,
 and the job's own variables and its GPU variables come on top."""
 
 ACCOUNT_ENV = ("HOME", "USER", "LOGNAME", "SHELL")
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
 
 
 @dataclass(frozen=True)
@@ -60,24 +57,6 @@ class RunAs:
     def wrapper_arg(self) -> str:
         """``uid:gid:g1,g2``: how the service tells the wrapper whom to run the command as."""
         return f"{self.uid}:{self.gid}:{','.join(str(g) for g in self.groups)}"
-
-
-def resolve_mode(mode: str) -> str:
-    """``"owner"`` or ``"service"``: what ``auto`` means for this process."""
-    if mode not in RUN_AS_MODES:
-        raise InvalidRequest(f"run_jobs_as must be one of {', '.join(RUN_AS_MODES)}, not {mode!r}")
-    if mode == "auto":
-        return "owner" if os.geteuid() == 0 else "service"
-    return mode
-
-
-def check_account_template(template: str) -> str:
-    """``job_account_template`` as given, or :class:`InvalidRequest`: it must hold ``{user}`` once and nothing else in braces."""
-    if not isinstance(template, str) or template.count("{user}") != 1 or \
-            template.replace("{user}", "").count("{") or template.replace("{user}", "").count("}"):
-        raise InvalidRequest(f"job_account_template must contain {{user}} once and no other braces "
-                             f"(e.g. 'jupyter-{{user}}' for TLJH), not {template!r}")
-    return template
 
 
 def login_uid_range(login_defs: str = "/etc/login.defs") -> tuple[int, int]:
@@ -132,22 +111,6 @@ def job_account(user: str, mode: str, allow_root: bool, template: str = "{user}"
     return RunAs(name, account.pw_uid, account.pw_gid, groups, account.pw_dir, account.pw_shell or "/bin/sh")
 
 
-def check_passthrough(names: object) -> list[str]:
-    """``job_env_passthrough`` as given, or :class:`InvalidRequest`: variable names, ``PREFIX_*`` allowed.
-
-    The service's own credentials cannot be named: passing them would hand
-    the admin token or the Hub's secrets to every user's job.
-    """
-    if not isinstance(names, list) or not all(isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in names):
-        raise InvalidRequest("job_env_passthrough must be a list of environment variable names (a trailing * "
-                             f"matches a prefix, e.g. 'NCCL_*'), not {names!r}")
-    leaked = sorted(s for s in SECRET_ENV if any(fnmatch.fnmatchcase(s, n) for n in names))
-    if leaked:
-        raise InvalidRequest(f"job_env_passthrough would pass the service's credentials {', '.join(leaked)} to "
-                             "every job; name the variables a job needs instead")
-    return names
-
-
 def job_environment(service_env: dict[str, str], run_as: RunAs | None,
                     passthrough: Iterable[str] = ()) -> dict[str, str]:
     """What a job takes from the service's environment: the allow-list, and its account's own names.
@@ -195,22 +158,3 @@ def blocked_at(directory: str, run_as: RunAs | None) -> str | None:
         if bits & need != need:
             return str(folder)
     return None
-
-
-def check_reachable(directory: Path) -> None:
-    """Refuse a state directory that jobs running as other accounts could not enter.
-
-    Each job's account must pass through every parent of its job directory:
-    they all need the search bit for others (as ``/var/lib`` has, and
-    ``/root`` has not).
-    """
-    for parent in [directory, *directory.parents]:
-        try:
-            mode = parent.stat().st_mode
-        except OSError:
-            continue
-        if not mode & stat.S_IXOTH:
-            raise InvalidRequest(
-                f"jobs run as their owners' accounts cannot reach {directory}: {parent} is mode "
-                f"{stat.S_IMODE(mode):04o} (others may not enter it); choose a state directory such as "
-                "/var/lib/gpupool, or run_jobs_as 'service'")

@@ -30,7 +30,7 @@ from gpupool.backends.local import sweep
 from gpupool.backends.local._wrapper import ENDED
 from gpupool.backends.local.accounts import RunAs, job_account, job_environment
 from gpupool.backends.local.gang import GangSpec, ReplicaSpec, write_spec
-from gpupool.backends.local.rendezvous import free_port, rendezvous_env
+from gpupool.backends.rendezvous import free_port, rendezvous_env
 from gpupool.procstat import stat_fields
 from gpupool.wire.errors import InvalidRequest
 
