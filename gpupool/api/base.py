@@ -136,8 +136,8 @@ class ApiHandler(tornado.web.RequestHandler):
             details = exc.details()
         elif isinstance(exc, tornado.web.HTTPError):
             status_code = exc.status_code
-            message = exc.log_message % exc.args if exc.log_message and exc.args else exc.log_message
-            message = message or exc.reason or self._reason
+            logged = exc.log_message % exc.args if exc.log_message and exc.args else exc.log_message
+            message = logged or exc.reason or self._reason
             if status_code == 405:
                 message = f"method {self.request.method} is not allowed on {self.request.path}"
         elif status_code >= 500:

@@ -44,7 +44,7 @@ class EventsHandler(ApiHandler):
             await self._long_poll()
 
     async def _long_poll(self) -> None:
-        since = self.query_int("since", 0, minimum=0, maximum=MAX_SEQ)
+        since = self.query_int("since", 0, minimum=0, maximum=MAX_SEQ) or 0
         timeout = self.query_float("timeout", 0.0, minimum=0.0, maximum=MAX_WAIT_S)
         events = list(await maybe_await(self.core.events_since(since)))
         if not events and timeout:
@@ -78,9 +78,8 @@ class EventsHandler(ApiHandler):
         if last_id is not None and last_id.strip().isdigit() and int(last_id) <= MAX_SEQ:
             seq = int(last_id)
         else:
-            seq = self.query_int("since", None, minimum=0, maximum=MAX_SEQ)
-            if seq is None:
-                seq = int(self.core.last_event_seq)
+            since = self.query_int("since", None, minimum=0, maximum=MAX_SEQ)
+            seq = int(self.core.last_event_seq) if since is None else since
         shutdown: asyncio.Event | None = self.settings.get("shutdown_event")
         self.set_header("Content-Type", "text/event-stream; charset=UTF-8")
         self.set_header("X-Accel-Buffering", "no")
