@@ -44,7 +44,7 @@ async def _full_pool(core: SchedulerCore) -> None:
 
 
 def _bulk_queue(core: SchedulerCore, n: int) -> None:
-    store = core._store
+    store = core.book.store
     now = time.time()
     with store.transaction():
         for _ in range(n):
@@ -54,7 +54,7 @@ def _bulk_queue(core: SchedulerCore, n: int) -> None:
                 request={"gpus": 1 + num % 2, "gpu_fraction": None, "gpu_memory": None, "gpu_model": None,
                          "cpu": None, "memory": None},
                 priority=num % 3, submitted_at=now + num * 1e-6, command=["true"], workdir="/tmp"))
-    core._reload_live()
+    core.book.reload()
 
 
 async def _loaded_core(state_dir: Path, pending: int) -> SchedulerCore:
@@ -64,7 +64,7 @@ async def _loaded_core(state_dir: Path, pending: int) -> SchedulerCore:
     await core.start()
     await _full_pool(core)
     _bulk_queue(core, pending)
-    core._cycle()
+    core.cycles.run()
     return core
 
 
@@ -74,7 +74,7 @@ async def cycle_times(n: int) -> tuple[float, float, float]:
         times = []
         for _ in range(5):
             t = time.perf_counter()
-            core._cycle()
+            core.cycles.run()
             times.append(time.perf_counter() - t)
         await core.stop()
         t = time.perf_counter()

@@ -43,7 +43,7 @@ def _config(state: Path, simulate: str = POOL) -> ServiceConfig:
 
 def _queue(core: SchedulerCore, n: int, gang_share: float) -> None:
     """``n`` queued train jobs; every 1/gang_share-th a gang of 2..16 replicas x 8 GPUs (else 1-2 GPUs)."""
-    store = core._store
+    store = core.book.store
     now = time.time()
     every = round(1 / gang_share) if gang_share else 0
     with store.transaction():
@@ -55,7 +55,7 @@ def _queue(core: SchedulerCore, n: int, gang_share: float) -> None:
                 request={"gpus": 8 if gang else 1 + num % 2, **REQUEST}, priority=num % 3,
                 submitted_at=now + num * 1e-6, command=["true"], workdir="/tmp",
                 replicas=2 + (k // every) % 15 if gang else 1))
-    core._reload_live()
+    core.book.reload()
 
 
 async def cycle_times(n: int, gang_share: float, repeats: int = 5) -> tuple[float, float, int]:
@@ -68,13 +68,13 @@ async def cycle_times(n: int, gang_share: float, repeats: int = 5) -> tuple[floa
         for _ in range(NODES * 8):
             await core.submit(ADMIN, {"project": "kernels", "kind": "build", "gpus": 1})
         _queue(core, n, gang_share)
-        core._cycle()  # the first cycle writes every wait reason once
+        core.cycles.run()  # the first cycle writes every wait reason once
         times = []
         for _ in range(repeats):
             t = time.perf_counter()
-            core._cycle()
+            core.cycles.run()
             times.append(time.perf_counter() - t)
-        workloads = len(core._snapshot(core._live_jobs()).workloads)
+        workloads = len(core.cycles.snapshot(core.book.live_jobs()).workloads)
         await core.stop()
     return statistics.median(times), max(times), workloads
 

@@ -10,6 +10,11 @@ one policy and one core run on a laptop and on a cluster alike. The service
 imports this module alone of the backends; ``gpupool.app`` picks and builds
 the backend (docs/design.md, "Backends and executors").
 
+Two capabilities only some backends have, each a protocol the core checks
+with ``isinstance``: :class:`AdoptsForeignPods` (work users made outside
+gpupool that it queues as jobs: kubectl pods) and :class:`HoldsOutsideWork`
+(GPUs that work of another scheduler holds).
+
 Every method but :meth:`Executor.stop` is called on the asyncio loop and must
 not block on the network: a remote executor answers from a cache kept current
 by its own threads.
@@ -17,12 +22,13 @@ by its own threads.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from gpupool.inventory import GpuInfo, GpuSample
-from gpupool.policy.model import Node
+from gpupool.policy.model import Node, Workload
 
 
 @dataclass(frozen=True)
@@ -209,3 +215,140 @@ class Backend(Protocol):
     def close(self) -> None:
         """Give back what the backend holds (NVML handles, watches)."""
         ...
+
+
+# ---------------------------------------------------------------- optional capability: foreign work as jobs
+class JobFacts(Protocol):
+    """What an adopting backend reads of a job (the service's job record has these and more)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def labels(self) -> dict[str, str]: ...
+    @property
+    def client_key(self) -> str | None: ...
+
+
+class ForeignJobHost(Protocol):
+    """What the core offers a backend that queues foreign work (:meth:`ForeignWork.sync`), on the core's loop."""
+
+    def fingerprint(self) -> Hashable:
+        """What queueing depends on besides the foreign work itself (the projects, the pool): a change re-checks it."""
+        ...
+
+    def waiting_job(self, job_id: str) -> JobFacts | None:
+        """The job if it is live and waits (queued or paused), else None."""
+        ...
+
+    def is_live(self, job_id: str) -> bool:
+        """Whether the job is queued, running or paused."""
+        ...
+
+    def job_for_key(self, client_key: str) -> str:
+        """The id of the job (of any state) submitted with this ``client_key``, "" when none."""
+        ...
+
+    def queue(self, spec: dict[str, Any], user: str, reason: str, client_key: str) -> str:
+        """Check ``spec`` (a wire JobSpec) as any submit is checked and queue it as ``user``'s job; its id.
+
+        Raises :class:`gpupool.wire.errors.InvalidRequest` saying why it cannot be queued.
+        """
+        ...
+
+    def cancel(self, job_id: str, reason: str) -> None:
+        """End a waiting job ``cancelled`` with ``reason`` (its foreign work went away)."""
+        ...
+
+    def request_cycle(self) -> None:
+        """Ask for a scheduling cycle soon (new jobs were queued)."""
+        ...
+
+
+class ForeignWork(Protocol):
+    """Work users made outside gpupool for it to place (Kubernetes: pods naming ``schedulerName: gpupool``).
+
+    The core keeps one job per piece of such work and owns the job's states;
+    this side knows the work: which job stands for which, what to tell its
+    author, and how to give it up. A job that stands for foreign work is never
+    paused (gpupool could not recreate what it did not make): an eviction or a
+    loss ends it ``cancelled``, and a user's pause is refused.
+    """
+
+    def stands_for(self, job: JobFacts) -> str | None:
+        """The foreign work this job stands for, named for people (``namespace/name``), or None."""
+        ...
+
+    def track(self, job: JobFacts) -> None:
+        """After a restart, before recovery: a live job found in the store; follow its work if it stands for some."""
+        ...
+
+    def sync(self, host: ForeignJobHost) -> None:
+        """On the monitor's tick: queue new work as jobs, cancel waiting jobs whose work went away."""
+        ...
+
+    def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
+        """The job is about to be stopped (``intent``: pause, preempt, cancel, shutdown, watchdog): tell its work why."""
+        ...
+
+    def rejected(self, job: JobFacts, reason: str) -> None:
+        """The policy rejected the job: tell its work why (it stays unplaced)."""
+        ...
+
+    def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
+        """A user cancelled the job while its work was not running (or a build share): remove the work."""
+        ...
+
+    def evicted_reason(self, job: JobFacts) -> str:
+        """The final reason of a job whose work was evicted (the job's reason says why)."""
+        ...
+
+    def lost_reason(self, job: JobFacts, reason: str) -> str:
+        """The final reason of a job whose work was lost (``reason``: the executor's, or the restart's)."""
+        ...
+
+    def pause_refusal(self, job: JobFacts) -> str:
+        """Why this job cannot be paused (the message of the 409)."""
+        ...
+
+
+@runtime_checkable
+class AdoptsForeignPods(Protocol):
+    """A backend whose users make work outside gpupool for it to place (the Kubernetes one: kubectl pods)."""
+
+    foreign_pods: ForeignWork
+
+
+# ---------------------------------------------------------------- optional capability: GPUs held by others
+class OutsideHolding(Protocol):
+    """GPUs that work outside gpupool is shown holding (another scheduler's pod)."""
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]: ...
+    @property
+    def holder(self) -> str:
+        """Who holds them, for people (``namespace/name``)."""
+        ...
+
+
+class OutsideWork(Protocol):
+    """Work of another scheduler on the pool's nodes: used capacity that no project owns."""
+
+    @property
+    def holdings(self) -> Sequence[OutsideHolding]: ...
+
+    def workloads(self) -> tuple[Workload, ...]:
+        """The holdings as running workloads of no project, for the policy's snapshot (placed around, never paused)."""
+        ...
+
+
+@runtime_checkable
+class HoldsOutsideWork(Protocol):
+    """A backend whose nodes also run other schedulers' work (the Kubernetes one: other schedulers' GPU pods)."""
+
+    other_pods: OutsideWork

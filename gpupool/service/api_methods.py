@@ -1,7 +1,8 @@
 """The core's public methods, the ones the HTTP API calls: reads, projects, jobs, tokens.
 
-A mixin of :class:`gpupool.service.core.SchedulerCore`, one job per file.
-Authorization lives here, not in the HTTP layer, so every caller gets it:
+:class:`JobsApi` is one of the core's parts (gpupool.service.core builds
+them, and :class:`gpupool.service.core.SchedulerCore` hands its methods to
+the API). Authorization lives here, not in the HTTP layer, so every caller gets it:
 owners and admins act on a job, admins change projects and tokens, and only a
 project's members (or an admin) submit into it. Methods take and return plain
 dicts in the wire shapes of docs/design.md and raise :mod:`gpupool.wire.errors`.
@@ -10,18 +11,26 @@ dicts in the wire shapes of docs/design.md and raise :mod:`gpupool.wire.errors`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
+from gpupool.backends.base import Executor, ForeignWork
 from gpupool.policy.model import MILLI
 from gpupool.service.actor import Actor
+from gpupool.service.attempts import Attempts
+from gpupool.service.book import JobBook, Lifecycle
 from gpupool.service.build_quota import build_holders, check_build_quota
+from gpupool.service.config import ServiceConfig
+from gpupool.service.cycle import CycleRunner
 from gpupool.service.jobs import held_milli, job_to_wire, project_to_wire
 from gpupool.service.membership import is_member, unix_groups
+from gpupool.service.metrics import Metrics
+from gpupool.service.pool_state import PoolState
+from gpupool.service.standing import Standing
 from gpupool.service.store import JobRecord, ProjectRecord
+from gpupool.service.tokens import TokenStore
 from gpupool.service.validation import validate_project, validate_spec, validate_user
 from gpupool.service.views import job_filters, pool_view, read_log_chunk
-from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
 
 WHO_IS_ADMIN = ("an admin is whoever holds the scheduler's admin token (gpupool serve says where it is, by default "
                 "<state dir>/admin_token) or, on a JupyterHub, a Hub admin; ask one, or see docs/cli.md "
@@ -34,31 +43,38 @@ def _admin_only(actor: Actor, what: str) -> Forbidden:
     return Forbidden(f"only an admin may {what}, and {actor.user} is not one: {WHO_IS_ADMIN}")
 
 
-class ApiMethodsMixin:
-    """What callers of the core may ask (state lives on the core; see SchedulerCore.__init__)."""
+class JobsApi:
+    """What callers of the core may ask: reads, projects, jobs and tokens, each checked for who asks.
 
-    config: Any
-    backend: Any
-    executor: Any
-    simulated: bool
-    tokens: Any
-    _store: Any
-    _gpus: dict[str, Any]
-    _nodes: tuple[Any, ...]
-    _sample: dict[str, Any]
-    _sample_t: float
-    _project_cache: dict[str, ProjectRecord] | None
-    _live: dict[str, JobRecord]
-    _job_added: Callable[[JobRecord], None]
-    _metrics: Any
-    recent_gpu_hours: Any
-    fair_share_standing: Any
+    ``foreign``: the backend's :class:`gpupool.backends.base.ForeignWork`
+    when it has that capability (a job standing for a kubectl pod cannot be
+    paused, and cancelling it before it runs removes the pod), else None.
+    """
+
+    def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, attempts: Attempts,
+                 cycles: CycleRunner, standing: Standing, tokens: TokenStore, metrics: Metrics, life: Lifecycle,
+                 executor: Executor, foreign: ForeignWork | None = None) -> None:
+        self.config = config
+        self.book = book
+        self.pool = pool
+        self.attempts = attempts
+        self.cycles = cycles
+        self.standing = standing
+        self.tokens = tokens
+        self.metrics = metrics
+        self.life = life
+        self.executor = executor
+        self.foreign = foreign
+
+    def check_open(self) -> None:
+        if self.life.closing:
+            raise Unavailable("the scheduler is shutting down")
 
     # ================================================================ reads
     def _job_or_404(self, job_id: Any) -> JobRecord:
         if not isinstance(job_id, str):
             raise NotFound(f"no job {job_id!r}")
-        rec = self._job(job_id)
+        rec = self.book.job(job_id)
         if rec is None:
             raise NotFound(f"no job {job_id!r}")
         return rec
@@ -78,7 +94,7 @@ class ApiMethodsMixin:
     def list_jobs(self, actor: Actor, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Jobs newest first; filters: project, user, state ("a,b" or a list), kind, limit."""
         q = job_filters(filters, self.config.max_list)
-        recs = self._store.jobs(q["states"], project=q["project"], user=q["user"], kind=q["kind"],
+        recs = self.book.store.jobs(q["states"], project=q["project"], user=q["user"], kind=q["kind"],
                                 limit=q["limit"], newest_first=True)
         return [self._wire(actor, r) for r in recs]
 
@@ -105,19 +121,6 @@ class ApiMethodsMixin:
         eof = nxt >= size and (rec.kind == "build" or (not rec.live and self.executor.log_settled(rec.id)))
         return {"data": data, "offset": nxt, "eof": eof}
 
-    def _insert_new_job(self, make: Callable[[str, int], JobRecord]) -> JobRecord:
-        """Number, store and announce a new queued job (``make(job_id, num)`` builds its record), in one transaction.
-
-        The event is written in the same transaction as the job: one disk sync per submit.
-        """
-        with self._store.transaction():
-            num = self._store.next_job_number()
-            rec = make(f"j-{num:06d}", num)
-            self._store.insert_job(rec)
-            self._job_added(rec)
-            self._emit_job(rec.id)
-        return rec
-
     def _project_usage(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """Per project: milli-GPU held by kind, and its waiting jobs counted by state (queued, paused).
 
@@ -126,7 +129,7 @@ class ApiMethodsMixin:
         """
         usage: dict[str, dict[str, int]] = {}
         waiting: dict[str, dict[str, int]] = {}
-        for rec in self._live_jobs():
+        for rec in self.book.live_jobs():
             if rec.state == "running":
                 u = usage.setdefault(rec.project, {})
                 u[rec.kind] = u.get(rec.kind, 0) + held_milli(rec)
@@ -138,10 +141,10 @@ class ApiMethodsMixin:
     def list_projects(self, actor: Actor | None = None) -> list[dict[str, Any]]:
         """Every project with its usage; with ``actor``, ``member`` says whether they may submit into it."""
         usage, waiting = self._project_usage()
-        recent = self.recent_gpu_hours()
-        standing = self.fair_share_standing()
+        recent = self.standing.recent_gpu_hours()
+        standing = self.standing.fair_share_standing()
         out = []
-        for p in self._projects().values():
+        for p in self.book.projects().values():
             u = dict(usage.get(p.name, {}))
             u["train_over_quota"] = max(0, u.get("train", 0) - p.train_guarantee_milli)
             mine_waiting = waiting.get(p.name, {})
@@ -158,54 +161,69 @@ class ApiMethodsMixin:
     def _may_use(actor: Actor, project: ProjectRecord) -> bool:
         return actor.admin or is_member(project.members, actor.user, actor.groups)
 
-    def pool(self) -> dict[str, Any]:
-        if not self.simulated and time.time() - self._sample_t > 2:
-            self._refresh_sample()
-        return pool_view(self._nodes, self._gpus, self._live_jobs(("running",)), self._sample,
-                         self._limits().memory, self.simulated)  # read once, not /proc/meminfo per call
+    def pool_view(self) -> dict[str, Any]:
+        """The Pool, with other schedulers' work as allocations ("(other scheduler)", user ``ns/name``)."""
+        if not self.pool.simulated and time.time() - self.pool.sample_t > 2:
+            self.pool.refresh_sample()
+        view = pool_view(self.pool.nodes, self.pool.gpus, self.book.live_jobs(("running",)), self.pool.sample,
+                         self.pool.limits().memory, self.pool.simulated)  # read once, not /proc/meminfo per call
+        holdings = self.pool.outside_holdings()
+        if not holdings:
+            return view
+        by_gpu: dict[str, list[str]] = {}
+        for holder, gpu_ids in holdings:
+            for gid in gpu_ids:
+                by_gpu.setdefault(gid, []).append(holder)
+        for node in view["nodes"]:
+            for g in node["gpus"]:
+                for text in by_gpu.get(g["id"], []):
+                    g["allocations"].append({"job_id": "-", "project": "(other scheduler)", "user": text,
+                                             "kind": "other", "fraction": 1, "pod": text})
+                    g["allocated"] = round(g["allocated"] + 1, 3)
+        return view
 
     def status(self, actor: Actor | None = None) -> dict[str, Any]:
         counts = {"pending": 0, "running": 0, "paused": 0}
-        for rec in self._live_jobs():
+        for rec in self.book.live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
-        return {"simulated": self.simulated, "pool": self.pool(), "projects": self.list_projects(actor),
+        return {"simulated": self.pool.simulated, "pool": self.pool_view(), "projects": self.list_projects(actor),
                 "queue": counts, "usage_half_life_s": self.config.usage_half_life_s,
-                "backend": self.backend.health()}
+                "backend": self.pool.health()}
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
             raise InvalidRequest("since must be a time in Unix seconds")
-        return {"samples": self._store.history_since(None if since is None else float(since))}
+        return {"samples": self.book.store.history_since(None if since is None else float(since))}
 
     # ================================================================ projects
     def set_project(self, actor: Actor, name: str, fields: dict[str, Any]) -> dict[str, Any]:
         """Create or change a project (admin only); quotas in GPUs."""
-        self._check_open()
+        self.check_open()
         if not actor.admin:
             raise _admin_only(actor, "change projects")
-        changes = validate_project(name, fields, None if self._limits().elastic else len(self._gpus))
-        cur = self._store.project(name) or ProjectRecord(name=name, created_at=time.time())
+        changes = validate_project(name, fields, None if self.pool.limits().elastic else len(self.pool.gpus))
+        cur = self.book.store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)
-        self._project_cache = None
-        self._store.upsert_project(cur)
-        self._emit("project", project=name, reason=f"project {name} set by {actor.user}")
-        self._cycle()
+        self.book.projects_changed()
+        self.book.store.upsert_project(cur)
+        self.book.emit("project", project=name, reason=f"project {name} set by {actor.user}")
+        self.cycles.run()
         return next(p for p in self.list_projects() if p["name"] == name)
 
     def delete_project(self, actor: Actor, name: str) -> None:
-        self._check_open()
+        self.check_open()
         if not actor.admin:
             raise _admin_only(actor, "delete projects")
-        if not isinstance(name, str) or self._store.project(name) is None:
+        if not isinstance(name, str) or self.book.store.project(name) is None:
             raise NotFound(f"no project {name!r}")
-        live = self._store.count_live_jobs(name)
+        live = self.book.store.count_live_jobs(name)
         if live:
             raise Conflict(f"project {name!r} still has {live} live job{'' if live == 1 else 's'} (queued, running "
                            f"or paused); cancel them first")
-        self._project_cache = None
-        self._store.delete_project(name)
-        self._emit("project", project=name, reason=f"project {name} deleted by {actor.user}")
+        self.book.projects_changed()
+        self.book.store.delete_project(name)
+        self.book.emit("project", project=name, reason=f"project {name} deleted by {actor.user}")
 
     # ================================================================ jobs
     def _estimate_milli(self, request: dict[str, Any]) -> int:
@@ -214,13 +232,13 @@ class ApiMethodsMixin:
         if request.get("gpu_fraction"):
             return int(round(request["gpu_fraction"] * MILLI))
         if request.get("gpu_memory"):
-            mems = [g.memory for g in self._gpus.values() if not request.get("gpu_model") or g.model == request["gpu_model"]]
+            mems = [g.memory for g in self.pool.gpus.values() if not request.get("gpu_model") or g.model == request["gpu_model"]]
             biggest = max(mems, default=1)
             return min(MILLI, -(-int(request["gpu_memory"]) * MILLI // biggest))
         return 0
 
     def _check_build_quota(self, project: ProjectRecord, request: dict[str, Any]) -> None:
-        holders = build_holders(self._live_jobs(("queued", "running"), kind="build", project=project.name),
+        holders = build_holders(self.book.live_jobs(("queued", "running"), kind="build", project=project.name),
                                 held_milli, self._estimate_milli)
         check_build_quota(project, self._estimate_milli(request), holders)
 
@@ -230,15 +248,15 @@ class ApiMethodsMixin:
         A build job is decided in the call (the reply says running, or why it waits);
         a train job is returned queued and decided by the cycle that runs next.
         """
-        self._check_open()
-        projects = self._projects()
+        self.check_open()
+        projects = self.book.projects()
         names = set(projects)
-        js = validate_spec(spec, names, self._limits())
+        js = validate_spec(spec, names, self.pool.limits())
         if js.image is not None and self.config.backend != "kubernetes":
             raise InvalidRequest("image needs the kubernetes backend (gpupool serve --backend kubernetes); "
                                  "this scheduler runs jobs as local processes")
         if js.client_key is not None:
-            existing = self._store.live_job_by_key(actor.user, js.client_key)
+            existing = self.book.store.live_job_by_key(actor.user, js.client_key)
             if existing is not None:
                 return self._wire(actor, existing), False
         project = projects[js.project]
@@ -250,9 +268,9 @@ class ApiMethodsMixin:
             self._check_build_quota(project, request)
         else:
             # refused now, not at start: the account it would run as, the folder it would run in
-            js.workdir = self.backend.admit(actor.user, js.workdir, js.submit_dir)
+            js.workdir = self.pool.backend.admit(actor.user, js.workdir, js.submit_dir)
         now = time.time()
-        job_id = self._insert_new_job(lambda job_id, num: JobRecord(
+        job_id = self.book.insert_new_job(lambda job_id, num: JobRecord(
             id=job_id, num=num, name=js.name, project=js.project, user=actor.user, kind=js.kind, state="queued",
             request=request, priority=js.priority, submitted_at=now, reason="queued",
             workdir=js.workdir or (str(self.executor.default_workdir(job_id)) if js.kind == "train" else ""),
@@ -260,35 +278,41 @@ class ApiMethodsMixin:
             replicas=js.replicas,
             lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
         )).id
-        self._metrics.submitted.labels(js.kind).inc()
+        self.metrics.submitted.labels(js.kind).inc()
         # A kernel waits on its build share: decide now. A train submit returns at once
         # (queued) and the next loop iteration's cycle decides every train job submitted
         # meanwhile, so a burst runs the policy once, not once per job.
-        self._request_cycle(urgent=js.kind == "build")
+        self.cycles.request(urgent=js.kind == "build")
         if js.kind == "build":
-            await self._await_grant(job_id)
-        fresh = self._job(job_id)
+            await self.attempts.await_grant(job_id)
+        fresh = self.book.job(job_id)
         assert fresh is not None
         return self._wire(actor, fresh), True
 
     async def pause(self, actor: Actor, job_id: str) -> dict[str, Any]:
-        """Pause (sticky: not resumed until the user resumes): SIGTERM, grace, SIGKILL; keeps the workdir."""
-        self._check_open()
+        """Pause (sticky: not resumed until the user resumes): SIGTERM, grace, SIGKILL; keeps the workdir.
+
+        A live job standing for foreign work (a kubectl pod) cannot be paused:
+        gpupool could not recreate the pod after it (409).
+        """
         rec = self._owned(actor, job_id, "pause")
+        if self.foreign is not None and rec.live and self.foreign.stands_for(rec) is not None:
+            raise Conflict(self.foreign.pause_refusal(rec))
+        self.check_open()
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; only live jobs can be paused")
         if rec.kind == "build":
             raise Conflict(f"job {rec.id} is a build share; cancel it to release the GPU")
         reason = f"paused by {actor.user}"
         if rec.state in ("queued", "paused"):
-            self._transition(rec.id, state="paused", user_paused=True, reason=reason,
+            self.book.transition(rec.id, state="paused", user_paused=True, reason=reason,
                              paused_at=rec.paused_at or time.time())
         elif rec.stop_intent in ("preempt", "shutdown"):
-            self._update(rec.id, stop_intent="pause", reason=reason)
+            self.book.update(rec.id, stop_intent="pause", reason=reason)
         elif rec.stop_intent is None:
-            self._metrics.pauses.labels("user").inc()
-            self._begin_stop(rec, "pause", reason)
-        await self._await_settled(rec.id)
+            self.metrics.pauses.labels("user").inc()
+            self.attempts.begin_stop(rec, "pause", reason)
+        await self.attempts.await_settled(rec.id)
         return self.get_job(actor, rec.id)
 
     async def resume(self, actor: Actor, job_id: str) -> dict[str, Any]:
@@ -297,7 +321,7 @@ class ApiMethodsMixin:
         A job that is not paused (nor being paused) is a 409 that says what it is doing: answering with
         the job as if resumed told a user who resumed a running job nothing, and did nothing.
         """
-        self._check_open()
+        self.check_open()
         rec = self._owned(actor, job_id, "resume")
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; only paused jobs can be resumed")
@@ -307,38 +331,45 @@ class ApiMethodsMixin:
             raise Conflict(f"job {rec.id} is already queued (it runs when GPUs free up); only paused jobs can "
                            "be resumed")
         if rec.state == "paused":
-            self._transition(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
-            self._cycle()
+            self.book.transition(rec.id, user_paused=False, reason=f"resumed by {actor.user}; waiting for GPUs")
+            self.cycles.run()
         elif rec.state == "running" and rec.stop_intent == "pause":
-            self._update(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
+            self.book.update(rec.id, stop_intent="preempt")  # still stopping; requeued, not sticky
         return self.get_job(actor, rec.id)
 
     async def cancel(self, actor: Actor, job_id: str) -> dict[str, Any]:
-        """Stop for good; a build job releases its share at once."""
-        self._check_open()
+        """Stop for good; a build job releases its share at once.
+
+        Foreign work's job that was not running (or a build share) also removes that work (deletes its pod).
+        """
         rec = self._owned(actor, job_id, "cancel")
+        before, kind = rec.state, rec.kind
+        self.check_open()
         if not rec.live:
             raise Conflict(f"job {rec.id} is already {rec.state}")
         reason = f"cancelled by {actor.user}"
         if rec.state != "running" or rec.kind == "build":
-            self._finish(rec, "cancelled", reason)
-            self._request_cycle()  # what it frees is handed out by the next cycle (mass cancels share it)
+            self.attempts.finish(rec, "cancelled", reason)
+            self.cycles.request()  # what it frees is handed out by the next cycle (mass cancels share it)
         elif rec.stop_intent is None:
-            self._begin_stop(rec, "cancel", reason)
+            self.attempts.begin_stop(rec, "cancel", reason)
         else:
-            self._update(rec.id, stop_intent="cancel", reason=reason)
-        await self._await_settled(rec.id)
-        return self.get_job(actor, rec.id)
+            self.book.update(rec.id, stop_intent="cancel", reason=reason)
+        await self.attempts.await_settled(rec.id)
+        out = self.get_job(actor, rec.id)
+        if self.foreign is not None and (before in ("queued", "paused") or kind == "build"):
+            self.foreign.cancelled(rec, actor.user, self.config.pause_grace_s)
+        return out
 
     def renew(self, actor: Actor, job_id: str) -> dict[str, Any]:
         """Extend a build job's lease by ``lease_s`` from now."""
-        self._check_open()
+        self.check_open()
         rec = self._owned(actor, job_id, "renew")
         if rec.kind != "build":
             raise Conflict(f"job {rec.id} is a train job; only build jobs hold leases")
         if not rec.live:
             raise Conflict(f"job {rec.id} is {rec.state}; its lease cannot be renewed")
-        self._update(rec.id, lease_expires_at=time.time() + self.config.lease_s)
+        self.book.update(rec.id, lease_expires_at=time.time() + self.config.lease_s)
         return self.get_job(actor, rec.id)
 
     # ================================================================ tokens

@@ -1,10 +1,13 @@
 """Attempts of training jobs: start, stop, settle an ended process, recover after a restart.
 
-A mixin of :class:`gpupool.service.core.SchedulerCore`, one job per file:
-every transition is committed (with its event) before the action it
+:class:`Attempts` is one of the core's parts (gpupool.service.core builds
+them): every transition is committed (with its event) before the action it
 describes; a recorded exit status wins over a stop that came too late; after
 a restart each job stored as running is adopted, finished or requeued
-(docs/service.md, "Durability and crash recovery").
+(docs/service.md, "Durability and crash recovery"). A job that stands for
+foreign work (a backend that ``AdoptsForeignPods``: a kubectl pod) is never
+paused: evicted or lost, it ends cancelled, since gpupool cannot recreate
+what it did not make.
 """
 
 from __future__ import annotations
@@ -13,13 +16,20 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
-from gpupool.backends.base import AttemptHandle, Launch, ReplicaLaunch
+from gpupool.backends.base import AttemptHandle, Executor, ForeignJobHost, ForeignWork, Launch, ReplicaLaunch
 from gpupool.envbuilder import gpu_environment, mps_running
+from gpupool.inventory import GpuInfo
 from gpupool.policy.model import MILLI, Start
+from gpupool.service.book import JobBook, Lifecycle
+from gpupool.service.config import ServiceConfig
 from gpupool.service.jobs import assigned_gpus, job_reason
+from gpupool.service.metrics import Metrics
+from gpupool.service.pool_state import PoolState
 from gpupool.service.store import JobRecord
+from gpupool.service.watchdog import Watchdog
 
 REFUSED_BACKOFF_MAX_S = 300.0
 """The longest a job whose pod the cluster refused waits before the next try (the backoff doubles to it)."""
@@ -32,7 +42,7 @@ log = logging.getLogger("gpupool.service")
 PAUSE_INTENTS = {"pause": "paused by user", "preempt": "paused to make room", "shutdown": "paused by a service shutdown"}
 
 
-def _gone_node(rec: JobRecord, gpus: dict[str, Any]) -> str:
+def _gone_node(rec: JobRecord, gpus: dict[str, GpuInfo]) -> str:
     """The node of a running job's GPU that is no longer in the pool: a gang's replica's own, else the job's."""
     for r in (rec.assignment or {}).get("replicas", []):
         if any(g["id"] not in gpus for g in r.get("gpus", [])):
@@ -51,26 +61,38 @@ def _ran_on(rec: JobRecord) -> dict[str, Any]:
     return {"last_assignment": rec.assignment} if rec.assignment else {}
 
 
-class AttemptsMixin:
-    """Process attempts of the core's jobs (state lives on the core; see SchedulerCore.__init__)."""
+class Attempts:
+    """The attempts of the core's jobs: the running ones' handles, their stops, how each ended.
 
-    config: Any
-    executor: Any
-    backend: Any
-    simulated: bool
-    _gpus: dict[str, Any]
-    _nodes: tuple[Any, ...]
-    _pool_limits: Any
-    _procs: dict[str, AttemptHandle]
-    _stop_tasks: dict[tuple[str, int], asyncio.Task[bool]]
-    _settled: dict[str, asyncio.Event]
-    _closing: bool
-    _metrics: Any
-    _watchdog: Any
-    _live: dict[str, JobRecord]
-    _mps_checked: tuple[float, bool] | None
+    ``request_cycle`` asks the cycle for a run soon (an attempt ended, the
+    pool changed, a hold is over). ``foreign`` (with ``foreign_host``) is the
+    backend's :class:`gpupool.backends.base.ForeignWork` when it has that
+    capability, else None.
+    """
 
-    def _mps(self) -> bool:
+    def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, executor: Executor, metrics: Metrics,
+                 watchdog: Watchdog, life: Lifecycle, request_cycle: Callable[[], None],
+                 foreign: ForeignWork | None = None, foreign_host: ForeignJobHost | None = None) -> None:
+        self.config = config
+        self.book = book
+        self.pool = pool
+        self.executor = executor
+        self.metrics = metrics
+        self.watchdog = watchdog
+        self.life = life
+        self.request_cycle = request_cycle
+        self.foreign = foreign
+        self.foreign_host = foreign_host
+        self.procs: dict[str, AttemptHandle] = {}
+        # Keyed by (job, attempt): a stop of an attempt that already ended must never hide
+        # the stop of the job's next attempt (pause, resume, cancel in quick succession).
+        self.stop_tasks: dict[tuple[str, int], asyncio.Task[bool]] = {}
+        self.settled: dict[str, asyncio.Event] = {}
+        self._mps_checked: tuple[float, bool] | None = None
+        self._alive_mark: Any = None  # the executor's change mark at the last liveness scan
+        self._alive_scanned_at = 0.0
+
+    def mps(self) -> bool:
         """Whether to add MPS limits: the config, else a detection cached for a minute (it scans /proc)."""
         if self.config.mps is not None:
             return self.config.mps
@@ -79,28 +101,49 @@ class AttemptsMixin:
             self._mps_checked = (now, mps_running())
         return self._mps_checked[1]
 
-    def _assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
+    def assignment_wire(self, rec: JobRecord, s: Start) -> dict[str, Any]:
         gpus = []
         want_mem = rec.request.get("gpu_memory")
         for gid, m in s.assignment.gpus:
-            g = self._gpus[gid]
+            g = self.pool.gpus[gid]
             limit = min(int(want_mem), g.memory) if want_mem and m < MILLI else g.memory * m // MILLI
             gpus.append({"id": gid, "index": g.index, "model": g.model, "milli": m, "memory_limit": limit})
         return {"node": s.assignment.node, "gpus": gpus}
 
-    def _gang_assignment_wire(self, rec: JobRecord, starts: list[Start]) -> dict[str, Any]:
+    def gang_assignment_wire(self, rec: JobRecord, starts: list[Start]) -> dict[str, Any]:
         """A gang's Job assignment: rank 0's node, every replica's GPUs in rank order, and each replica's own."""
-        replicas = [{"rank": k, **self._assignment_wire(rec, x)} for k, x in enumerate(starts)]
+        replicas = [{"rank": k, **self.assignment_wire(rec, x)} for k, x in enumerate(starts)]
         return {"node": replicas[0]["node"], "gpus": [g for r in replicas for g in r["gpus"]], "replicas": replicas}
 
-    def _gpu_env(self, rec: JobRecord, gpus: list[dict[str, Any]], attempt: int) -> dict[str, str]:
+    def gpu_env(self, rec: JobRecord, gpus: list[dict[str, Any]], attempt: int) -> dict[str, str]:
         """:func:`gpu_environment` for these GPUs (a job's, or one replica's own)."""
         shares = [(g["id"], g["milli"], g["memory_limit"]) for g in gpus]
-        return gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.simulated,
-                               mps=self._mps(),
+        return gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.pool.simulated,
+                               mps=self.mps(),
                                pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
 
-    def _start(self, rec: JobRecord, starts: list[Start]) -> None:
+    def start(self, rec: JobRecord, starts: list[Start]) -> None:
+        """Start the job's attempt (:meth:`_start_attempt`); a foreign build share is then bound like a train job.
+
+        A build job otherwise starts nothing (its share is a lease); one that
+        stands for foreign work (a kubectl pod asking for a build share) has
+        that work to bind, and lives as long as it does (no lease).
+        """
+        self._start_attempt(rec, starts)
+        if rec.kind != "build" or self.foreign is None or self.foreign.stands_for(rec) is None:
+            return
+        fresh = self.book.job(rec.id)
+        if fresh is None or fresh.state != "running":
+            return
+        self.book.update(rec.id, lease_expires_at=None)  # it lives as long as its pod
+        launch = Launch(rec.id, fresh.attempts, [], "", rec.user, rec.project, {}, dict(fresh.env),
+                        dict(fresh.assignment or {}))
+        try:
+            self.procs[rec.id] = self.executor.launch(launch)
+        except Exception as e:
+            self.finish(fresh, "failed", f"could not start: {e}")
+
+    def _start_attempt(self, rec: JobRecord, starts: list[Start]) -> None:
         """Record "starting attempt N" durably, then act (spawn, or grant the lease).
 
         ``starts``: the policy's start of the job, or of each replica of a
@@ -111,9 +154,9 @@ class AttemptsMixin:
         attempt = rec.attempts + 1
         now = time.time()
         gang = len(starts) > 1
-        assignment = self._gang_assignment_wire(rec, starts) if gang else self._assignment_wire(rec, starts[0])
+        assignment = self.gang_assignment_wire(rec, starts) if gang else self.assignment_wire(rec, starts[0])
         replica_assignments = assignment.get("replicas", [])
-        gpu_env = self._gpu_env(rec, replica_assignments[0]["gpus"] if gang else assignment["gpus"], attempt)
+        gpu_env = self.gpu_env(rec, replica_assignments[0]["gpus"] if gang else assignment["gpus"], attempt)
         lead = starts[0]
         fields: dict[str, Any] = dict(
             state="running", attempts=attempt, assignment=assignment, started_at=now,
@@ -124,15 +167,15 @@ class AttemptsMixin:
             fields["held_until"] = None  # its hold (after a refused pod) is over
         if rec.kind == "build":
             fields.update(env=gpu_env, reason=lead.reason, lease_expires_at=now + self.config.lease_s)
-            self._transition(rec.id, **fields)
+            self.book.transition(rec.id, **fields)
             return
         reason = job_reason(rec, lead.reason)
         # "running" is committed, with its event, before the process exists: a service killed
         # before the spawn finds the launch ticket unclaimed at restart and requeues the job.
-        self._transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + reason,
+        self.book.transition(rec.id, reason=(f"resumed (attempt {attempt}): " if attempt > 1 else "") + reason,
                          **fields)
         replicas = tuple(
-            ReplicaLaunch(r["rank"], r["node"], self._gpu_env(rec, r["gpus"], attempt) if r["rank"] else gpu_env,
+            ReplicaLaunch(r["rank"], r["node"], self.gpu_env(rec, r["gpus"], attempt) if r["rank"] else gpu_env,
                           {"node": r["node"], "gpus": r["gpus"]})
             for r in replica_assignments)
         launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
@@ -140,46 +183,46 @@ class AttemptsMixin:
         try:
             handle = self.executor.launch(launch)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop
-            self._finish(rec, "failed", f"could not start: {e}")
+            self.finish(rec, "failed", f"could not start: {e}")
             return
-        self._procs[rec.id] = handle
+        self.procs[rec.id] = handle
         if handle.pid is not None:  # a local process: kept for re-adoption after a restart
-            self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+            self.book.update(rec.id, pid=handle.pid, pid_start=handle.start_time)
         # else (a pod): nothing to re-adopt by pid; the record already says pid None, and recovery finds
         # the attempt by its name, so a second write (and commit) per start would store nothing of use
 
     # ================================================================ stopping and finishing
-    def _begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
+    def begin_stop(self, rec: JobRecord, intent: str, reason: str) -> None:
         """Record the intent, then ask the job's process to stop (SIGKILL after the grace) in the background.
 
         A command that has already ended is settled from its own exit status
-        instead: the stop comes too late, and a finished job never runs again.
+        instead: the stop comes too late, and a finished job never runs again. Foreign work is
+        told first why it is stopped (``kubectl describe pod`` shows it).
         """
-        handle = self._procs.get(rec.id)
+        if self.foreign is not None:
+            self.foreign.stopping(rec, intent, reason)
+        handle = self.procs.get(rec.id)
         if handle is not None and not self.executor.alive(handle):
-            self._settle_ended(rec.id, handle)
+            self.settle_ended(rec.id, handle)
             return
-        self._transition(rec.id, stop_intent=intent, reason=reason)
+        self.book.transition(rec.id, stop_intent=intent, reason=reason)
         if handle is None:
-            fresh = self._job(rec.id)
+            fresh = self.book.job(rec.id)
             if fresh is not None:
-                self._finish_attempt(fresh, None)
+                self.finish_attempt(fresh, None)
             return
-        self._spawn_stop(rec.id, handle)
+        self.spawn_stop(rec.id, handle)
 
-    def _spawn_stop(self, job_id: str, handle: AttemptHandle) -> None:
+    def spawn_stop(self, job_id: str, handle: AttemptHandle) -> None:
         """Stop this attempt's process group in the background (once per attempt)."""
         key = (job_id, handle.attempt)
-        if key in self._stop_tasks:
+        if key in self.stop_tasks:
             return
         task = asyncio.get_running_loop().create_task(self.executor.stop(handle, self.config.pause_grace_s))
-        self._stop_tasks[key] = task
-        task.add_done_callback(lambda _t: self._stop_tasks.pop(key, None))
+        self.stop_tasks[key] = task
+        task.add_done_callback(lambda _t: self.stop_tasks.pop(key, None))
 
-    _alive_mark: Any = None  # the executor's change mark at the last liveness scan
-    _alive_scanned_at = 0.0
-
-    def _check_processes(self) -> None:
+    def check_processes(self) -> None:
         """Monitor: follow the pool's changes, and settle every attempt whose wrapper has ended.
 
         An executor with a ``changes`` mark (the Kubernetes one: it moves
@@ -188,19 +231,24 @@ class AttemptsMixin:
         every ``FULL_SCAN_S`` all the same. Executors without it (local
         processes, which end unannounced) are scanned every time.
         """
-        self._follow_pool()
+        self.follow_pool()
+        if self.foreign is not None and self.foreign_host is not None and not self.life.closing:
+            try:
+                self.foreign.sync(self.foreign_host)
+            except Exception:  # a bad pod must not stop the monitor
+                log.exception("queueing kubectl pods failed")
         mark = getattr(self.executor, "changes", None)
         now = time.monotonic()
         if mark is not None and mark == self._alive_mark and now - self._alive_scanned_at < FULL_SCAN_S:
             return
         self._alive_mark, self._alive_scanned_at = mark, now  # read before the scan: a change during it rescans
-        ended = [(jid, h) for jid, h in list(self._procs.items()) if not self.executor.alive(h)]
+        ended = [(jid, h) for jid, h in list(self.procs.items()) if not self.executor.alive(h)]
         for jid, h in ended:
-            self._settle_ended(jid, h)
-        if ended and not self._closing:
-            self._request_cycle()
+            self.settle_ended(jid, h)
+        if ended and not self.life.closing:
+            self.request_cycle()
 
-    def _follow_pool(self) -> None:
+    def follow_pool(self) -> None:
         """Take the backend's pool changes (a cluster's nodes come and go); requeue work off the pool.
 
         A job on a node that left the pool (cordoned, not ready, deleted) is
@@ -208,59 +256,57 @@ class AttemptsMixin:
         did nothing wrong, so it is never failed. A build share there is cancelled
         (its kernel gets a new one by asking again).
         """
-        if not self.backend.refresh():
+        if not self.pool.follow():
             return
-        self._gpus, self._nodes = self.backend.gpus, self.backend.nodes
-        self._pool_limits = None  # the models and sizes a request may ask for follow the pool
-        for rec in self._live_jobs(("running",)):
-            if all(g["id"] in self._gpus for g in assigned_gpus(rec)):
+        for rec in self.book.live_jobs(("running",)):
+            if all(g["id"] in self.pool.gpus for g in assigned_gpus(rec)):
                 continue
-            why = (f"node {_gone_node(rec, self._gpus)} left the pool (cordoned, not ready or deleted); "
+            why = (f"node {_gone_node(rec, self.pool.gpus)} left the pool (cordoned, not ready or deleted); "
                    "requeued")
             if rec.kind == "build":
-                self._finish(rec, "cancelled", why)
+                self.finish(rec, "cancelled", why)
             elif rec.stop_intent is None:
-                self._metrics.pauses.labels("node").inc()
-                self._begin_stop(rec, "preempt", why)
-        if not self._closing:
-            self._request_cycle()
+                self.metrics.pauses.labels("node").inc()
+                self.begin_stop(rec, "preempt", why)
+        if not self.life.closing:
+            self.request_cycle()
 
-    def _settle_ended(self, job_id: str, handle: AttemptHandle) -> None:
+    def settle_ended(self, job_id: str, handle: AttemptHandle) -> None:
         """An attempt has ended: forget it, record how it ended, then let the executor free what it left."""
-        self._procs.pop(job_id, None)
+        self.procs.pop(job_id, None)
         try:
-            rec = self._job(job_id)
+            rec = self.book.job(job_id)
             if rec is None or rec.state != "running" or rec.attempts != handle.attempt:
                 return
             why = self.executor.interrupted(handle)
             if rec.refusals and (why is None or why.kind != "refused"):
-                self._update(job_id, refusals=0)  # a start not refused ends the run of refusals
+                self.book.update(job_id, refusals=0)  # a start not refused ends the run of refusals
             if why is not None and why.kind == "refused":
-                self._requeue_refused(rec, why.reason)  # never ran: even a stop asked meanwhile has nothing to stop
+                self.requeue_refused(rec, why.reason)  # never ran: even a stop asked meanwhile has nothing to stop
                 return
             if why is not None and rec.stop_intent is None:
                 if why.kind == "not-started":
-                    self._requeue_unstarted(rec, why.reason)
+                    self.requeue_unstarted(rec, why.reason)
                 elif why.kind == "unstartable":
-                    self._finish(rec, "failed", why.reason)
+                    self.finish(rec, "failed", why.reason)
                 else:
-                    self._finish_attempt(rec, None, lost=True, lost_reason=why.reason)
+                    self.finish_attempt(rec, None, lost=True, lost_reason=why.reason)
                 return
-            self._finish_attempt(rec, None if why is not None else self.executor.exit_code(job_id, handle.attempt))
+            self.finish_attempt(rec, None if why is not None else self.executor.exit_code(job_id, handle.attempt))
         finally:
             self.executor.release(handle)
 
-    def _requeue_unstarted(self, rec: JobRecord, reason: str) -> None:
+    def requeue_unstarted(self, rec: JobRecord, reason: str) -> None:
         """The attempt provably never ran: back to the queue as before it, the attempt not counted."""
         attempt = rec.attempts
-        self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+        self.book.transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
                          assignment=None, started_at=None, stop_intent=None, pid=None, pid_start=None,
                          reason=reason)
-        ev = self._settled.pop(rec.id, None)
+        ev = self.settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
 
-    def _requeue_refused(self, rec: JobRecord, reason: str) -> None:
+    def requeue_refused(self, rec: JobRecord, reason: str) -> None:
         """The cluster refused the attempt's pod: it never ran. Its GPUs go back now; the job waits, held for a
         backoff (the policy does not see it meanwhile, so the jobs behind it get the room), with the API
         server's message as its reason; the ``kube_refusals_before_failure``-th refusal in a row fails it.
@@ -271,76 +317,90 @@ class AttemptsMixin:
         refusals = rec.refusals + 1
         limit = self.config.kube_refusals_before_failure
         intent = rec.stop_intent
-        uncounted = {"attempts": rec.attempts - 1, "refusals": refusals, "last_assignment": rec.last_assignment}
+        uncounted: dict[str, Any] = {"attempts": rec.attempts - 1, "refusals": refusals, "last_assignment": rec.last_assignment}
         if intent == "cancel":
-            self._finish(rec, "cancelled", rec.reason or "cancelled", **uncounted)
+            self.finish(rec, "cancelled", rec.reason or "cancelled", **uncounted)
             return
         if refusals >= limit and intent is None:
-            self._finish(rec, "failed", f"{reason} (refused {refusals} time{'s' if refusals > 1 else ''} in a row; "
+            self.finish(rec, "failed", f"{reason} (refused {refusals} time{'s' if refusals > 1 else ''} in a row; "
                                         "failed after kube_refusals_before_failure)", **uncounted)
             return
         wait = min(self.config.kube_refused_backoff_s * 2 ** (refusals - 1), REFUSED_BACKOFF_MAX_S)
         attempt = rec.attempts
         user_paused = intent == "pause"
         state = "paused" if attempt > 1 or user_paused else "queued"
-        self._transition(rec.id, state=state, attempts=attempt - 1, assignment=None, started_at=None,
+        self.book.transition(rec.id, state=state, attempts=attempt - 1, assignment=None, started_at=None,
                          stop_intent=None, pid=None, pid_start=None, refusals=refusals,
                          held_until=time.time() + wait, user_paused=user_paused,
                          reason=f"{reason}; refusal {refusals} of {limit}, tried again in {wait:g} s")
-        self._hold_expires_in(wait)
-        ev = self._settled.pop(rec.id, None)
+        if not self.life.closing:  # run a cycle when the hold is over (the tick would, a little later)
+            asyncio.get_running_loop().call_later(wait + 0.01, self.request_cycle)
+        ev = self.settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
 
-    def _finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False,
-                        lost_reason: str = "process lost during restart; requeued") -> None:
+    def finish_attempt(self, rec: JobRecord, code: int | None, lost: bool = False,
+                       lost_reason: str = "process lost during restart; requeued") -> None:
         """An attempt's process is gone: decide the job's next state from the stop intent and the exit code.
 
         A command that ended on its own before the stop reached it (its wrapper
-        says so) has finished: its exit status wins over the intent.
+        says so) has finished: its exit status wins over the intent. A job that
+        stands for foreign work is never paused: evicted or lost, it ends
+        cancelled (the work is not ours to recreate).
         """
         intent = rec.stop_intent
         if intent is not None and code is not None and self.executor.ended_on_its_own(rec.id, rec.attempts):
             intent = None
-        self._watchdog.forget(rec.id)
+        if self.foreign is not None and self.foreign.stands_for(rec) is not None:
+            if intent in PAUSE_INTENTS:
+                self.watchdog.forget(rec.id)
+                self.finish(rec, "cancelled", self.foreign.evicted_reason(rec), exit_code=code)
+                return
+            if intent is None and lost:
+                self.watchdog.forget(rec.id)
+                self.finish(rec, "cancelled", self.foreign.lost_reason(rec, lost_reason))
+                return
+        self.watchdog.forget(rec.id)
         if intent in PAUSE_INTENTS:
             reason = rec.reason or PAUSE_INTENTS[intent]
-            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+            self.book.transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                              pid_start=None, stop_intent=None, exit_code=code, reason=reason,
                              user_paused=(intent == "pause"), preemptible=False, **_ran_on(rec))
             if intent != "preempt":
-                self._metrics.pauses.labels(intent).inc()
+                self.metrics.pauses.labels(intent).inc()
         elif intent == "cancel":
-            self._finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
+            self.finish(rec, "cancelled", rec.reason or "cancelled", exit_code=code)
         elif intent == "watchdog":
-            self._finish(rec, "failed", rec.reason, exit_code=code)
+            self.finish(rec, "failed", rec.reason, exit_code=code)
         elif lost:
-            self._transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
+            self.book.transition(rec.id, state="paused", paused_at=time.time(), assignment=None, pid=None,
                              pid_start=None, stop_intent=None, user_paused=False, preemptible=False,
                              reason=lost_reason, **_ran_on(rec))
         elif code is None:
-            self._finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
+            self.finish(rec, "failed", "the process ended without an exit status (killed from outside?)")
         elif code == 0:
-            self._finish(rec, "succeeded", "exited with code 0", exit_code=0)
+            self.finish(rec, "succeeded", "exited with code 0", exit_code=0)
         else:
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            self._finish(rec, "failed", how, exit_code=code)
-        ev = self._settled.pop(rec.id, None)
+            self.finish(rec, "failed", how, exit_code=code)
+        ev = self.settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
 
-    def _finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None,
+    def finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None,
                 **more: Any) -> None:
         """``more``: other fields written in the same transition (a refused attempt's uncounting)."""
-        self._transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
+        self.book.transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
                          assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
                          lease_expires_at=None, **{**_ran_on(rec), **more})
-        self._metrics.finished.labels(state).inc()
-        ev = self._settled.pop(rec.id, None)
+        self.metrics.finished.labels(state).inc()
+        ev = self.settled.pop(rec.id, None)
         if ev is not None:
             ev.set()
+        if state == "rejected" and self.foreign is not None:
+            self.foreign.rejected(rec, reason)  # foreign work the policy rejects is told why (it stays unplaced)
 
-    async def _await_grant(self, job_id: str) -> None:
+    async def await_grant(self, job_id: str) -> None:
         """A build share waiting only for preempted jobs to stop: give them ``reply_wait_s`` to do so.
 
         A kernel asking for its share then gets it in the submit reply in the
@@ -348,61 +408,82 @@ class AttemptsMixin:
         """
         deadline = time.monotonic() + self.config.reply_wait_s
         while time.monotonic() < deadline:
-            rec = self._job(job_id)
+            rec = self.book.job(job_id)
             if rec is None or rec.state != "queued":
                 return
             # Shares are released when a stopping job's exit is recorded (its stop_intent cleared).
-            if not any(r.stop_intent is not None for r in self._live.values()):
+            if not any(r.stop_intent is not None for r in self.book.live.values()):
                 return
             await asyncio.sleep(0.02)
 
-    async def _await_settled(self, job_id: str) -> None:
-        rec = self._job(job_id)
+    async def await_settled(self, job_id: str) -> None:
+        rec = self.book.job(job_id)
         if rec is None or rec.state != "running" or rec.stop_intent is None:
             return
-        ev = self._settled.setdefault(job_id, asyncio.Event())
+        ev = self.settled.setdefault(job_id, asyncio.Event())
         try:
             await asyncio.wait_for(ev.wait(), self.config.reply_wait_s)
         except asyncio.TimeoutError:
             pass
 
     # ================================================================ recovery
-    def _recover(self) -> None:
-        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job."""
-        for rec in self._live_jobs(("running",)):
-            if any(g["id"] not in self._gpus for g in assigned_gpus(rec)):
+    def recover(self) -> None:
+        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job.
+
+        Foreign work's jobs are made known to the backend first (recovery asks
+        it about them), and a foreign build share's work is found again after.
+        """
+        if self.foreign is not None:
+            for rec in list(self.book.live.values()):
+                self.foreign.track(rec)
+        for rec in self.book.live_jobs(("running",)):
+            if any(g["id"] not in self.pool.gpus for g in assigned_gpus(rec)):
                 missing = "its GPU is no longer in the pool"
             else:
                 missing = ""
             if rec.kind == "build":
                 if missing:
-                    self._finish(rec, "cancelled", missing)
+                    self.finish(rec, "cancelled", missing)
                 continue
             attempt = rec.attempts
             found = self.executor.recover(rec.id, attempt, rec.pid, rec.pid_start)
             handle: AttemptHandle | None = found.handle
             code: int | None = found.exit_code
             if found.outcome == "not-started":
-                self._transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
+                self.book.transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
                                  assignment=None, started_at=None, stop_intent=None,
                                  reason="start interrupted by a service restart; requeued")
                 continue
             if found.outcome == "running" and handle is not None:
-                self._procs[rec.id] = handle
+                self.procs[rec.id] = handle
                 if not rec.pid and handle.pid:
-                    self._update(rec.id, pid=handle.pid, pid_start=handle.start_time)
+                    self.book.update(rec.id, pid=handle.pid, pid_start=handle.start_time)
                 log.info("re-adopted job %s (attempt %d)", rec.id, attempt)
                 if rec.stop_intent is not None:
-                    self._spawn_stop(rec.id, handle)
+                    self.spawn_stop(rec.id, handle)
                 elif missing:
-                    self._begin_stop(rec, "preempt", missing)
+                    self.begin_stop(rec, "preempt", missing)
                 continue
             if code is None:
                 code = self.executor.exit_code(rec.id, attempt)
-            fresh = self._job(rec.id)
+            fresh = self.book.job(rec.id)
             assert fresh is not None
             if code is None and fresh.stop_intent is None:
-                self._finish_attempt(fresh, None, lost=True)
+                self.finish_attempt(fresh, None, lost=True)
             else:
-                self._finish_attempt(fresh, code)
-        self.executor.recovered({(jid, h.attempt) for jid, h in self._procs.items()})
+                self.finish_attempt(fresh, code)
+        self.executor.recovered({(jid, h.attempt) for jid, h in self.procs.items()})
+        if self.foreign is not None:
+            self._recover_foreign_shares(self.foreign)
+
+    def _recover_foreign_shares(self, foreign: ForeignWork) -> None:
+        """A running build share that stands for foreign work has that work to watch, as an attempt."""
+        for rec in self.book.live_jobs(("running",), kind="build"):
+            if foreign.stands_for(rec) is not None and rec.id not in self.procs:
+                found = self.executor.recover(rec.id, rec.attempts, None, None)
+                if found.outcome == "running" and found.handle is not None:
+                    self.procs[rec.id] = found.handle
+                elif found.outcome == "not-started":
+                    self.requeue_unstarted(rec, "start interrupted by a service restart; requeued")
+                else:
+                    self.finish_attempt(rec, found.exit_code, lost=found.exit_code is None)

@@ -115,7 +115,7 @@ class HubIdentity:
         """Create the projects a Hub user should find and that do not exist yet (existing ones are the admin's)."""
         if not wanted:
             return
-        existing = self.core._projects()  # the core's cached dict: no store read per request
+        existing = self.core.book.projects()  # the core's cached dict: no store read per request
         admin = Actor(self.admin_user, admin=True)
         for project in wanted:
             if project.name in existing:

@@ -87,7 +87,7 @@ def _insert(svc, **fields) -> str:
         return JobRecord(id=job_id, num=num, project="vision", user="bob", kind="train", request={"gpus": 1},
                          submitted_at=time.time(), command=["sleep", "60"], **fields)
 
-    return svc.loops.call(lambda: svc.core._insert_new_job(make).id)
+    return svc.loops.call(lambda: svc.core.book.insert_new_job(make).id)
 
 
 def test_list_and_describe_print_another_users_stored_text_escaped(svc):

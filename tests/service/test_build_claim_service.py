@@ -40,7 +40,7 @@ async def test_kernel_gets_its_share_at_once_on_a_machine_full_of_its_projects_t
     held = {g["id"] for g in core.get_job(ADMIN, kernel["id"])["assignment"]["gpus"]}
 
     for _ in range(5):  # later cycles: nothing flaps, the kernel keeps its share
-        core._tick()
+        core.periodic.tick()
         await asyncio.sleep(0.05)
     assert core.get_job(ADMIN, kernel["id"])["state"] == "running"
     assert core.get_job(ADMIN, paused)["state"] == "paused"

@@ -85,7 +85,7 @@ async def test_user_pause_is_sticky_until_resume(make_core, tmp_path):
     paused = await core.pause(ALICE, job["id"])
     assert paused["state"] == "paused" and "alice" in paused["reason"]
     assert (await core.pause(ALICE, job["id"]))["state"] == "paused"  # pausing again is harmless
-    core._tick()  # cycles run; a user pause is not undone by the scheduler
+    core.periodic.tick()  # cycles run; a user pause is not undone by the scheduler
     assert _state(core, job["id"]) == "paused"
     assert core.registry.get_sample_value("gpupool_pauses_total", {"cause": "user"}) == 1
     resumed = await core.resume(ALICE, job["id"])
@@ -324,7 +324,7 @@ async def test_one_reclaim_preempts_one_victim_during_the_grace(make_core, tmp_p
                                          "command": [PY, "-c", "import time; time.sleep(2)"]})
     assert owner["state"] == "queued"  # the victim's GPU is not handed out before it is released
     for _ in range(5):  # several cycles while the victim takes its time to stop
-        core._tick()
+        core.periodic.tick()
         await asyncio.sleep(0.1)
     await wait_for(lambda: _state(core, owner["id"]) == "running", what="owner running")
     assert sorted(_state(core, v) for v in victims) == ["paused", "running"]
@@ -442,7 +442,7 @@ async def _free_gpu_not_the_stopping_jobs(core, tmp_path) -> None:
         assert _state(core, slow["id"]) == "running"  # still stopping: its GPU was never handed out twice
         await core.cancel(ALICE, job["id"])
     finally:
-        handle = core._procs.get(slow["id"])
+        handle = core.attempts.procs.get(slow["id"])
         if handle is not None:
             core.executor.signal_group(handle, 9)  # end the grace now: the test need not wait 30 s
     await wait_for(lambda: _state(core, slow["id"]) == "paused", what="the slow job paused")
@@ -491,7 +491,7 @@ async def test_cancel_right_after_resume_stops_the_new_attempt(make_core):
         assert (await core.pause(ALICE, job["id"]))["state"] == "paused"
         assert (await core.resume(ALICE, job["id"]))["state"] == "running"  # attempt 2, while attempt 1's stop winds down
         assert (await core.cancel(ALICE, job["id"]))["state"] == "cancelled"
-        assert not core._procs
+        assert not core.attempts.procs
 
 
 async def test_event_log_is_trimmed_in_batches_and_keeps_the_newest(make_core):
@@ -499,20 +499,20 @@ async def test_event_log_is_trimmed_in_batches_and_keeps_the_newest(make_core):
     core = await make_core(events_max_rows=40)
 
     def oldest() -> int:
-        return core._store.events_since(0, limit=10_000)[0]["seq"]
+        return core.book.store.events_since(0, limit=10_000)[0]["seq"]
 
     for i in range(60):
-        core._emit("test", i=i)
+        core.book.emit("test", i=i)
     last = core.last_event_seq
-    core._tick()
-    kept = [e["seq"] for e in core._store.events_since(0, limit=10_000) if e["seq"] <= last]
+    core.periodic.tick()
+    kept = [e["seq"] for e in core.book.store.events_since(0, limit=10_000) if e["seq"] <= last]
     assert len(kept) == 40 and kept[-1] == last  # the newest 40 of those, none lost in between
     trimmed_from = oldest()
     for i in range(3):  # fewer than a tenth of the limit: the next tick writes nothing
-        core._emit("test", i=i)
-    core._tick()
+        core.book.emit("test", i=i)
+    core.periodic.tick()
     assert oldest() == trimmed_from
     for i in range(5):
-        core._emit("test", i=i)
-    core._tick()
+        core.book.emit("test", i=i)
+    core.periodic.tick()
     assert oldest() > trimmed_from

@@ -125,7 +125,7 @@ async def test_two_by_eight_gpus_start_together_on_two_nodes(make_core, tmp_path
     a = job["assignment"]
     assert [(r["rank"], r["node"], len(r["gpus"])) for r in a["replicas"]] == [(0, "node-a", 8), (1, "node-b", 8)]
     assert a["node"] == "node-a" and [g["id"] for g in a["gpus"]] == [g["id"] for r in a["replicas"] for g in r["gpus"]]
-    node_of = {g.id: n.name for n in core._nodes for g in n.gpus}
+    node_of = {g.id: n.name for n in core.pool_state.nodes for g in n.gpus}
     assert {node_of[g["id"]] for g in a["replicas"][1]["gpus"]} == {"node-b"}
     # one Launch with each rank's node, its own GPU environment and its own assignment
     (launch,) = core.executor.launches
@@ -313,7 +313,7 @@ async def test_a_gang_whose_node_leaves_the_pool_is_stopped_whole(tmp_path: Path
         (paused,) = [e for e in core.events_since(0) if e.get("job_id") == gang["id"] and e.get("state") == "paused"]
         assert paused["reason"] == "node node-b left the pool (cordoned, not ready or deleted); requeued"
         # one 8-GPU node is left: the policy refuses the gang whole (docs/policy.md rule 7) rather than run part
-        assert [n.name for n in core._nodes] == ["node-a"]
+        assert [n.name for n in core.pool_state.nodes] == ["node-a"]
         assert gang["state"] == "rejected" and gang["assignment"] is None
         assert gang["reason"] == ("the train pool could hold at most 1 replicas of 8 whole GPUs on one node even "
                                   "empty; 2 × 8 GPUs needs 2")
@@ -339,7 +339,7 @@ async def test_a_policy_that_places_part_of_a_gang_starts_nothing(tmp_path: Path
         gang, _ = await core.submit(ALICE, _spec(gpus=8, replicas=2, command=[PY, "-c", "pass"]))
         await wait_for(lambda: core.get_job(ADMIN, gang["id"])["reason"] != "queued", 10, "the gang's reason")
         for _ in range(3):  # several cycles: the fallback places replica 0 every time, the core never starts it
-            core._cycle()
+            core.cycles.run()
         assert core.get_job(ADMIN, gang["id"])["state"] == "queued"
         assert [x.job_id for x in core.executor.launches] == [small["id"]]
         assert sum(g["allocated"] for n in core.pool()["nodes"] for g in n["gpus"]) == 1

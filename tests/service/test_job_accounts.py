@@ -213,8 +213,8 @@ async def test_nothing_of_a_jobs_environment_is_run_with_the_services_privileges
         job, _ = await core.submit(Actor(ALICE), {"project": "p", "gpus": 1, "env": {variable: value},
                                                   "command": ["/bin/sh", "-c", "sleep 1; exec env true"]})
         await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running" and
-                       core._job(job["id"]).pid, what="alice's job")
-        wrapper = core._job(job["id"]).pid
+                       core.book.job(job["id"]).pid, what="alice's job")
+        wrapper = core.book.job(job["id"]).pid
         with open(f"/proc/{wrapper}/environ", "rb") as f:
             names = {e.split(b"=", 1)[0].decode() for e in f.read().split(b"\0") if e}
         assert variable not in names or variable == "PATH"

@@ -23,8 +23,8 @@ SLEEP = [PY, "-c", "import time; time.sleep(60)"]
 
 def _rebuilt(core: SchedulerCore) -> tuple[list[str], tuple[Any, ...], dict[str, int]]:
     """What the cycle read before the view: sorted records, their workloads, summed shares."""
-    live = sorted(core._live.values(), key=lambda r: r.num)
-    workloads = core._snapshot(live).workloads
+    live = sorted(core.book.live.values(), key=lambda r: r.num)
+    workloads = core.cycles.snapshot(live).workloads
     used: dict[str, int] = {}
     for r in live:
         if r.state == "running":
@@ -35,12 +35,12 @@ def _rebuilt(core: SchedulerCore) -> tuple[list[str], tuple[Any, ...], dict[str,
 
 def _check(core: SchedulerCore) -> None:
     ids, workloads, used = _rebuilt(core)
-    assert [r.id for r in core._live_jobs()] == ids
-    assert core._snapshot(None).workloads == workloads
-    assert core._allocations(None) == used
+    assert [r.id for r in core.book.live_jobs()] == ids
+    assert core.cycles.snapshot(None).workloads == workloads
+    assert core.cycles.allocations(None) == used
     fresh = LiveView()  # a view that starts from nothing agrees too
-    assert fresh.workloads(core._live, core._shown) == workloads
-    assert fresh.used(core._live, core._shown) == used
+    assert fresh.workloads(core.book.live, core.book.shown) == workloads
+    assert fresh.used(core.book.live, core.book.shown) == used
 
 
 async def test_view_matches_a_rebuild_through_a_jobs_life(make_core, tmp_path):
@@ -54,14 +54,14 @@ async def test_view_matches_a_rebuild_through_a_jobs_life(make_core, tmp_path):
         job, _ = await core.submit(ALICE, {"project": "low", "gpus": 1, "command": SLEEP, "workdir": str(tmp_path)})
         low.append(job["id"])
         _check(core)
-    core._cycle()
+    core.cycles.run()
     _check(core)
     assert {core.get_job(ADMIN, j)["state"] for j in low} == {"running"}
-    assert len(core._allocations(None)) == 4
+    assert len(core.cycles.allocations(None)) == 4
     frac, _ = await core.submit(BOB, {"project": "high", "gpu_fraction": 0.5, "command": SLEEP,
                                       "workdir": str(tmp_path)})
     _check(core)
-    core._cycle()  # preempts a low job for the guaranteed one: a stopping job leaves the snapshot
+    core.cycles.run()  # preempts a low job for the guaranteed one: a stopping job leaves the snapshot
     _check(core)
     await wait_for(lambda: core.get_job(ADMIN, frac["id"])["state"] == "running" or None, 20, "the guaranteed job")
     _check(core)
@@ -74,15 +74,15 @@ async def test_view_matches_a_rebuild_through_a_jobs_life(make_core, tmp_path):
     _check(core)
     await core.cancel(ALICE, running[1])
     _check(core)
-    core._cycle()
+    core.cycles.run()
     _check(core)
     build, _ = await core.submit(ALICE, {"project": "kernels", "kind": "build", "gpu_fraction": 0.5})
     _check(core)
     await core.cancel(ADMIN, frac["id"])
-    core._cycle()
+    core.cycles.run()
     _check(core)
     await asyncio.sleep(0)
-    core._reload_live()  # the mirror replaced: the view rebuilds
+    core.book.reload()  # the mirror replaced: the view rebuilds
     _check(core)
     await core.cancel(ALICE, build["id"])
     _check(core)

@@ -18,10 +18,10 @@ from tests.service.helpers import ADMIN, ALICE, BOB, PY, wait_for
 
 
 def _check(core, user_paused: set[str], final: dict[str, str]) -> None:
-    stored = {r.id: r for r in core._store.jobs(LIVE_STATES)}
-    assert stored.keys() == core._live.keys()
+    stored = {r.id: r for r in core.book.store.jobs(LIVE_STATES)}
+    assert stored.keys() == core.book.live.keys()
     for jid, rec in stored.items():
-        assert core._live[jid] == rec, f"mirror differs from store for {jid}"
+        assert core.book.live[jid] == rec, f"mirror differs from store for {jid}"
     used: dict[str, int] = {}
     for rec in stored.values():
         if rec.state == "running":
@@ -29,11 +29,11 @@ def _check(core, user_paused: set[str], final: dict[str, str]) -> None:
                 used[g["id"]] = used.get(g["id"], 0) + g["milli"]
     assert all(m <= 1000 for m in used.values()), used
     for jid in user_paused:
-        rec = core._job(jid)
+        rec = core.book.job(jid)
         assert rec.state in ("paused", "running") and (rec.state == "paused" or rec.stop_intent == "pause") \
             or rec.state in FINAL_STATES, (jid, rec.state)
     for jid, state in final.items():
-        assert core._job(jid).state == state
+        assert core.book.job(jid).state == state
 
 
 @pytest.mark.parametrize("seed", [3, 4])
@@ -67,22 +67,22 @@ async def test_random_actions_keep_invariants(make_core, seed):
                     user_paused.discard(jid)
                 assert out["id"] == jid
             elif op == "tick":
-                core._tick()
+                core.periodic.tick()
             else:
                 await asyncio.sleep(0.1)
         except GpupoolError as e:
             assert e.status in (400, 409), e.message  # a refused action (finished job, build pause, quota)
         for jid in jobs:
-            rec = core._job(jid)
+            rec = core.book.job(jid)
             if rec.state in FINAL_STATES and jid not in final:
                 final[jid] = rec.state
         _check(core, user_paused, final)
     for jid in jobs:
-        rec = core._job(jid)
+        rec = core.book.job(jid)
         if rec.live:
             await core.cancel(ADMIN, jid)
-    await wait_for(lambda: all(core._job(j).state in FINAL_STATES for j in jobs), timeout=30, what="all final")
+    await wait_for(lambda: all(core.book.job(j).state in FINAL_STATES for j in jobs), timeout=30, what="all final")
     _check(core, set(), final)
-    assert not core._procs
-    assert any(core._job(j).attempts >= 1 and core._job(j).kind == "train" for j in jobs)  # processes did run
-    assert "cancelled" in {core._job(j).state for j in jobs}
+    assert not core.attempts.procs
+    assert any(core.book.job(j).attempts >= 1 and core.book.job(j).kind == "train" for j in jobs)  # processes did run
+    assert "cancelled" in {core.book.job(j).state for j in jobs}

@@ -20,7 +20,7 @@ async def test_stop_mode_pauses_and_next_start_resumes(tmp_path):
     await wait_for(lambda: (wd / "ckpt.txt").exists())
     await core.stop()
     again = build_core(fast_config(tmp_path / "s", on_shutdown="stop"))
-    rec = again._store.job(job["id"])
+    rec = again.book.store.job(job["id"])
     assert rec is not None and rec.state == "paused" and not rec.user_paused and "shutdown" in rec.reason
     await again.start()
     try:
@@ -149,11 +149,11 @@ async def _crash(core: SchedulerCore) -> None:
     """What kill -9 leaves: no stop(), loops and stop tasks gone, the state dir lock released."""
     import asyncio
 
-    core._closing = True
-    for t in [*core._tasks, *core._stop_tasks.values()]:
+    core.life.closing = True
+    for t in [*core._tasks, *core.attempts.stop_tasks.values()]:
         t.cancel()
     await asyncio.sleep(0)
-    core._store.close()
+    core.book.store.close()
     core._lock.close()
 
 
@@ -172,7 +172,7 @@ async def test_crash_during_a_pause_still_ends_paused(tmp_path):
     await again.start()
     try:
         await wait_for(lambda: again.get_job(ALICE, job["id"])["state"] == "paused", what="paused after restart")
-        rec = again._job(job["id"])
+        rec = again.book.job(job["id"])
         assert rec is not None and rec.user_paused and rec.assignment is None  # still the user's sticky pause
         resumed = await again.resume(ALICE, job["id"])
         assert resumed["state"] == "running" and resumed["attempts"] == 2

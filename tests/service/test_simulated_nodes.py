@@ -71,7 +71,7 @@ async def test_the_core_schedules_on_every_simulated_node_and_shows_them(tmp_pat
     core = build_core(fast_config(tmp_path / "state", simulate=THREE))
     await core.start()
     try:
-        assert [(n.name, n.group, len(n.gpus)) for n in core._nodes] == [
+        assert [(n.name, n.group, len(n.gpus)) for n in core.pool_state.nodes] == [
             ("node-a", "rack1", 8), ("node-b", "rack1", 8), ("node-c", "", 4)]
         pool = core.pool()
         assert pool["simulated"] is True

@@ -68,16 +68,16 @@ async def test_a_tick_whose_one_part_fails_still_runs_its_cycle_and_later_parts(
     def broken_disk(*_: Any, **__: Any) -> None:
         raise sqlite3.OperationalError("disk I/O error")
 
-    core._store.add_history = broken_disk  # the history part of every tick now fails
+    core.book.store.add_history = broken_disk  # the history part of every tick now fails
     caplog.set_level(logging.ERROR, logger="gpupool.service")
     hog, waiter = await _reclaim_that_waits_on_min_runtime(core)
-    saved_before = core._store.load_usage()[0]
+    saved_before = core.book.store.load_usage()[0]
     await wait_for(lambda: core.get_job(ADMIN, waiter)["state"] == "running", timeout=30,
                    what="the tick's cycle to reclaim a GPU for p2 after min_runtime_s")
     assert core.get_job(ADMIN, hog)["state"] == "paused"
     assert any("tick: history failed" in r.getMessage() for r in caplog.records)
     # the parts after the failed one ran too: usage is saved and events are trimmed
-    await wait_for(lambda: core._store.load_usage()[0] > saved_before, timeout=10, what="usage to be saved")
+    await wait_for(lambda: core.book.store.load_usage()[0] > saved_before, timeout=10, what="usage to be saved")
     assert core.last_event_seq > 6  # more events than are kept...
     await wait_for(lambda: len(core.events_since(0)) <= 3, timeout=10, what="events to be trimmed")  # ...trimmed
 

@@ -68,7 +68,7 @@ async def test_half_life_zero_keeps_no_history(make_core):
     assert core.list_projects()[0]["recent_gpu_hours"] == {"build": 0, "train": 0}
     assert core.list_projects()[0]["fair_share"]["percent"] is None
     # what the policy is given: no history at all, so it decides as it always did
-    assert all(p.recent_milli == 0.0 for p in core._snapshot(core._live_jobs()).projects)
+    assert all(p.recent_milli == 0.0 for p in core.cycles.snapshot(core.book.live_jobs()).projects)
 
 
 async def test_the_policy_is_given_each_projects_recent_training_use(make_core):
@@ -79,7 +79,7 @@ async def test_the_policy_is_given_each_projects_recent_training_use(make_core):
     assert (await started(core, job["id"]))["state"] == "running"
     await asyncio.sleep(1.0)
     core.recent_gpu_hours()  # counts what was held up to now
-    recent = {p.name: p.recent_milli for p in core._snapshot(core._live_jobs()).projects}
+    recent = {p.name: p.recent_milli for p in core.cycles.snapshot(core.book.live_jobs()).projects}
     # 2 GPUs for ~1 s, over (3600 s / ln 2): about 0.4 milli-GPU on average
     assert 2000 * 0.8 * math.log(2) / 3600 < recent["a"] < 2000 * 3.0 * math.log(2) / 3600
     assert recent["b"] == 0.0

@@ -74,7 +74,7 @@ async def test_core_stops_a_job_over_its_share(nvml_core):
     core.set_project(ADMIN, "p", {"train_guarantee": 1})
     job, _ = await core.submit(ALICE, {"project": "p", "gpu_fraction": 0.25, "command": [PY, "-c", "import time; time.sleep(60)"]})
     assert (await started(core, job["id"]))["state"] == "running"
-    pid = core._store.job(job["id"]).pid  # the job's session leader; NVML would list its CUDA processes
+    pid = core.book.store.job(job["id"]).pid  # the job's session leader; NVML would list its CUDA processes
     inv.usage = {pid: 40 * GIB}  # a quarter of 80 GiB is 20 GiB
     await wait_for(lambda: core.get_job(ALICE, job["id"])["state"] == "failed", what="watchdog stop")
     done = core.get_job(ALICE, job["id"])

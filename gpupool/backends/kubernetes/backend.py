@@ -6,12 +6,13 @@ so the pool never changes under a running cycle. A node leaves the pool when
 it is cordoned, NotReady, tainted by the node controller, deleted, or loses
 its GPUs; the core then requeues its jobs (gpupool/service/attempts.py).
 
-Two more watches: pods users create with kubectl for gpupool to place
-(:mod:`.foreign_jobs`, queued as jobs by gpupool/service/adopted.py), and
-other schedulers' pods holding GPUs on pool nodes (:mod:`.other_pods`), which
-the core counts as used capacity. The settings come from the app
-(gpupool.app.backend builds them from the service's config), so this module
-needs nothing of the service.
+Two more watches, each behind an optional capability of the seam
+(gpupool.backends.base): pods users create with kubectl for gpupool to place
+(:mod:`.foreign_jobs`; :mod:`.adoption` queues them as jobs, an
+``AdoptsForeignPods``), and other schedulers' pods holding GPUs on pool nodes
+(:mod:`.other_pods`, ``HoldsOutsideWork``), which the core counts as used
+capacity. The settings come from the app (gpupool.app.backend builds them from
+the service's config), so this package needs nothing of the service.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gpupool.backends.kubernetes.adoption import PodAdoption
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
 from gpupool.backends.kubernetes.executor import PodExecutor
@@ -60,7 +62,8 @@ class KubeSettings:
 
 
 class KubeBackend:
-    """A cluster as the pool (a :class:`gpupool.backends.base.Backend`)."""
+    """A cluster as the pool (a :class:`gpupool.backends.base.Backend`, ``AdoptsForeignPods`` and
+    ``HoldsOutsideWork``)."""
 
     simulated = False
     elastic = True  # nodes join, drain and leave: what does not fit now may fit later
@@ -90,7 +93,9 @@ class KubeBackend:
         self.kubectl = KubectlPods(self.api, PodNamespaces.from_setting(config.namespace, config.kube_pod_namespaces),
                                    config.kube_scheduler_name, self.calls, self.health_state, config.jobs_dir,
                                    self.node_lost)
-        """Pods users create with kubectl (``schedulerName`` ours): the core queues a job for each."""
+        """Pods users create with kubectl (``schedulerName`` ours), their watch and their attempts."""
+        self.foreign_pods = PodAdoption(self.kubectl)
+        """Those pods as jobs: the core queues a job for each (gpupool.backends.base.AdoptsForeignPods)."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
         self.executor = KubeExecutor(self.pod_executor, self.kubectl)

@@ -1,6 +1,6 @@
 """Pods users create with kubectl, run as gpupool jobs: watched, bound, evicted, and how they ended.
 
-The core queues one job per such pod (gpupool/service/adopted.py); this is
+The core queues one job per such pod (:mod:`gpupool.backends.kubernetes.adoption`); this is
 that job's executor. Start = write the pod's GPU ConfigMap
 (:mod:`gpupool.backends.kubernetes.gpu_env_configmap`), then bind the pod to the chosen node
 through ``pods/binding``; the pod is the user's, so a refused bind leaves it

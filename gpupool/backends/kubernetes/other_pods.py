@@ -53,6 +53,11 @@ class Holding:
     pod: OtherPod
     gpu_ids: tuple[str, ...]
 
+    @property
+    def holder(self) -> str:
+        """``<namespace>/<name>`` of the pod (an :class:`gpupool.backends.base.OutsideHolding`)."""
+        return self.pod.text
+
 
 def read_other(pod: Obj) -> OtherPod | None:
     """An other scheduler's pod (its JSON) as a GPU holder, or None when it asks for no GPU."""

@@ -3,7 +3,7 @@
 gpupool's own job pods (:class:`gpupool.backends.kubernetes.executor.PodExecutor`) and the
 pods users create with kubectl (:class:`gpupool.backends.kubernetes.foreign_jobs.KubectlPods`)
 start, stop and end differently; the core sees one executor. A job is a
-kubectl pod's when the core registered it so (gpupool/service/adopted.py).
+kubectl pod's when it was registered so (:mod:`gpupool.backends.kubernetes.adoption`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,181 @@
+"""Pods users create with kubectl, as jobs: the Kubernetes backend's :class:`gpupool.backends.base.ForeignWork`.
+
+Each pending pod with ``schedulerName: gpupool`` in a namespace gpupool takes
+pods from (``kube_pod_namespaces``), whose project that namespace may use,
+becomes a queued Job of its project (one per pod uid, across restarts: the
+job's ``client_key`` is ``pod:<uid>``), or gets a Warning event saying why not;
+it is re-checked whenever the pods or the projects change (docs/kubernetes.md,
+"Pods you create with kubectl").
+
+The core owns such a job's states (gpupool/service/foreign.py): it is never
+paused, since gpupool cannot recreate a pod it did not make, so a reclaim
+(or its node leaving the pool) evicts the pod and the job ends
+``cancelled``, and a user's pause is refused (409). This side knows the
+pods: which job stands for which, the events that tell a pod's author what
+happened, and deleting a pod whose job was cancelled before it ran. The
+watching, binding and attempts of such pods are
+:class:`gpupool.backends.kubernetes.foreign_jobs.KubectlPods`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from gpupool.backends.base import ForeignJobHost, JobFacts
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.foreign import POD_JOB_LABEL, POD_UID_JOB_LABEL, PodRef, job_key, read_pod
+from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.wire.errors import InvalidRequest
+
+REQUEUE_NOTE = "its owner (a Job, a Deployment) may recreate it, which queues it again"
+STOP_EVENTS = {"preempt": "GpupoolPreempted", "cancel": "GpupoolCancelled", "watchdog": "GpupoolWatchdog",
+               "pause": "GpupoolEvicted", "shutdown": "GpupoolEvicted"}
+
+
+def pod_of(job: JobFacts) -> PodRef | None:
+    """The pod a job stands for (its labels), or None for a job submitted to gpupool."""
+    text, uid = job.labels.get(POD_JOB_LABEL), job.labels.get(POD_UID_JOB_LABEL)
+    if not text or not uid or "/" not in text or job.client_key != job_key(uid):
+        return None
+    ns, name = text.split("/", 1)
+    return PodRef(ns, name, uid)
+
+
+def evicted_reason(reason: str) -> str:
+    """The policy's pause reason, said of an eviction ("paused to give GPUs back" -> "evicted to give ...")."""
+    reason = reason.removesuffix("; requeued")  # a pod gpupool did not make is not requeued
+    if reason.startswith("paused "):
+        return "evicted " + reason[len("paused "):]
+    return f"evicted: {reason}" if reason else "evicted"
+
+
+def _oldest_first(p: Obj) -> tuple[bool, float, str]:
+    created = ob.creation_time(p)
+    return created is None, created.timestamp() if created is not None else 0.0, ob.name(p)
+
+
+class PodAdoption:
+    """kubectl pods as jobs, on the core's loop (a :class:`gpupool.backends.base.ForeignWork`)."""
+
+    def __init__(self, kubectl: KubectlPods) -> None:
+        self.kubectl = kubectl
+        self._pod_jobs: dict[str, str] = {}
+        """Pod uid -> its job id ("" when it has none), for every pod looked up so far.
+
+        Only this process makes jobs for pods, so once the store has been
+        asked about a pod, memory answers for it: the store is read once per pod."""
+        self._seen: Hashable = None  # what the last queueing looked at: nothing changed, nothing to do
+
+    def stands_for(self, job: JobFacts) -> str | None:
+        ref = pod_of(job)
+        return ref.text if ref is not None else None
+
+    def track(self, job: JobFacts) -> None:
+        """Tell the executor which live jobs are pods' before recovery asks it about them."""
+        ref = pod_of(job)
+        if ref is not None:
+            self.kubectl.register(job.id, ref)
+            self._pod_jobs[ref.uid] = job.id
+
+    def _job_for_pod(self, host: ForeignJobHost, uid: str) -> str:
+        """The job standing for the pod with this uid, of any state ("" when none): never two for one pod."""
+        found = self._pod_jobs.get(uid)
+        if found is None:
+            found = self._pod_jobs[uid] = host.job_for_key(job_key(uid))
+        return found
+
+    # ------------------------------------------------------------ queueing pods (the monitor's tick)
+    def sync(self, host: ForeignJobHost) -> None:
+        """Queue new kubectl pods, and end queued jobs whose pod went away; only after a change."""
+        kc = self.kubectl
+        if not kc.synced:
+            return
+        key = (kc.generation, host.fingerprint())
+        if self._seen == key:
+            return
+        self._seen = key
+        pods = kc.pods()
+        for job_id in [j for j in self._pod_jobs.values() if j]:
+            job = host.waiting_job(job_id)
+            ref = pod_of(job) if job is not None else None
+            if job is None or ref is None:
+                continue
+            pod = pods.get(ref.uid)
+            if pod is None or ob.being_deleted(pod):
+                host.cancel(job_id, f"its pod {ref.text} was deleted before gpupool bound it")
+            elif ob.node_name(pod):
+                host.cancel(job_id, f"its pod {ref.text} was bound to {ob.node_name(pod)} by someone else")
+        for uid in [u for u, j in self._pod_jobs.items() if u not in pods and (not j or not host.is_live(j))]:
+            del self._pod_jobs[uid]  # a deleted pod's uid never comes back: forget it
+        queued = False
+        taken = kc.namespaces.takes
+        for pod in sorted(pods.values(), key=_oldest_first):
+            if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
+                continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)
+            if self._job_for_pod(host, ob.uid(pod)):
+                continue
+            queued = self._queue_pod(host, pod) or queued
+        if queued:
+            host.request_cycle()
+
+    def _queue_pod(self, host: ForeignJobHost, pod: Any) -> bool:
+        """One job for this pod, or a Warning event on it saying exactly why not."""
+        kc = self.kubectl
+        kp = read_pod(pod)
+        problem = kp.problem
+        if not problem and (why := kc.namespaces.refusal(kp.ref.namespace, kp.project)):
+            problem = f"gpupool cannot queue this pod: {why}"  # the namespace may not use that project
+        if problem:
+            kc.warn_once(kp.ref, "GpupoolNotQueued", problem)
+            return False
+        try:
+            job_id = host.queue(kp.spec, kp.user, f"queued from pod {kp.ref.text}", job_key(kp.ref.uid))
+        except InvalidRequest as e:
+            kc.warn_once(kp.ref, "GpupoolNotQueued", f"gpupool cannot queue this pod: {e}")
+            return False
+        self._pod_jobs[kp.ref.uid] = job_id
+        kc.register(job_id, kp.ref)
+        return True
+
+    # ------------------------------------------------------------ what happens to their jobs
+    def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
+        """Before a pod's job is stopped, say on the pod why (``kubectl describe pod`` shows it)."""
+        ref = pod_of(job)
+        if ref is None:
+            return
+        if intent in ("preempt", "pause", "shutdown"):
+            message = f"{evicted_reason(reason)}; {REQUEUE_NOTE}"
+        else:
+            message = reason
+        self.kubectl.note_stop(job.id, STOP_EVENTS.get(intent, "GpupoolEvicted"), f"gpupool: {message}")
+
+    def rejected(self, job: JobFacts, reason: str) -> None:
+        """A pod whose job the policy rejects is told why (it stays Pending, never bound)."""
+        ref = pod_of(job)
+        if ref is not None:
+            self.kubectl.warn_once(ref, "GpupoolRejected", f"gpupool rejected job {job.id} for this pod: {reason}")
+
+    def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
+        """A pod's job cancelled before it ran (or a build share): its pod is deleted."""
+        ref = pod_of(job)
+        if ref is not None:
+            self.kubectl.delete_pod(ref, grace_s, "GpupoolCancelled",
+                                    f"gpupool: job {job.id} cancelled by {by}; its pod is deleted")
+
+    def evicted_reason(self, job: JobFacts) -> str:
+        return f"{evicted_reason(job.reason)}; {REQUEUE_NOTE}"
+
+    def lost_reason(self, job: JobFacts, reason: str) -> str:
+        if reason.startswith("its pod"):
+            return reason  # the executor's own words: deleted, or its node lost
+        ref = pod_of(job)
+        text = ref.text if ref is not None else "?"
+        return f"its pod {text} was gone when the scheduler restarted; gpupool does not recreate it"
+
+    def pause_refusal(self, job: JobFacts) -> str:
+        ref = pod_of(job)
+        text = ref.text if ref is not None else "?"
+        return (f"job {job.id} stands for pod {text}, which gpupool did not create and could not "
+                "recreate after a pause; cancel the job (it deletes the pod) or delete the pod")
