@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.policy.model import Node, Workload
@@ -114,14 +114,21 @@ class Interrupted:
     reason: str
 
 
-class Executor(Protocol):
-    """Starts, watches and stops attempts; says how each ended."""
+HandleT = TypeVar("HandleT", bound=AttemptHandle)
 
-    def launch(self, launch: Launch) -> AttemptHandle:
+
+class Executor(Protocol, Generic[HandleT]):
+    """Starts, watches and stops attempts; says how each ended.
+
+    Generic in its handle: the core hands back only handles this executor made,
+    so an executor's methods take its own handle type (a local process, a pod).
+    """
+
+    def launch(self, launch: Launch) -> HandleT:
         """Start the attempt (or begin to: a remote start may complete later; :meth:`interrupted` tells if it failed)."""
         ...
 
-    def alive(self, handle: AttemptHandle) -> bool:
+    def alive(self, handle: HandleT) -> bool:
         """Whether the attempt may still run (False once it ended, vanished or failed to start)."""
         ...
 
@@ -133,15 +140,15 @@ class Executor(Protocol):
         """Whether the command ended before any stop reached it: then its status wins over the stop."""
         ...
 
-    def interrupted(self, handle: AttemptHandle) -> Interrupted | None:
+    def interrupted(self, handle: HandleT) -> Interrupted | None:
         """For an attempt that is no longer alive: why it has no result of its own, or None (it ended)."""
         ...
 
-    async def stop(self, handle: AttemptHandle, grace_s: float) -> bool:
+    async def stop(self, handle: HandleT, grace_s: float) -> bool:
         """Ask the attempt to stop (the checkpoint signal), force it after ``grace_s``; True if it ended in time."""
         ...
 
-    def release(self, handle: AttemptHandle) -> None:
+    def release(self, handle: HandleT) -> None:
         """The attempt ended and is settled: free what it left behind (process group, finished pod)."""
         ...
 
@@ -185,7 +192,7 @@ class Backend(Protocol):
     nodes: tuple[Node, ...]  # the policy's view of the same GPUs
 
     @property
-    def executor(self) -> Executor:
+    def executor(self) -> Executor[Any]:
         """What runs the attempts of jobs on this backend's pool."""
         ...
 

@@ -53,7 +53,7 @@ class JobsApi:
 
     def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, attempts: Attempts,
                  cycles: CycleRunner, standing: Standing, tokens: TokenStore, metrics: Metrics, life: Lifecycle,
-                 executor: Executor, foreign: ForeignWork | None = None) -> None:
+                 executor: Executor[Any], foreign: ForeignWork | None = None) -> None:
         self.config = config
         self.book = book
         self.pool = pool

@@ -70,7 +70,7 @@ class Attempts:
     capability, else None.
     """
 
-    def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, executor: Executor, metrics: Metrics,
+    def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, executor: Executor[Any], metrics: Metrics,
                  watchdog: Watchdog, life: Lifecycle, request_cycle: Callable[[], None],
                  foreign: ForeignWork | None = None, foreign_host: ForeignJobHost | None = None) -> None:
         self.config = config

@@ -186,12 +186,12 @@ class SchedulerCore:
 
     # ================================================================ shared state, as callers see it
     @property
-    def executor(self) -> Executor:
+    def executor(self) -> Executor[Any]:
         """The backend's executor, as the core's parts use it."""
         return self.attempts.executor
 
     @executor.setter
-    def executor(self, executor: Executor) -> None:
+    def executor(self, executor: Executor[Any]) -> None:
         """Run attempts through ``executor`` from now on (tests and benchmarks wrap the backend's)."""
         self.attempts.executor = executor
         self.jobs_api.executor = executor

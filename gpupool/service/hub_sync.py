@@ -33,7 +33,7 @@ async def list_hub_groups(api_url: str, token: str) -> list[str]:
     names: list[str] = []
     offset = 0
     while True:
-        url = url_concat(api_url.rstrip("/") + "/groups", {"offset": offset, "limit": PAGE})
+        url = url_concat(api_url.rstrip("/") + "/groups", {"offset": str(offset), "limit": str(PAGE)})
         try:
             reply = await client.fetch(url, headers={"Authorization": f"token {token}", "Accept": PAGINATED},
                                        raise_error=False, request_timeout=30)

@@ -317,7 +317,8 @@ class Store:
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[JobRecord]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if states:
             where.append(f"state IN ({', '.join('?' for _ in states)})")
             args.extend(states)

@@ -33,10 +33,10 @@ def pool_view(nodes: Iterable[Node], gpus: dict[str, GpuInfo], running: Iterable
     """The Pool JSON of docs/design.md: nodes, GPUs, who holds what, and NVML readings where present."""
     allocations: dict[str, list[dict[str, Any]]] = {gid: [] for gid in gpus}
     for rec in running:
-        for g in shares(rec):
-            allocations.setdefault(g["id"], []).append({
+        for share in shares(rec):
+            allocations.setdefault(share["id"], []).append({
                 "job_id": rec.id, "project": rec.project, "user": rec.user, "kind": rec.kind,
-                "fraction": gpus_text(int(g["milli"])),
+                "fraction": gpus_text(int(share["milli"])),
             })
     out = []
     for node in nodes:
