@@ -92,3 +92,26 @@ def pod_namespace_rules(own: str, setting: Any) -> dict[str, frozenset[str]]:
                                  f"names (or [\"*\"] for every project), not {projects!r}")
         allowed[ns] = frozenset(p.strip() for p in projects)
     return allowed
+
+
+def check_lease(name: object, namespace: object, duration_s: object, renew_deadline_s: object,
+                retry_period_s: object) -> None:
+    """The leader election's Lease settings (``kube_lease_*``), or :class:`InvalidRequest` saying what is wrong.
+
+    The fence depends on the order of the three times: a leader stops
+    writing ``renew_deadline_s`` after its last renewal, a standby takes over
+    ``duration_s`` after it saw one; the deadline must come first, and a
+    leader must get a few tries (``retry_period_s``) before it.
+    """
+    for what, value in (("kube_lease_name", name), ("kube_lease_namespace", namespace)):
+        if not (isinstance(value, str) and _NAMESPACE.fullmatch(value)):
+            raise InvalidRequest(f"{what} must be a Kubernetes name (lower case letters, digits and '-', "
+                                 f"at most 63), not {value!r}")
+    times = (duration_s, renew_deadline_s, retry_period_s)
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) and t > 0 for t in times):
+        raise InvalidRequest("kube_lease_duration_s, kube_renew_deadline_s and kube_retry_period_s must be "
+                             f"numbers > 0, not {duration_s!r}, {renew_deadline_s!r}, {retry_period_s!r}")
+    if not float(duration_s) > float(renew_deadline_s) > float(retry_period_s):  # type: ignore[arg-type]
+        raise InvalidRequest(f"the lease times must be kube_lease_duration_s ({duration_s}) > kube_renew_deadline_s "
+                             f"({renew_deadline_s}) > kube_retry_period_s ({retry_period_s}): a leader stops "
+                             "writing at the deadline, before a standby may take over at the duration")

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool.backends.settings import check_account_template, check_passthrough, pod_namespace_rules
+from gpupool.backends.settings import (
+    check_account_template,
+    check_lease,
+    check_passthrough,
+    pod_namespace_rules,
+)
 from gpupool.wire.errors import InvalidRequest
 
 _SHUTDOWN_MODES = ("stop", "leave")
@@ -124,6 +129,17 @@ class ServiceConfig:
     # Namespaces whose kubectl pods (schedulerName ours) are queued, each with the projects its pods may use
     # ({"team-a": ["vision"], "gpupool": ["*"]}; "*" any namespace / project). None: `namespace` only, any project.
     kube_pod_namespaces: dict[str, list[str]] | None = None
+    # Leader election (docs/kubernetes.md, "One leader"): the kubernetes backend acts only while this instance
+    # holds the Lease kube_lease_name in kube_lease_namespace (None: `namespace`); a standby waits for it and takes
+    # over kube_lease_duration_s after the leader's last renewal. A leader stops writing kube_renew_deadline_s after
+    # its last renewal; renewals every kube_retry_period_s. Identity None: $POD_NAME, else <hostname>_<pid>.
+    kube_leader_election: bool = True
+    kube_lease_name: str = "gpupool-scheduler"
+    kube_lease_namespace: str | None = None
+    kube_lease_duration_s: float = 15.0
+    kube_renew_deadline_s: float = 10.0
+    kube_retry_period_s: float = 2.0
+    kube_leader_identity: str | None = None
     # JupyterHub (docs/jupyterhub.md): with hub on, a request whose token is a Hub API token is that Hub
     # user (Hub admins are admins), checked with the Hub at hub_api_url (default $JUPYTERHUB_API_URL) and
     # cached hub_cache_s. hub_group_prefix: which Hub groups are projects ("" every group, "gpu-" those
@@ -189,6 +205,8 @@ class ServiceConfig:
             if self.backend != "kubernetes":
                 raise InvalidRequest("kube_pod_namespaces is for the kubernetes backend (pods created with kubectl)")
             pod_namespace_rules(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
+        check_lease(self.kube_lease_name, self.kube_lease_namespace or self.namespace, self.kube_lease_duration_s,
+                    self.kube_renew_deadline_s, self.kube_retry_period_s)
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")

@@ -30,8 +30,10 @@ from gpupool.backends.kubernetes.adoption import PodAdoption
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
 from gpupool.backends.kubernetes.executor import PodExecutor
+from gpupool.backends.kubernetes.fence import fence
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.health import Health
+from gpupool.backends.kubernetes.leader import Leadership
 from gpupool.backends.kubernetes.nodes import PoolNode, read_node
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.objects import name as name_of
@@ -68,15 +70,21 @@ class KubeBackend:
     simulated = False
     elastic = True  # nodes join, drain and leave: what does not fit now may fit later
 
-    def __init__(self, config: KubeSettings, initial_sync_s: float = 10.0) -> None:
+    def __init__(self, config: KubeSettings, initial_sync_s: float = 10.0,
+                 leadership: Leadership | None = None) -> None:
         """Connect, start the node and pod watches, and wait up to ``initial_sync_s`` for the first node list.
 
         An API server that does not answer is no reason not to start: the
         service runs with an empty pool, says so in ``GET /status``, and the
-        watches keep retrying.
+        watches keep retrying. With ``leadership`` (leader election, built by
+        the app), every write of this backend passes the fence
+        (gpupool/backends/kubernetes/fence.py): none leaves while it does not lead.
         """
         self.config = config
+        self.leadership = leadership
         self.api = client.CoreV1Api(api_client(config.kubeconfig))
+        if leadership is not None:
+            fence(self.api.api_client, leadership)
         self.health_state = Health()
         self.calls = Calls(self.health_state)
         self.gpus: dict[str, GpuInfo] = {}
@@ -169,6 +177,8 @@ class KubeBackend:
         h = self.health_state.snapshot()
         h.update(backend="kubernetes", namespace=self.config.namespace, api_server=self.api.api_client.configuration.host,
                  nodes_out=out, pod_namespaces=self.kubectl.namespaces.describe())
+        if self.leadership is not None:
+            h["leader"] = self.leadership.describe()
         return h
 
     def close(self) -> None:
