@@ -36,7 +36,7 @@ class Builds:
         st = self.state
         p = st.projects[w.project]
         if not st.fits_empty(BUILD_POOL, req):
-            st.refuse_or_wait(w.id, f"no node of the build pool can ever hold {txt.describe(req)}",
+            st.cannot_hold(w.id, BUILD_POOL, req, f"no node of the build pool can ever hold {txt.describe(req)}",
                               f"no node of the build pool can hold {txt.describe(req)} now")
             return
         used = st.build_used[p.name]

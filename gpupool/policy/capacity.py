@@ -19,6 +19,7 @@ from gpupool.policy.model import MILLI, Assignment, Gpu, Node, Request, Workload
 from gpupool.policy.nodecache import for_nodes
 from gpupool.policy.placement import FreeState
 from gpupool.policy.placement_layout import layout_of
+from gpupool.policy.placement_rules import rule_masks
 
 
 def memory_milli(memory_mib: int, gpu: Gpu) -> int:
@@ -35,6 +36,8 @@ class _NodeFacts:
         self.nodes = {n.name: n for n in nodes}
         self.order = {n.name: i for i, n in enumerate(nodes)}
         self.capacity = {g.id: g.capacity_milli for n in nodes for g in n.gpus}
+        self.rules = rule_masks(nodes)
+        self.repels = self.rules.repels  # some node's taint keeps work without tolerations off it
 
 
 class Ledger:
@@ -45,6 +48,7 @@ class Ledger:
         """The nodes less what ``running`` holds, or less ``held`` (a count over exactly ``nodes``)."""
         facts = for_nodes("ledger", nodes, _NodeFacts)
         self.nodes, self.order, self.capacity = facts.nodes, facts.order, facts.capacity  # read-only
+        self._rules, self.repels = facts.rules, facts.repels
         # per node: GPUs wholly free (kept in step by _add, so "how many whole GPUs" is a lookup)
         self.whole: dict[str, int] = {}
         self.version: dict[str, int] = {}  # per node, bumped on every change (for the memos)
@@ -129,9 +133,18 @@ class Ledger:
             return self.nodes[name].gpus
         return [g for g in self.nodes[name].gpus if g.model in models]
 
+    def allows(self, name: str, request: Request) -> bool:
+        """Whether ``request``'s placement rules (and the node's taints) let it onto node ``name``."""
+        if request.rules is None and not self.repels:
+            return True
+        mask = self._rules.mask(request.rules)
+        return mask is None or bool(mask[self.order[name]])
+
     def fits(self, name: str, request: Request) -> bool:
-        """Whether ``request`` fits on node ``name`` as it is now (whole GPUs on one node)."""
+        """Whether ``request`` fits on node ``name`` as it is now (whole GPUs on one node, where its rules allow)."""
         if self.cpu[name] < request.cpu_milli or self.mem[name] < request.memory_mib:
+            return False
+        if (request.rules is not None or self.repels) and not self.allows(name, request):
             return False
         free = self.gpu[name]
         if request.gpus:
@@ -160,6 +173,8 @@ class Ledger:
     def _could_ever_fit(self, name: str, request: Request) -> bool:
         node = self.nodes[name]
         if node.cpu_milli < request.cpu_milli or node.memory_mib < request.memory_mib:
+            return False
+        if not self.allows(name, request):
             return False
         gpus = self._gpus(name, request)
         if request.gpus:

@@ -36,6 +36,7 @@ from gpupool.policy.model import (
     Workload,
 )
 from gpupool.policy.queue import FairQueue
+from gpupool.policy.rule_reasons import never_fits
 
 
 @dataclass
@@ -184,6 +185,15 @@ class CycleState:
         if text is None:
             text = self.reasons[key] = build()
         return text
+
+    def cannot_hold(self, workload_id: str, pool: str, req: Request, never: str, not_now: str) -> None:
+        """:meth:`refuse_or_wait` for work no node of ``pool`` holds even empty; when its placement rules
+        (or node taints) are why, the reason names the rule instead of the size."""
+        why = self.reason(("never", pool, id(req)), lambda: never_fits(self.cap.states[pool], pool, req))
+        if why:
+            self.refuse_or_wait(workload_id, why, f"{why} now")
+        else:
+            self.refuse_or_wait(workload_id, never, not_now)
 
     def refuse_or_wait(self, workload_id: str, never: str, not_now: str) -> None:
         """Refuse work the pool can never hold; on an elastic pool (a cluster) let it wait for a node that can.

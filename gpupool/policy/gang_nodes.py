@@ -98,6 +98,8 @@ def ledger_room(ledger: Ledger, node: str, req: Request) -> int:
     """How many copies of ``req`` fit on ``node`` by the ledger (1 or 0 for a request that is not whole GPUs)."""
     if not req.gpus:
         return 1 if ledger.fits(node, req) else 0
+    if not ledger.allows(node, req):
+        return 0
     if req.gpu_models:
         free = ledger.gpu[node]
         whole = sum(1 for g in ledger.nodes[node].gpus

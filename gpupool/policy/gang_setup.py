@@ -20,6 +20,7 @@ from gpupool.policy.cycle_state import CycleState
 from gpupool.policy.gang import Gang
 from gpupool.policy.gang_actions import wait_all
 from gpupool.policy.model import MILLI, TRAIN_POOL, Kind, Reject, Workload
+from gpupool.policy.rule_reasons import never_fits
 
 _gang_of = attrgetter("gang")
 _by_submission = attrgetter("submitted_at")
@@ -188,12 +189,22 @@ def _pool_too_small(state: CycleState, gang: Gang, most_of: dict[int, int]) -> t
     """
     req = gang.request
     if not state.fits_empty(TRAIN_POOL, req):
+        why = state.reason(("never", TRAIN_POOL, id(req)),
+                           lambda: never_fits(state.cap.states[TRAIN_POOL], TRAIN_POOL, req))
+        if why:
+            return why, f"{why} now"
         return (f"no node of the train pool can ever hold one replica of {gang.text}",
                 f"no node of the train pool can hold one replica of {gang.text} now")
     most = most_of.get(id(req))
     if most is None:
         most = most_of[id(req)] = int(state.cap.states[TRAIN_POOL].replicas_fit(req, empty=True).sum())
     if most < gang.size:
+        if req.rules is not None and req.rules.text:
+            where = f"the nodes of the train pool that match {req.rules.text}"
+            return (f"{where} could hold at most {most} replicas of {txt.describe(req)} even empty; "
+                    f"{gang.text} needs {gang.size}",
+                    f"{where} can hold at most {most} replicas of {txt.describe(req)} now, even empty; "
+                    f"{gang.text} needs {gang.size}")
         return (f"the train pool could hold at most {most} replicas of {txt.describe(req)} even empty; "
                 f"{gang.text} needs {gang.size}",
                 f"the train pool can hold at most {most} replicas of {txt.describe(req)} now, even empty; "

@@ -7,7 +7,7 @@ for at least as much of everything. With thousands of pending jobs of a few
 hundred shapes on a full cluster, that turns most placement and reclaim
 attempts into a dictionary lookup and a short scan.
 
-Dominance is kept to what is plainly true: same allowed models, and the
+Dominance is kept to what is plainly true: same allowed models and placement rules, and the
 "GPU level" (a fraction ``f`` counts ``f``; ``n`` whole GPUs count
 ``1000 * n``, since a whole free GPU has room for any fraction), CPU and
 memory each at least as large. GPU-memory requests turn into a share that
@@ -20,6 +20,7 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 from gpupool.policy.model import MILLI, Request
+from gpupool.policy.node_rules import NodeRules
 
 T = TypeVar("T")
 
@@ -36,7 +37,7 @@ class FailureMemo(Generic[T]):
         # keyed by id() for speed; the entry holds the request itself, which keeps the id from
         # being reused by another object and lets a lookup check it is the same request
         self._exact: dict[tuple[Hashable, int], tuple[Request, T]] = {}
-        self._frontier: dict[tuple[Hashable, frozenset[str]], list[tuple[int, int, int, T]]] = {}
+        self._frontier: dict[tuple[Hashable, frozenset[str], NodeRules | None], list[tuple[int, int, int, T]]] = {}
 
     def _sync(self, generation: int) -> None:
         if generation != self.generation:
@@ -52,7 +53,7 @@ class FailureMemo(Generic[T]):
             return hit[1]
         if req.gpu_memory_mib:
             return None
-        frontier = self._frontier.get((context, req.gpu_models))
+        frontier = self._frontier.get((context, req.gpu_models, req.rules))
         if frontier:
             level, cpu, mem = gpu_level(req), req.cpu_milli, req.memory_mib
             for f_level, f_cpu, f_mem, payload in frontier:
@@ -67,7 +68,7 @@ class FailureMemo(Generic[T]):
         self._exact[(context, id(req))] = (req, payload)
         if req.gpu_memory_mib:
             return
-        key = (context, req.gpu_models)
+        key = (context, req.gpu_models, req.rules)
         level, cpu, mem = gpu_level(req), req.cpu_milli, req.memory_mib
         frontier = [
             e for e in self._frontier.get(key, []) if not (e[0] >= level and e[1] >= cpu and e[2] >= mem)

@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpupool.policy.node_rules import NodeRules, Taint
 
 MILLI = 1000
 """Milli-GPU in one whole GPU."""
+
+LATER = MappingProxyType({"added_later": True})
+"""Metadata of fields added after tests/golden was recorded: its input text leaves them out while at their default."""
 
 BUILD_POOL = "build"
 TRAIN_POOL = "train"
@@ -53,6 +59,10 @@ class Node:
     # Node group (a rack, a switch): a gang's replicas go within one group when they can, since
     # traffic between replicas is cheaper there. "" = no group known (all such nodes count as one).
     group: str = ""
+    # Node labels, sorted (key, value) pairs, and taints: what placement rules read (node_rules.py).
+    # Both empty (the local backend) leave every node open to every workload.
+    labels: tuple[tuple[str, str], ...] = field(default=(), metadata=LATER)
+    taints: tuple[Taint, ...] = field(default=(), metadata=LATER)
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,9 @@ class Request:
     gpu_models: frozenset[str] = frozenset()  # empty = any model
     cpu_milli: int = 0
     memory_mib: int = 0
+    # Where it may run: nodeSelector, node affinity, tolerations (node_rules.py); None = no rules.
+    # Part of the request, so every memo keyed by request tells two rule sets apart.
+    rules: NodeRules | None = field(default=None, metadata=LATER)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from gpupool.policy.model import Assignment, Node, Request, Workload
 from gpupool.policy.placement_capacity import CapacityModel
 from gpupool.policy.placement_frag import FragModel, request_shape
 from gpupool.policy.placement_layout import layout_of
+from gpupool.policy.placement_rules import preferred_first, rule_masks
 from gpupool.wire.errors import InvalidRequest
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
@@ -129,6 +130,8 @@ class FreeState:
         self.tie_rank = rank
         self._rank_is_order = bool(np.array_equal(rank, np.arange(n)))
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
+        self.rules = rule_masks(self.nodes)  # the nodes each request's placement rules allow
+        self._pref_ranks: dict[object, np.ndarray | None] = {}
         self._failed: dict[Request, int] = {}
         self._release_version = 0
         self._version = 0  # bumped by every commit/release: a found place stays valid until then
@@ -338,6 +341,9 @@ class FreeState:
             i = self.node_index.get(name)
             if i is not None:
                 ok[i] = False
+        ruled = self.allowed(request)
+        if ruled is not None:
+            ok &= ruled
         idx = np.flatnonzero(ok)
         if not len(idx):
             return None
@@ -367,7 +373,16 @@ class FreeState:
             room = np.minimum(room, np.maximum(cpu, 0) // request.cpu_milli)
         if request.memory_mib:
             room = np.minimum(room, np.maximum(mem, 0) // request.memory_mib)
+        allowed = self.allowed(request)
+        if allowed is not None:
+            room = np.where(allowed, room, 0)
         return np.maximum(room, 0)
+
+    def allowed(self, request: Request) -> np.ndarray | None:
+        """The nodes ``request``'s placement rules allow (node taints included); None when all are."""
+        if request.rules is None and not self.rules.repels:
+            return None
+        return self.rules.mask(request.rules)
 
     def fits_empty(self, request: Request) -> bool:
         """Whether ``request`` could ever fit in this pool if everything were free.
@@ -385,11 +400,26 @@ class FreeState:
         return known
 
     def _fits_when_empty(self, request: Request) -> bool:
-        mask = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
+        return bool(self.rows_fitting(request, empty=True).any())
+
+    def rows_fitting(self, request: Request, empty: bool, ruled: bool = True) -> np.ndarray:
+        """Per node, whether ``request`` fits (``empty``: were the node empty); ``ruled``: where its rules allow.
+
+        The plain, unhurried form of :meth:`find`'s test: for answers kept per
+        shape (whether it could ever fit, why it cannot), not for the hot path.
+        """
+        if empty:
+            free, cpu, mem = self.cap, self.cpu_total, self.mem_total
+        else:
+            free, cpu, mem = self.free, self.cpu_free, self.mem_free
+        mask = (cpu >= request.cpu_milli) & (mem >= request.memory_mib)
         if request.gpus or request.gpu_milli or request.gpu_memory_mib:
-            _, gmask = self._gpu_ok(request, self.cap, self.cap)
+            _, gmask = self._gpu_ok(request, free, self.cap)
             mask &= gmask
-        return bool(mask.any())
+        allowed = self.allowed(request) if ruled else None
+        if allowed is not None:
+            mask &= allowed
+        return mask
 
     def find(self, request: Request) -> Assignment | None:
         """The best place for ``request`` under the policy, or None; commits nothing."""
@@ -420,11 +450,34 @@ class FreeState:
         elif request.gpu_milli or request.gpu_memory_mib:
             ok, gmask = self._gpu_ok(request, self.free, self.cap)
             mask &= gmask
+        rank = None
+        if request.rules is not None or self.rules.repels or self.rules.soft_taints:
+            allowed = self.rules.mask(request.rules)
+            if allowed is not None:
+                mask &= allowed
+            rank = self._pref_rank(request)
         cand = mask.nonzero()[0]
         if cand.size == 0:
             self._failed[request] = self._release_version
             self._global_max()  # a full pool: the next requests are likely to fail too
             return None
+        if rank is None:
+            i, slots = self._pick(cand, ok, request)
+        else:  # preferred nodes win ties: they come first in tie order for this request
+            kept = self.tie_rank, self._rank_is_order
+            self.tie_rank, self._rank_is_order = rank, False
+            try:
+                i, slots = self._pick(cand, ok, request)
+            finally:
+                self.tie_rank, self._rank_is_order = kept
+        found = self._assignment(i, slots, request)
+        if len(self._found) > 4096:
+            self._found.clear()
+        self._found[request] = (self._version, found)
+        return found
+
+    def _pick(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
+        """(node, GPU slots) among the nodes ``cand`` where the request fits (``ok``: usable slots, all rows)."""
         cand = self._distinct(cand)
         if request.gpus > 1 and self.max_groups > 1:
             cand = self._prefer_one_group(cand, request)
@@ -433,12 +486,18 @@ class FreeState:
         elif ok is not None:
             ok = ok[cand]
         # (plain whole-GPU work: None, its GPUs are looked up on the chosen node only)
-        i, slots = self._choose(cand, ok, request)
-        found = self._assignment(i, slots, request)
-        if len(self._found) > 4096:
-            self._found.clear()
-        self._found[request] = (self._version, found)
-        return found
+        return self._choose(cand, ok, request)
+
+    def _pref_rank(self, request: Request) -> np.ndarray | None:
+        """Tie order for a request that would rather have some nodes (preferred affinity, PreferNoSchedule).
+
+        Preferred nodes first, then the usual tie order: a preference decides
+        only between places the policy scores alike, so packing is untouched.
+        """
+        rules = request.rules
+        if rules not in self._pref_ranks:
+            self._pref_ranks[rules] = preferred_first(self.rules.scores(rules), self.tie_rank)
+        return self._pref_ranks[rules]
 
     def _distinct(self, cand: np.ndarray) -> np.ndarray:
         """One candidate per distinct node state: the first in tie order (result in node order).

@@ -64,7 +64,7 @@ class Training:
                     st.estimate(TRAIN_POOL, req) if st.fits_empty(TRAIN_POOL, req) else None
                 )
             if need is None:
-                st.refuse_or_wait(w.id, f"no node of the train pool can ever hold {txt.describe(req)}",
+                st.cannot_hold(w.id, TRAIN_POOL, req, f"no node of the train pool can ever hold {txt.describe(req)}",
                                   f"no node of the train pool can hold {txt.describe(req)} now")
                 continue
             limit = projects[w.project].train_limit_milli

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from gpupool.policy import reasons as txt
 from gpupool.policy.cycle_state import CycleState
-from gpupool.policy.model import Project, Request
+from gpupool.policy.model import TRAIN_POOL, Project, Request
+from gpupool.policy.rule_reasons import kept_off_room
 
 
 def no_room(state: CycleState, req: Request, p: Project, within: bool, protected: int, tried: bool) -> str:
@@ -33,6 +34,12 @@ def why_no_room(state: CycleState, p: Project, within: bool, protected: int, tri
 
 def _no_room_for(state: CycleState, req: Request) -> str:
     base = f"no room for {txt.describe(req)} on the train pool"
+    pool = state.cap.states.get(TRAIN_POOL)
+    kept_off = kept_off_room(pool, req) if pool is not None else ""
+    if kept_off:
+        base = f"{base}: {kept_off}"
+    elif req.rules is not None and req.rules.text:
+        base += f" on the nodes that match {req.rules.text}"
     if state.reserved:
         base += " (reserved for starving jobs: " + ", ".join(
             f"{node} for {job}" for node, job in sorted(state.reserved.items())

@@ -41,7 +41,9 @@ def digest(text: str) -> str:
 def canonical(value: Any) -> Any:
     """``value`` with its sets sorted, so its text does not depend on Python's hash seed (frozenset reprs do)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value).__name__, *(canonical(getattr(value, f.name)) for f in dataclasses.fields(value)))
+        # (a field added later, at its default, is left out: an input that does not use it reads as before)
+        return (type(value).__name__, *(canonical(getattr(value, f.name)) for f in dataclasses.fields(value)
+                                        if not (f.metadata.get("added_later") and getattr(value, f.name) == f.default)))
     if isinstance(value, frozenset | set):
         return sorted(value)
     if isinstance(value, tuple | list):
