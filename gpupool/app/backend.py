@@ -22,6 +22,7 @@ from gpupool.service.cycle import PolicyFn
 
 if TYPE_CHECKING:
     from gpupool.backends.kubernetes.backend import KubeSettings
+    from gpupool.backends.kubernetes.leader import Leadership
 
 
 def local_settings(config: ServiceConfig) -> LocalSettings:
@@ -46,33 +47,37 @@ def kube_settings(config: ServiceConfig) -> KubeSettings:
         kube_pod_namespaces=config.kube_pod_namespaces)
 
 
-def make_backend(config: ServiceConfig, inventory: Inventory | None = None) -> Backend:
+def make_backend(config: ServiceConfig, inventory: Inventory | None = None,
+                 leadership: Leadership | None = None) -> Backend:
     """The backend ``config.backend`` names: ``local`` (this machine) or ``kubernetes`` (a cluster).
 
     Local jobs that run as their owners' accounts (a root service) must pass
     through the executor's job directories: they are made traversable then.
+    ``leadership``: the Kubernetes backend's writes are fenced by it (gpupool.app.leading).
     """
     if config.backend == "kubernetes":
         from gpupool.backends.kubernetes.backend import (
             KubeBackend,  # the kubernetes client loads only when asked for
         )
 
-        return KubeBackend(kube_settings(config))
+        return KubeBackend(kube_settings(config), leadership=leadership)
     traversable = resolve_mode(config.run_jobs_as) == "owner"
     return LocalBackend(local_settings(config), inventory, traversable=traversable)
 
 
 def build_core(config: ServiceConfig | None = None, *, inventory: Inventory | None = None,
-               backend: Backend | None = None, policy: PolicyFn | None = None) -> SchedulerCore:
+               backend: Backend | None = None, policy: PolicyFn | None = None,
+               leadership: Leadership | None = None) -> SchedulerCore:
     """The service core on the backend the config names (or on ``backend``, tests and benchmarks).
 
     ``inventory`` replaces the local backend's GPUs (NVML or the simulation
     spec); ``policy`` the policy engine. The backend is built by the core
     once it holds the state directory, so a second service on the same state
-    directory is refused before it starts anything.
+    directory is refused before it starts anything. ``leadership``: this
+    instance leads (gpupool.app.leading); the backend writes only while it does.
     """
     config = config or ServiceConfig()
     if backend is not None:
         given = backend
         return SchedulerCore(config, lambda: given, policy=policy)
-    return SchedulerCore(config, lambda: make_backend(config, inventory), policy=policy)
+    return SchedulerCore(config, lambda: make_backend(config, inventory, leadership), policy=policy)

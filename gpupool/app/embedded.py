@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,15 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
 from gpupool.api.app import make_app
+from gpupool.api.standby import StandbyInfo, make_standby_app
+from gpupool.app.leading import (
+    FIRST_ROUND_S,
+    Election,
+    Switch,
+    admin_token_on_disk,
+    build_core_when_free,
+    wants_election,
+)
 from gpupool.client import runtime_file
 from gpupool.service.config import ServiceConfig
 from gpupool.service.core import Actor
@@ -51,7 +60,9 @@ class EmbeddedScheduler:
     def __init__(self, state_dir: str | os.PathLike[str], simulate: str | None = None,
                  projects: Mapping[str, Mapping[str, Any]] | None = None, admin_token: str | None = None,
                  *, host: str = "127.0.0.1", port: int = 0,
-                 config: Mapping[str, Any] | ServiceConfig | None = None, publish: bool = True) -> None:
+                 config: Mapping[str, Any] | ServiceConfig | None = None, publish: bool = True,
+                 on_standby: Callable[[dict[str, Any]], None] | None = None,
+                 on_lost_leadership: Callable[[str], None] | None = None) -> None:
         self.state_dir = Path(state_dir).expanduser()
         self.simulate = simulate
         self.projects = dict(projects or {})
@@ -67,6 +78,14 @@ class EmbeddedScheduler:
         self.publish = publish
         self.runtime_path: str | None = None
         """The runtime file this scheduler wrote (None before start, after stop, or when not publishing)."""
+        self.on_standby = on_standby
+        """Kubernetes leader election: called (with the Lease's state) when start() waits as a standby."""
+        self.on_lost_leadership = on_lost_leadership
+        """Called on the loop when this instance lost the Lease it led with (default: stop the scheduler)."""
+        self.election: Election | None = None
+        self.lost_leadership: str | None = None
+        """Why this instance stopped leading (None while it leads, or with no leader election)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def service_config(self) -> ServiceConfig:
         """The core's configuration: explicit arguments win over ``config``."""
@@ -82,7 +101,12 @@ class EmbeddedScheduler:
         return ServiceConfig.from_dict({**(self._config or {}), **overrides})
 
     async def start(self) -> None:
-        """Start the core (recovering its state), create missing projects, then listen."""
+        """Start the core (recovering its state), create missing projects, then listen.
+
+        With the Kubernetes backend and leader election on (the default), the
+        port answers as a standby until this instance holds the Lease, and
+        only then is the core built (gpupool/app/leading.py).
+        """
         from gpupool.app.backend import build_core  # the core and its backend load only when started
         from gpupool.service.core import SchedulerCore
 
@@ -94,33 +118,77 @@ class EmbeddedScheduler:
             sockets = bind_sockets(self.port, self.host, reuse_port=False)
         except OSError as e:
             raise GpupoolError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+        self._set_url(sockets[0].getsockname()[1])
+        self._loop = asyncio.get_running_loop()
+        election = Election(cfg, self._lost_from_any_thread) if wants_election(cfg) else None
+        switch: Switch | None = None
         core: SchedulerCore | None = None
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            core = build_core(cfg)
+            if election is not None:
+                self.election = election
+                switch = Switch(make_standby_app(StandbyInfo(cfg.admin_token or admin_token_on_disk(self.state_dir),
+                                                             election.leadership.holder, election.leadership.where)))
+                self._server = HTTPServer(switch, max_body_size=MAX_BODY, idle_connection_timeout=120)
+                self._server.add_sockets(sockets)
+                election.start()
+                if not await election.wait_to_lead(FIRST_ROUND_S):
+                    if self.on_standby is not None:
+                        self.on_standby(election.describe())
+                    await election.wait_to_lead()
+                leadership = election.leadership
+                core = await build_core_when_free(lambda: build_core(cfg, leadership=leadership), election,
+                                                  self.state_dir)
+            else:
+                core = build_core(cfg)
             await core.start()
             self.admin_token = self._find_admin_token(core, cfg)
             self._ensure_projects(core, cfg)
             self.app = make_app(core)
-            self._server = HTTPServer(self.app, max_body_size=MAX_BODY, idle_connection_timeout=120)
-            self._server.add_sockets(sockets)
+            if switch is not None:
+                switch.target = self.app  # the same socket: requests from now on reach the core
+            else:
+                self._server = HTTPServer(self.app, max_body_size=MAX_BODY, idle_connection_timeout=120)
+                self._server.add_sockets(sockets)
         except BaseException:
-            for sock in sockets:
-                sock.close()
+            if self._server is not None:
+                self._server.stop()
+            else:
+                for sock in sockets:
+                    sock.close()
             self._server = None
             if core is not None:
                 await core.stop()
+            if election is not None:
+                election.stop(release=True)  # released only while still ours
+                self.election = None
+            self.url = None
             raise
         self.core = core
-        port = sockets[0].getsockname()[1]
+        log.info("gpupool scheduler listening on %s (state in %s)", self.url, self.state_dir)
+        if self.publish:
+            self.publish_token(self.admin_token, user=cfg.admin_user)
+
+    def _set_url(self, port: int) -> None:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         if self.host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
         self.port = port
         self.url = f"http://{host}:{port}"
-        log.info("gpupool scheduler listening on %s (state in %s)", self.url, self.state_dir)
-        if self.publish:
-            self.publish_token(self.admin_token, user=cfg.admin_user)
+
+    def _lost_from_any_thread(self, why: str) -> None:
+        """The Lease was lost (the elector's thread, or a write's): writes already stopped; act on the loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._lost, why)
+
+    def _lost(self, why: str) -> None:
+        if self.lost_leadership is not None:
+            return
+        self.lost_leadership = why
+        if self.on_lost_leadership is not None:
+            self.on_lost_leadership(why)
+        else:
+            asyncio.ensure_future(self.stop())
 
     def publish_token(self, token: str | None, user: str | None = None) -> None:
         """(Re)write the runtime file with ``token``: what `gpupool` on this machine will use by default.
@@ -156,6 +224,9 @@ class EmbeddedScheduler:
             self._server = None
         core, self.core = self.core, None
         await core.stop()
+        if self.election is not None:  # after the core: no write of ours can follow the release
+            self.election.stop(release=self.lost_leadership is None)
+            self.election = None
 
     async def __aenter__(self) -> EmbeddedScheduler:
         await self.start()

@@ -25,7 +25,11 @@ from gpupool.service.hardening import make_undumpable
 from gpupool.service.hub_sync import sync_groups_forever
 from gpupool.wire.errors import InvalidRequest
 
-_KUBE_FLAGS = ("kubeconfig", "namespace", "image", "pod_namespaces")
+_KUBE_FLAGS = ("kubeconfig", "namespace", "image", "pod_namespaces", "leader_elect", "lease_name")
+LOST_LEADERSHIP_EXIT = 3
+"""`gpupool serve`'s exit status when it lost the Lease it led with (Kubernetes restarts it, as a standby)."""
+EXIT_AFTER_LOSS_S = 20.0
+"""A stop after a lost Lease that takes longer than this ends the process at once (its writes are fenced anyway)."""
 
 
 class BadFlags(ValueError):
@@ -48,6 +52,8 @@ class ServeOptions:
     namespace: str | None = None
     image: str | None = None
     pod_namespaces: str | None = None
+    leader_elect: bool | None = None
+    lease_name: str | None = None
     admin_token: str | None = None  # read from a file or $GPUPOOL_ADMIN_TOKEN by the caller, never a flag
 
 
@@ -76,9 +82,14 @@ def service_settings(options: ServeOptions) -> tuple[dict[str, Any], str]:
             settings[POD_NAMESPACES] = parse_flag(options.pod_namespaces)
         except InvalidRequest as e:
             raise BadFlags(str(e)) from None
+    if options.leader_elect is not None:
+        settings["kube_leader_election"] = options.leader_elect
+    if options.lease_name:
+        settings["kube_lease_name"] = options.lease_name
     kube = settings.get("backend") == "kubernetes"
-    if not kube and any(getattr(options, flag) for flag in _KUBE_FLAGS):
-        raise BadFlags("--kubeconfig, --namespace, --image and --pod-namespaces go with --backend kubernetes")
+    if not kube and any(getattr(options, flag) not in (None, "") for flag in _KUBE_FLAGS):
+        raise BadFlags("--kubeconfig, --namespace, --image, --pod-namespaces, --leader-elect and --lease-name go "
+                       "with --backend kubernetes")
     if kube and options.simulate:
         raise BadFlags("--simulate is for the local backend; a cluster's GPUs are its nodes'")
     return settings, state_dir or str(default_state_dir())
@@ -101,15 +112,29 @@ def serve(options: ServeOptions) -> int:
     settings, state_dir = service_settings(options)
     make_undumpable()  # our environment (a token in it) and memory: not readable by jobs of our own user
     admin_token = options.admin_token
-    scheduler = EmbeddedScheduler(state_dir, simulate=options.simulate, admin_token=admin_token,
-                                  host=options.host, port=options.port, config=settings)
+    stop = asyncio.Event()
 
-    async def run() -> None:
-        stop = asyncio.Event()
+    def standby(lease: dict[str, Any]) -> None:
+        print(f"gpupool scheduler standby on {scheduler.url}: waiting for the lease {lease['lease']} "
+              f"(held by {lease.get('leader') or 'nobody yet'}); this instance is {lease['identity']}", flush=True)
+
+    def lost(why: str) -> None:
+        print(f"gpupool scheduler lost the leadership ({why}); no more writes to the cluster; exiting",
+              flush=True)
+        _exit_if_stuck(EXIT_AFTER_LOSS_S)
+        stop.set()
+
+    scheduler = EmbeddedScheduler(state_dir, simulate=options.simulate, admin_token=admin_token,
+                                  host=options.host, port=options.port, config=settings,
+                                  on_standby=standby, on_lost_leadership=lost)
+
+    async def run() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await scheduler.start()
+        if not await _started_unless_stopped(scheduler, stop):
+            print("gpupool scheduler stopped before it led", flush=True)
+            return 0
         tasks: list[asyncio.Future[None]] = []  # the Hub group sync, when on
         try:
             simulated = " with SIMULATED GPUs" if getattr(scheduler.core, "simulated", False) else ""
@@ -139,9 +164,45 @@ def serve(options: ServeOptions) -> int:
             for task in tasks:
                 task.cancel()
             await scheduler.stop()
+        return LOST_LEADERSHIP_EXIT if scheduler.lost_leadership else 0
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
+
+
+async def _started_unless_stopped(scheduler: EmbeddedScheduler, stop: asyncio.Event) -> bool:
+    """``scheduler.start()``, unless SIGTERM comes first (a standby waiting for the Lease): False then."""
+    start = asyncio.ensure_future(scheduler.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([start, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if start.done():
+        start.result()  # raises what start raised
+        return True
+    start.cancel()
+    try:
+        await start
+    except asyncio.CancelledError:
+        pass
+    return False
+
+
+def _exit_if_stuck(after_s: float) -> None:
+    """End the process ``after_s`` from now if it has not ended by then (a daemon timer).
+
+    A lost Lease must end this instance: its writes are fenced, but a stop
+    that hangs (an HTTP client, a slow API call) would keep it up, holding the
+    state directory that the new leader waits for.
+    """
+    import threading
+
+    def end() -> None:
+        logging.getLogger("gpupool.serve").error("still stopping %.0f s after the Lease was lost: exiting now",
+                                                 after_s)
+        os._exit(LOST_LEADERSHIP_EXIT)
+
+    timer = threading.Timer(after_s, end)
+    timer.daemon = True
+    timer.start()
 
 
 def configure_logging(level: str) -> None:

@@ -122,6 +122,11 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--pod-namespaces", metavar="SPEC", help="with --backend kubernetes: the namespaces whose pods "
                    "with schedulerName gpupool are queued, each with the projects they may use, e.g. "
                    "'team-a=vision;ml=nlp,speech;gpupool=*' ('*': any namespace or project; default: --namespace only)")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --backend kubernetes: act only while holding the Lease --lease-name, a standby "
+                        "otherwise (default on; docs/kubernetes.md, One leader)")
+    p.add_argument("--lease-name", metavar="NAME", help="with --backend kubernetes: the leader election's Lease "
+                   "in --namespace (default gpupool-scheduler)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 

@@ -38,7 +38,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = ServeOptions(
         state_dir=args.state_dir, config_file=args.config, simulate=args.simulate, host=args.host, port=args.port,
         hub=bool(args.hub), hub_api_url=args.hub_api_url, backend=args.backend, kubeconfig=args.kubeconfig,
-        namespace=args.namespace, image=args.image, pod_namespaces=args.pod_namespaces, admin_token=admin_token)
+        namespace=args.namespace, image=args.image, pod_namespaces=args.pod_namespaces, admin_token=admin_token,
+        leader_elect=args.leader_elect, lease_name=args.lease_name)
     try:
         return serve(options)
     except BadFlags as e:

@@ -231,10 +231,16 @@ def _backend_lines(health: dict[str, Any]) -> list[str]:
         text += "PROBLEM: " + "; ".join(
             f"{e.get('source', '?')}: {e.get('error', '?')}" + (f" (since {_clock(e.get('since'))})" if e.get("since") else "")
             for e in errors) if errors else "PROBLEM"
+    lines = [text]
+    leader = health.get("leader")
+    if isinstance(leader, dict):
+        lines.append(f"leader: {leader.get('leader') or '?'}"
+                     + (" (this instance)" if leader.get("this_instance") else f" (this instance is {leader.get('identity', '?')})")
+                     + f", lease {leader.get('lease', '?')}")
     out = health.get("nodes_out")
     if isinstance(out, dict) and out:
-        return [text, "nodes out of the pool: " + ", ".join(f"{name} ({why})" for name, why in sorted(out.items()))]
-    return [text]
+        lines.append("nodes out of the pool: " + ", ".join(f"{name} ({why})" for name, why in sorted(out.items())))
+    return lines
 
 
 def _clock(t: Any) -> str:

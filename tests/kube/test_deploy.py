@@ -137,12 +137,14 @@ def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
 
 # What the scheduler's code calls (gpupool/backends/kubernetes: lists and watches of nodes and of pods everywhere; in its
 # namespace: pods created, listed, watched and deleted, bound, their logs read; ConfigMaps of kubectl pods; a
-# gang's headless Service; events). Nothing more: no `get` of a pod or a node, which it never reads one by one.
+# gang's headless Service; events; the leader election's Lease). Nothing more: no `get` of a pod or a node, which it
+# never reads one by one.
 SCHEDULER_RIGHTS = {
     "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete"}, ("", "pods/binding"): {"create"},
                                ("", "pods/log"): {"get"}, ("", "configmaps"): {"create", "delete"},
-                               ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"}},
+                               ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"},
+                               ("coordination.k8s.io", "leases"): {"create", "get", "update"}},
     "gpupool-kubectl-pods": {("", "pods"): {"delete"}, ("", "pods/binding"): {"create"}, ("", "pods/log"): {"get"},
                              ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"}},
 }
@@ -154,18 +156,26 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
     That the rights are enough is test_the_deploy_rbac_is_enough_to_schedule's (and the kubectl-pod
     tests', which run as this account).
     """
-    granted = {}
+    granted: dict[str, dict[tuple[str, str], set[str]]] = {}
+    named: dict[tuple[str, str], set[str]] = {}  # verbs granted only on named objects
     for doc in documents("rbac.yaml"):
         if doc["kind"] in ("Role", "ClusterRole"):
-            granted[doc["metadata"]["name"]] = {(group, resource): set(rule["verbs"])
-                                                for rule in doc["rules"] for group in rule["apiGroups"]
-                                                for resource in rule["resources"]}
+            rights = granted.setdefault(doc["metadata"]["name"], {})
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        rights.setdefault((group, resource), set()).update(rule["verbs"])
+                        if rule.get("resourceNames"):
+                            named.setdefault((group, resource), set()).update(rule["verbs"])
     assert granted == SCHEDULER_RIGHTS
+    # the leader election's Lease: read and renewed by its name only (create cannot be narrowed so)
+    assert named == {("coordination.k8s.io", "leases"): {"get", "update"}}
     docs = " ".join((DEPLOY.parents[1] / "docs" / "kubernetes.md").read_text().split())
     least = docs[docs.index("What the scheduler's account needs"):]
     least = least[:least.index("## ")]
     for resource, verbs in (("`nodes`", "list, watch"), ("`pods` in every namespace", "list, watch"),
                             ("`pods`", "create, list, watch, delete"), ("`pods/binding`", "create"),
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
-                            ("`services`", "create, list, delete"), ("`events`", "create")):
+                            ("`services`", "create, list, delete"), ("`events`", "create"),
+                            ("`leases`", "get, create, update")):
         assert f"{resource}: {verbs}" in least, (resource, verbs, least)
