@@ -66,6 +66,9 @@ class Launch:
     gpu_env: dict[str, str] = field(default_factory=dict)
     assignment: dict[str, Any] = field(default_factory=dict)
     image: str = ""  # a container executor's image ("" = its configured default); a local one ignores it
+    # The job's node_selector / node_affinity / tolerations (wire form; {} = none): a container executor puts
+    # them in its pods, so the node agrees with where the policy placed them. A local one ignores them.
+    placement: dict[str, Any] = field(default_factory=dict)
     # A gang (replicas > 1): one entry per replica in rank order; empty for a
     # one-replica job, which uses gpu_env/assignment as before.
     replicas: tuple[ReplicaLaunch, ...] = ()

@@ -27,6 +27,7 @@ from gpupool.service.book import JobBook, Lifecycle
 from gpupool.service.config import ServiceConfig
 from gpupool.service.jobs import assigned_gpus, job_reason
 from gpupool.service.metrics import Metrics
+from gpupool.service.placement_rules import placement_fields
 from gpupool.service.pool_state import PoolState
 from gpupool.service.store import JobRecord
 from gpupool.service.watchdog import Watchdog
@@ -179,7 +180,8 @@ class Attempts:
                           {"node": r["node"], "gpus": r["gpus"]})
             for r in replica_assignments)
         launch = Launch(rec.id, attempt, list(rec.command or []), rec.workdir, rec.user, rec.project,
-                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "", replicas=replicas)
+                        dict(rec.job_env), gpu_env, assignment, image=rec.image or "", replicas=replicas,
+                        placement=placement_fields(rec.request))
         try:
             handle = self.executor.launch(launch)
         except Exception as e:  # cannot spawn: a clear, final failure rather than a retry loop

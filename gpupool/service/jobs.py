@@ -13,6 +13,7 @@ from typing import Any
 
 from gpupool.policy import reasons as txt
 from gpupool.policy.model import MILLI, Assignment, Kind, Request, Workload
+from gpupool.service.placement_rules import rules_of
 from gpupool.service.store import JobRecord, ProjectRecord
 
 MIB = 1024 * 1024
@@ -57,15 +58,17 @@ def request_of(rec: JobRecord) -> Request:
         r.get("gpu_model") or None,
         int(round((r.get("cpu") or 0) * 1000)),
         -(-int(r.get("memory") or 0) // MIB),
+        rules_of(r),  # None unless it sets placement fields
     )
     found = _INTERNED.get(key)
     if found is None:
         if len(_INTERNED) >= _INTERN_MAX:
             _INTERNED.clear()
-        gpus, milli, gpu_memory_mib, model, cpu_milli, memory_mib = key
+        gpus, milli, gpu_memory_mib, model, cpu_milli, memory_mib, rules = key
         found = _INTERNED[key] = Request(
             gpus=gpus, gpu_milli=milli, gpu_memory_mib=gpu_memory_mib,
             gpu_models=frozenset({model}) if model else frozenset(), cpu_milli=cpu_milli, memory_mib=memory_mib,
+            rules=rules,
         )
     return found
 

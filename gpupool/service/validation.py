@@ -25,6 +25,7 @@ from gpupool.wire.limits import (
     USER_RE,
     check_json_value,
 )
+from gpupool.wire.placement import check_placement, placement_of
 from gpupool.wire.plain_text import escape
 from gpupool.wire.schemas import MAX_MODEL_NAME
 from gpupool.wire.schemas import validate as validate_body
@@ -72,11 +73,13 @@ class JobSpec:
     client_key: str | None = None
     image: str | None = None  # a container image (cluster backends); None: the configured default
     replicas: int = 1  # a multi-node gang's processes (pods), each on ``gpus`` whole GPUs of one node
+    # node_selector / node_affinity / tolerations as set (gpupool.wire.placement.placement_of); {} = none
+    placement: dict[str, Any] = field(default_factory=dict)
 
     def request(self) -> dict[str, Any]:
-        """The Job's ``request`` object (wire units)."""
+        """The Job's ``request`` object (wire units); placement rules only when the job has some."""
         return {"gpus": self.gpus, "gpu_fraction": self.gpu_fraction, "gpu_memory": self.gpu_memory,
-                "gpu_model": self.gpu_model, "cpu": self.cpu, "memory": self.memory}
+                "gpu_model": self.gpu_model, "cpu": self.cpu, "memory": self.memory, **self.placement}
 
 
 def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> JobSpec:
@@ -161,6 +164,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         raise InvalidRequest("a build job has no image (it is a share lease for a kernel)")
 
     replicas = _replicas(spec.get("replicas"), kind, gpus, fraction, memory_req, limits)
+    check_placement(spec)
 
     return JobSpec(
         project=project, kind=kind, name=name.strip(), replicas=replicas, gpus=gpus or 0,
@@ -168,6 +172,7 @@ def validate_spec(spec: Any, project_names: set[str], limits: PoolLimits) -> Job
         command=list(command) if command else None, workdir=workdir,
         submit_dir=submit_dir if kind == JobKind.TRAIN else None, env=dict(spec.get("env") or {}), cpu=cpu,
         memory=memory, labels=dict(spec.get("labels") or {}), client_key=spec.get("client_key"), image=image,
+        placement=placement_of(spec),
     )
 
 

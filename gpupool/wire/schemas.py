@@ -36,6 +36,14 @@ from gpupool.wire.limits import (
     MAX_USER_NAME,
     USER_PATTERN,
 )
+from gpupool.wire.placement import (
+    AFFINITY_RULE,
+    NODE_AFFINITY,
+    NODE_SELECTOR,
+    SELECTOR_RULE,
+    TOLERATIONS,
+    TOLERATIONS_RULE,
+)
 from gpupool.wire.plain_text import PLAIN_TEXT_PATTERN, escape, unsafe_problem
 from gpupool.wire.states import ALL_STATES, JobKind
 
@@ -144,6 +152,9 @@ JOB_SPEC: dict[str, Any] = {
                      "description": "Train jobs: processes (pods) that start together or not at all (a multi-node "
                      "gang), each on `gpus` whole GPUs of one node; more than 1 needs gpus >= 1 (no gpu_fraction "
                      "or gpu_memory).", RULE: f"replicas must be a whole number from 1 to {MAX_REPLICAS}"},
+        "node_selector": {**NODE_SELECTOR, RULE: SELECTOR_RULE},
+        "node_affinity": {**NODE_AFFINITY, RULE: AFFINITY_RULE},
+        "tolerations": {**TOLERATIONS, RULE: TOLERATIONS_RULE},
     },
 }
 

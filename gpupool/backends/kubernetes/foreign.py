@@ -18,6 +18,7 @@ from kubernetes.utils import parse_quantity
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.names import GPU_RESOURCE, PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.pod_placement import Unsupported, rules_of_pod
 from gpupool.backends.kubernetes.pods import PodEnd
 
 USER_LABEL = "gpupool.io/user"
@@ -146,6 +147,10 @@ def read_pod(pod: Obj) -> KubectlPod:
                            "(bytes, or e.g. \"20Gi\")")
     elif whole:
         spec["gpus"] = whole
+    try:  # its nodeSelector, node affinity and tolerations: placed only where its kubelet admits it
+        spec.update(rules_of_pod(pod))
+    except Unsupported as e:
+        return refused(str(e))
     return KubectlPod(ref, project, user, spec, "", reads_config_map(pod))
 
 

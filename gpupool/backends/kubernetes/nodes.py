@@ -2,9 +2,12 @@
 
 A node is in the pool when its allocatable ``nvidia.com/gpu`` is above 0 and
 it may take work: Ready, not cordoned, without the node controller's
-``node.kubernetes.io/*`` NoSchedule/NoExecute taints. Other taints (a GPU
-node's ``nvidia.com/gpu:NoSchedule`` is common) are for other schedulers'
-pods; ours tolerate them.
+``node.kubernetes.io/*`` NoSchedule/NoExecute taints. A GPU node's
+``nvidia.com/gpu`` taint (common: it keeps CPU pods off GPU nodes) is one
+every pod gpupool places accepts (ours tolerate it). Every other taint, and
+the node's labels, go to the policy as they are: a job lands on a tainted
+node only when it tolerates the taint, and only on nodes its nodeSelector and
+node affinity allow (docs/kubernetes.md, "Placement rules").
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from gpupool.backends.kubernetes.objects import Obj
 from gpupool.inventory import GpuInfo
 from gpupool.inventory.nvml import normalize_model
 from gpupool.policy.model import BUILD_POOL, TRAIN_POOL, Gpu, Node
+from gpupool.policy.node_rules import EFFECTS, Taint
 
 log = logging.getLogger("gpupool.backends.kubernetes")
 
@@ -50,12 +54,14 @@ class PoolNode:
     memory_mib: int
     problem: str = ""
     group: str = ""  # rack or switch (label gpupool.io/rack, else topology.kubernetes.io/zone); "" unknown
+    labels: tuple[tuple[str, str], ...] = ()  # the node's labels, sorted: what nodeSelector and affinity read
+    taints: tuple[Taint, ...] = ()  # its taints that placement weighs (see placement_taints)
 
     def policy_node(self) -> Node:
         """The policy's Node (memory in MiB)."""
         return Node(self.name, self.cpu_milli, self.memory_mib,
                     tuple(Gpu(g.id, g.index, g.model, g.memory // MIB, g.topology_group) for g in self.gpus),
-                    self.pools, self.group)
+                    self.pools, self.group, self.labels, self.taints)
 
 
 def read_node(node: Obj) -> PoolNode | None:
@@ -83,7 +89,20 @@ def read_node(node: Obj) -> PoolNode | None:
         problem = f"label {POOL_LABEL}={pool_value!r} is not build, train or both"
     group = labels.get(RACK_LABEL) or labels.get(ZONE_LABEL) or ""
     return PoolNode(name, gpus, pools, _milli(alloc.get("cpu")), _mib(alloc.get("memory")),
-                    problem or _not_schedulable(node), group)
+                    problem or _not_schedulable(node), group, tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+                    placement_taints(node))
+
+
+def placement_taints(node: Obj) -> tuple[Taint, ...]:
+    """The taints a job must tolerate to land on the node: all but the node controller's (those take the
+    node out of the pool) and ``nvidia.com/gpu`` (which every pod gpupool places tolerates)."""
+    out = []
+    for t in ob.taints(node):
+        key, effect = str(t.get("key") or ""), str(t.get("effect") or "")
+        if key.startswith(_CONTROLLER_TAINT) or key == GPU_RESOURCE or effect not in EFFECTS:
+            continue
+        out.append(Taint(key, str(t.get("value") or ""), effect))
+    return tuple(sorted(out, key=lambda t: (t.key, t.effect, t.value)))
 
 
 def _not_schedulable(node: Obj) -> str:

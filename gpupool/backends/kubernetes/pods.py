@@ -20,6 +20,7 @@ from gpupool.backends.kubernetes.names import (
     pod_name,
 )
 from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.pod_placement import pod_spec_rules
 
 WORKDIR_ROOT = "/gpupool/work"
 """A job's default working directory inside its pod (the PVC, when configured, is mounted here)."""
@@ -96,6 +97,10 @@ def pod_manifest(launch: Launch, settings: PodSettings) -> dict[str, Any]:
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "containers": [container],
     }
+    if launch.placement:  # the job's nodeSelector, node affinity and tolerations (ours come first)
+        rules = pod_spec_rules(launch.placement)
+        spec["tolerations"] += rules.pop("tolerations", [])
+        spec.update(rules)
     if launch.workdir:
         container["workingDir"] = launch.workdir
     if settings.workdir_pvc:
