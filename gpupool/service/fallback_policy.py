@@ -21,6 +21,7 @@ from gpupool.policy.model import (
     Wait,
     Workload,
 )
+from gpupool.policy.node_rules import allows
 
 
 def _milli_for(w: Workload, memory_mib: int) -> int:
@@ -56,6 +57,9 @@ def schedule(snapshot: Snapshot) -> Decisions:
         for node in snapshot.nodes:
             if pool not in node.pools:
                 continue
+            if (w.request.rules is not None or node.taints) and not allows(w.request.rules, dict(node.labels),
+                                                                           node.taints):
+                continue  # its nodeSelector, affinity or a taint it does not tolerate keeps it off this node
             gpus = [g for g in node.gpus if not w.request.gpu_models or g.model in w.request.gpu_models]
             if w.request.gpus:
                 free = [g for g in gpus if used.get(g.id, 0) == 0 and g.capacity_milli > 0]
