@@ -17,6 +17,7 @@ import pytest
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
 from tests.kube.test_kubectl_pods import jobs_of
+from tests.kube.test_kubespawner import hub_kubeconfig  # noqa: F401 (a fixture: KubeSpawner's kubeconfig)
 from tests.service.helpers import wait_for
 
 ADMIN = Actor("admin", True)
@@ -144,3 +145,27 @@ async def test_a_bad_rule_in_a_job_spec_is_refused_naming_it(namespace: str, gpu
     with pytest.raises(InvalidRequest, match="an Exists toleration has no value"):
         await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["x"], "tolerations": [
             {"key": "dedicated", "operator": "Exists", "value": "inference"}]})
+
+
+async def test_a_kubespawner_profile_that_picks_a_gpu_type_with_node_selector_lands_on_it(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real KubeSpawner's server pod for a profile with ``node_selector``: adopted, bound to a matching node."""
+    from tests.kube.test_kubespawner import User, hub_config, server_pod
+
+    small, big = two_nodes(api, gpu_nodes)
+    core = await ready_core(make_core)
+    core.set_project(ADMIN, "vision", {"build_quota": 2})
+    c, _ = hub_config(monkeypatch, namespace)
+    c.KubeSpawner.profile_list = [*c.KubeSpawner.profile_list, {
+        "display_name": "1 GPU, H100", "slug": "one-h100",
+        "kubespawner_override": {"extra_resource_limits": {"nvidia.com/gpu": "1"},
+                                 "node_selector": {"example.com/gpu": "h100"}}}]
+    spawner, pod = await server_pod(c, User("alice", ["vision"]), "one-h100")
+    assert pod.spec.node_selector == {"example.com/gpu": "h100"}
+    with Kubelet(api, namespace):
+        api.create_namespaced_pod(namespace, api.api_client.sanitize_for_serialization(pod))
+        node = await wait_for(lambda: bound_node(api, namespace, spawner.pod_name), what="the server pod bound")
+        assert node == big
+        (job,) = jobs_of(core, namespace, spawner.pod_name)
+        assert (job["kind"], job["state"], job["request"]["node_selector"]) == (
+            "build", "running", {"example.com/gpu": "h100"})
