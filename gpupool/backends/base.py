@@ -107,10 +107,14 @@ class Interrupted:
     e.g. a ResourceQuota: ``reason`` is the cluster's message; requeued
     uncounted but held for a backoff, and failed after
     ``kube_refusals_before_failure`` refusals in a row), ``"lost"`` (it vanished with no exit status,
-    e.g. its node was deleted: requeue to resume elsewhere, never a failure)
-    or ``"unstartable"`` (its container cannot be started, e.g. its image
-    cannot be pulled: the job fails with ``reason``, since a retry would
-    meet the same image, and its GPUs are freed).
+    e.g. its node was deleted: requeue to resume elsewhere, never a failure),
+    ``"disrupted"`` (it ended because someone stopped it from outside before
+    it finished: its pod deleted, evicted; the executor cannot tell who, the
+    core can: with no stop intent of its own the job resumes from its
+    checkpoint as for ``"lost"``, with ``reason``; with one, the exit status
+    is read as for any stop) or ``"unstartable"`` (its container cannot be
+    started, e.g. its image cannot be pulled: the job fails with ``reason``,
+    since a retry would meet the same image, and its GPUs are freed).
     """
 
     kind: str

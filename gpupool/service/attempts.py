@@ -291,10 +291,13 @@ class Attempts:
                     self.requeue_unstarted(rec, why.reason)
                 elif why.kind == "unstartable":
                     self.finish(rec, "failed", why.reason)
-                else:
+                else:  # lost, or disrupted by someone else (gpupool asked for no stop): resume it
                     self.finish_attempt(rec, None, lost=True, lost_reason=why.reason)
                 return
-            self.finish_attempt(rec, None if why is not None else self.executor.exit_code(job_id, handle.attempt))
+            # No interruption, or a disruption gpupool itself asked for (its stop intent, kept in the store):
+            # the exit status is read as for any stop.
+            ended = why is None or why.kind == "disrupted"
+            self.finish_attempt(rec, self.executor.exit_code(job_id, handle.attempt) if ended else None)
         finally:
             self.executor.release(handle)
 

@@ -46,6 +46,7 @@ from gpupool.backends.kubernetes.calls import (
     raw_status,
     refusal,
 )
+from gpupool.backends.kubernetes.disruption import disruption
 from gpupool.backends.kubernetes.gang_pods import GangHandle, GangPods
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.logs import LiveLogs
@@ -56,6 +57,7 @@ from gpupool.backends.kubernetes.pods import (
     PodEnd,
     PodHandle,
     PodSettings,
+    disrupted_reason,
     pod_end,
     pod_manifest,
     start_problem,
@@ -79,6 +81,7 @@ class _Attempt:
     stuck: str | None = None  # why its container cannot start (ImagePullBackOff: ...), while it cannot
     stuck_since: float = 0.0  # (time.monotonic) since when
     never_starts: bool = False  # no retry can cure it (an invalid image name): give up at once
+    disrupted: str = ""  # its pod shows a disruption (deleted, evicted), in words: a gang stops its other replicas
     extra: dict[str, Any] = field(default_factory=dict)
     main: bool = field(init=False)  # the attempt's own pod, not a gang replica's (live logs follow these)
 
@@ -183,6 +186,9 @@ class PodExecutor:
 
     def _observe(self, a: _Attempt, pod: Obj) -> None:
         a.seen = True
+        if not a.disrupted and (d := disruption(pod)) is not None:
+            a.disrupted = d.what
+            self._changed()
         if a.end is None:
             a.end = pod_end(pod)
             if a.end is not None:
@@ -370,6 +376,8 @@ class PodExecutor:
             if a.end is None:
                 return Interrupted("lost", f"its pod {handle.name} vanished without an exit status "
                                            f"(node {handle.node} lost, or the pod was deleted); requeued")
+            if not a.end.on_its_own:
+                return Interrupted("disrupted", disrupted_reason(handle.name, a.end))
             return None
 
     # ------------------------------------------------------------ stop
@@ -502,10 +510,11 @@ class PodExecutor:
                 return Recovered("not-started")
             self._observe(a, pod)
             end = a.end
-            if end is not None:
+            if end is not None and end.on_its_own:
                 self._finished[(job_id, attempt)] = end
-            else:
+            else:  # running, or ended by a disruption: the core settles it knowing whether it asked for it
                 self._attempts[name] = a
+                end = None
         if end is not None:  # (outside the lock: _archive_later takes it)
             self._archive_later(job_id, attempt, name)
             return Recovered("gone", exit_code=end.exit_code)

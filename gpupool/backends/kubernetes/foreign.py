@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.disruption import disruption
 from gpupool.backends.kubernetes.names import GPU_RESOURCE, PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.pod_placement import Unsupported, rules_of_pod
@@ -169,7 +170,8 @@ def kubectl_pod_end(pod: Obj) -> PodEnd | None:
 
     Its exit code: 0 when it succeeded, else its first container's non-zero
     code (1 when the kubelet recorded none). Ended on its own: no deletion
-    was asked for before the end (a watch delivers changes in order).
+    was asked for before the end (a watch delivers changes in order), and no
+    other disruption shows (a kubelet's eviction, a ``DisruptionTarget``).
     """
     phase = ob.phase(pod)
     if phase not in ("Succeeded", "Failed"):
@@ -179,7 +181,8 @@ def kubectl_pod_end(pod: Obj) -> PodEnd | None:
         code = 0
     else:
         code = next((c for c in codes if c != 0), 1)
-    return PodEnd(code, not ob.being_deleted(pod))
+    d = disruption(pod)
+    return PodEnd(code, d is None, d.what if d is not None else "")
 
 
 def deleted_end(pod: Obj) -> PodEnd | None:

@@ -37,6 +37,7 @@ from kubernetes.client.rest import ApiException
 from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, StartBackoff
+from gpupool.backends.kubernetes.disruption import DELETED, disruption
 from gpupool.backends.kubernetes.foreign import (
     FRACTION_ANNOTATION,
     MEMORY_ANNOTATION,
@@ -66,6 +67,7 @@ class _Run:
     start: Any = None  # the ConfigMap+bind future (None when adopted after a restart)
     stopping: bool = False  # gpupool asked for the deletion
     deleted_by_other: bool = False  # a deletion gpupool did not ask for
+    disruption: str = ""  # another disruption gpupool did not ask for (a kubelet's eviction), in words
     gone: bool = False
     end: PodEnd | None = None
 
@@ -143,6 +145,8 @@ class KubectlPods:
         self._changed()  # deleted by someone, or ended: kubectl pods are few, so any look counts as a change
         if ob.being_deleted(pod) and not run.stopping:
             run.deleted_by_other = True
+        if not run.stopping and not run.disruption and (d := disruption(pod)) is not None and d.cause != DELETED:
+            run.disruption = d.what  # evicted (the kubelet, the Eviction API): said so, rather than "deleted"
         if run.end is None:
             run.end = kubectl_pod_end(pod)
             if run.end is None and ob.being_deleted(pod):
@@ -311,9 +315,9 @@ class KubectlPods:
             err = self._start_error(run)
             if err is not None:
                 return Interrupted("not-started", f"{err}; requeued")
-            if run.deleted_by_other and not (run.end is not None and run.end.on_its_own):
-                return Interrupted("lost", f"its pod {run.ref.text} was deleted, not by gpupool (by its user "
-                                           "or its owner); gpupool does not recreate it")
+            if (run.deleted_by_other or run.disruption) and not (run.end is not None and run.end.on_its_own):
+                how = run.disruption or "was deleted, not by gpupool (by its user or its owner)"
+                return Interrupted("lost", f"its pod {run.ref.text} {how}; gpupool does not recreate it")
             if run.end is None:
                 return Interrupted("lost", f"its pod {run.ref.text} vanished without an exit status "
                                            f"(node {handle.node} lost?); gpupool does not recreate it")
@@ -416,7 +420,7 @@ class KubectlPods:
             if not handle.node:
                 return Recovered("not-started")
             self._observe(run, pod)
-            if run.end is not None and not run.deleted_by_other:
+            if run.end is not None and run.end.on_its_own:  # (else the core settles it, knowing its stop intent)
                 self._finished[(job_id, attempt)] = run.end
                 return Recovered("gone", exit_code=run.end.exit_code)
             self._runs[job_id] = run

@@ -116,7 +116,8 @@ def _raw(resp: Any) -> None:
         resp.release_conn()
 
 
-_BROKEN = {"refused": "refused", "gone": "lost", "unstartable": "unable to start"}
+_BROKEN = {"refused": "refused", "gone": "lost", "unstartable": "unable to start",
+           "disrupted": "deleted or evicted from outside"}
 """How a broken replica's pod is told of in the log."""
 
 
@@ -134,7 +135,7 @@ class GangHandle:
     ends: dict[int, PodEnd] = field(default_factory=dict)  # rank -> how its pod ended
     order: list[int] = field(default_factory=list)  # ranks in the order their ends were seen
     failure: tuple[int, int | None] | None = None  # the replica whose own failure ends the gang
-    broken: tuple[int, str] | None = None  # a replica refused ("refused") or vanished ("gone")
+    broken: tuple[int, str] | None = None  # a replica refused ("refused"), vanished ("gone"), "disrupted"...
     stopping: bool = False
 
 
@@ -216,6 +217,13 @@ class GangPods:
         """Whether any replica may still run; the first replica to fail, be refused or vanish stops the others."""
         states = [self._state(h) for h in g.replicas]
         trigger = False
+        if not (g.stopping or g.failure is not None or g.broken is not None):
+            # A replica deleted or evicted from outside comes first: the others' failures that follow (their
+            # peer gone) are its doing, and the gang resumes whole rather than fail (or succeed) partly run.
+            rank = next((r for r, h in enumerate(g.replicas) if self._disrupted(h)), None)
+            if rank is not None:
+                g.broken = (rank, "disrupted")
+                trigger = True
         for rank, (st, end) in enumerate(states):
             if st == "ended" and end is not None and rank not in g.ends:
                 g.ends[rank] = end
@@ -241,6 +249,16 @@ class GangPods:
                     if a is not None:
                         self.px.calls.submit(self._delete_after_start, a, grace)
         return any(st in ("starting", "running") for st, _ in states)
+
+    def _disrupted(self, h: PodHandle) -> bool:
+        """Whether the replica's pod shows a disruption (deleted, evicted) that its container's own end did not
+        come before; gpupool's own deletions come after ``g.stopping`` is set, so they are not looked for, and a
+        refused start deletes the pods it made (no replica started: that is "refused", not this)."""
+        with self.px._lock:
+            a = self.px._attempts.get(h.name)
+            if a is None or not a.disrupted or (a.end is not None and a.end.on_its_own):
+                return False
+            return a.start is None or (a.start.done() and self.px._start_error(a) is None)
 
     def _delete_after_start(self, a: Any, grace: int) -> None:
         if a.start is not None:
@@ -294,6 +312,12 @@ class GangPods:
                 if err and err.startswith("replica "):  # the gang's start says which replica it failed at
                     return Interrupted("not-started", f"{err}; requeued")
                 return Interrupted("not-started", f"replica {rank}: {err or 'its start was refused'}; requeued")
+            if how == "disrupted":
+                with self.px._lock:
+                    a = self.px._attempts.get(h.name)
+                    what = a.disrupted if a is not None else "was deleted or evicted"
+                return Interrupted("disrupted", f"replica {rank}'s pod {h.name} {what}; the whole gang is "
+                                                "requeued to resume")
             if how == "unstartable":
                 with self.px._lock:
                     a = self.px._attempts.get(h.name)
@@ -386,8 +410,8 @@ class GangPods:
             g.node = g.replicas[0].node
         with self._lock:
             self._gangs[(job_id, attempt)] = g
-        if self.alive(g):
-            return Recovered("running", g)
+        if self.alive(g) or (g.broken is not None and g.broken[1] == "disrupted"):
+            return Recovered("running", g)  # (disrupted: the core settles it, knowing whether it asked for it)
         code = self.exit_code(g)
         self.release_after_recovery(g)
         return Recovered("gone", exit_code=code)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from gpupool.backends.base import Launch
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.disruption import disruption, ended_before
 from gpupool.backends.kubernetes.names import (
     ATTEMPT_LABEL,
     CONTAINER,
@@ -127,10 +127,15 @@ def pod_manifest(launch: Launch, settings: PodSettings) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PodEnd:
-    """How an attempt's container ended: its exit code, and whether it ended before any deletion reached it."""
+    """How an attempt's container ended: its exit code, and whether it ended before any disruption reached it.
+
+    ``disruption``: when it did not, what reached it first, in words after "its pod X" (``was deleted by
+    ...``, ``was evicted by ...``: :mod:`gpupool.backends.kubernetes.disruption`); "" when it did.
+    """
 
     exit_code: int | None
     on_its_own: bool
+    disruption: str = ""
 
 
 def _terminated(pod: Obj) -> Obj | None:
@@ -165,20 +170,30 @@ def start_problem(pod: Obj) -> tuple[str, bool] | None:
 def pod_end(pod: Obj) -> PodEnd | None:
     """The attempt's end as this Pod (its JSON) shows it, or None while it may still run.
 
-    Ended on its own: the Pod reached its end with no deletion requested (a
+    Ended on its own: the Pod reached its end with no disruption shown (a
     watch delivers changes in order, so the terminal status came first), or
-    its container finished before the second in which the deletion was asked
-    for (``deletionTimestamp`` minus the grace). A container that ends in the
-    very second of a stop counts as stopped: it resumes, from its checkpoint.
+    its container finished before the second in which the disruption began
+    (a deletion: ``deletionTimestamp`` minus the grace; a ``DisruptionTarget``
+    condition: its transition). A kubelet's eviction (``reason: Evicted``)
+    is never an end on its own. A container that ends in the very second of a
+    disruption counts as disrupted: it resumes, from its checkpoint.
     """
     term = _terminated(pod)
     phase = ob.phase(pod)
     if term is None and phase not in ("Succeeded", "Failed"):
         return None
     code = ob.exit_code(term) if term is not None else (0 if phase == "Succeeded" else None)
-    deleted = ob.deletion_time(pod)
-    if deleted is None:
+    d = disruption(pod)
+    if d is None:
         return PodEnd(code, True)
-    asked = deleted - dt.timedelta(seconds=ob.deletion_grace_s(pod))
     finished = ob.parse_time(term.get("finishedAt")) if term is not None else None
-    return PodEnd(code, finished is not None and finished.replace(microsecond=0) < asked.replace(microsecond=0))
+    if ended_before(finished, d):
+        return PodEnd(code, True)
+    return PodEnd(code, False, d.what)
+
+
+def disrupted_reason(name: str, end: PodEnd) -> str:
+    """Why an attempt whose pod was disrupted has no result of its own (the job's reason when gpupool had not
+    asked for it: then it resumes from its checkpoint, as after a cordon)."""
+    code = f"; its container then exited with code {end.exit_code}" if end.exit_code is not None else ""
+    return f"its pod {name} {end.disruption or 'was stopped from outside'}{code}; requeued to resume"
