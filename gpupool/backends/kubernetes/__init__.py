@@ -10,6 +10,7 @@ policy core as on one machine. One job per module:
 - :mod:`.objects`: reading those JSON objects (labels, phase, node, exit code, times);
 - :mod:`.nodes`: a Node object -> the pool's view of it (pure);
 - :mod:`.pods`: a launch -> a Pod manifest, and a Pod -> how its attempt ended (pure);
+- :mod:`.disruption`: whether a Pod's end was someone else's doing (deleted, evicted), not its container's (pure);
 - :mod:`.calls`: the blocking API calls, on a few worker threads, retried with backoff;
 - :mod:`.executor`: :class:`PodExecutor`, the core's executor for pods;
 - :mod:`.backend`: :class:`KubeBackend`, the core's backend (nodes + executor).
