@@ -24,6 +24,7 @@ from gpupool.service.cycle import CycleRunner
 from gpupool.service.jobs import held_milli, job_to_wire, project_to_wire
 from gpupool.service.membership import is_member, unix_groups
 from gpupool.service.metrics import Metrics
+from gpupool.service.placement_config import with_settings
 from gpupool.service.pool_state import PoolState
 from gpupool.service.standing import Standing
 from gpupool.service.store import JobRecord, ProjectRecord
@@ -263,6 +264,8 @@ class JobsApi:
         if not self._may_use(actor, project):
             raise Forbidden(f"{actor.user} is not a member of project {project.name!r}; "
                             "an admin can add you (gpupool projects set NAME --members ...)")
+        js.placement = with_settings(js.placement, self.config.kube_pool_placement,  # the admin's rules too
+                                     self.config.kube_project_placement, js.kind, js.project)
         request = js.request()
         if js.kind == "build":
             self._check_build_quota(project, request)

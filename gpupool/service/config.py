@@ -23,6 +23,7 @@ from gpupool.backends.settings import (
     check_passthrough,
     pod_namespace_rules,
 )
+from gpupool.service.placement_config import check_placement_settings
 from gpupool.wire.errors import InvalidRequest
 
 _SHUTDOWN_MODES = ("stop", "leave")
@@ -129,6 +130,10 @@ class ServiceConfig:
     # Namespaces whose kubectl pods (schedulerName ours) are queued, each with the projects its pods may use
     # ({"team-a": ["vision"], "gpupool": ["*"]}; "*" any namespace / project). None: `namespace` only, any project.
     kube_pod_namespaces: dict[str, list[str]] | None = None
+    # Placement rules added to gpupool's own jobs (docs/kubernetes.md, "Placement rules"): per pool ("train",
+    # "build") and per project, {node_selector, node_affinity, tolerations} as a job spec gives them.
+    kube_pool_placement: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kube_project_placement: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Leader election (docs/kubernetes.md, "One leader"): the kubernetes backend acts only while this instance
     # holds the Lease kube_lease_name in kube_lease_namespace (None: `namespace`); a standby waits for it and takes
     # over kube_lease_duration_s after the leader's last renewal. A leader stops writing kube_renew_deadline_s after
@@ -205,6 +210,10 @@ class ServiceConfig:
             if self.backend != "kubernetes":
                 raise InvalidRequest("kube_pod_namespaces is for the kubernetes backend (pods created with kubectl)")
             pod_namespace_rules(self.namespace, self.kube_pod_namespaces)  # refused here, with a message
+        if (self.kube_pool_placement or self.kube_project_placement) and self.backend != "kubernetes":
+            raise InvalidRequest("kube_pool_placement and kube_project_placement are for the kubernetes backend "
+                                 "(its nodes have the labels and taints they name)")
+        check_placement_settings(self.kube_pool_placement, self.kube_project_placement)
         check_lease(self.kube_lease_name, self.kube_lease_namespace or self.namespace, self.kube_lease_duration_s,
                     self.kube_renew_deadline_s, self.kube_retry_period_s)
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):

@@ -169,3 +169,31 @@ async def test_a_kubespawner_profile_that_picks_a_gpu_type_with_node_selector_la
         (job,) = jobs_of(core, namespace, spawner.pod_name)
         assert (job["kind"], job["state"], job["request"]["node_selector"]) == (
             "build", "running", {"example.com/gpu": "h100"})
+
+
+async def test_rules_set_per_pool_and_project_go_with_every_job_of_them(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    """The admin sets the small node aside for training (taint) and project vision to the h100 node: a training
+    job of nlp lands on the tainted node (the train pool tolerates it), one of vision on the h100 one."""
+    small, big = two_nodes(api, gpu_nodes, taint_small=True)
+    api.patch_node(small, {"spec": {"taints": [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}})
+    core = await make_core(
+        kube_pool_placement={"train": {"tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}]}},
+        kube_project_placement={"vision": {"node_selector": {"example.com/gpu": "h100"}}})
+    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    core.set_project(ADMIN, "nlp", {"train_guarantee": 4})
+    with Kubelet(api, namespace):
+        nlp, _ = await core.submit(ADMIN, {"project": "nlp", "gpus": 1, "command": ["python", "a.py"]})
+        vision, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "b.py"]})
+        pods = {}
+        for job in (nlp, vision):
+            (pods[job["id"]],) = await wait_for(
+                lambda j=job: [p for p in job_pods(api, namespace, j["id"]) if p.spec.node_name],
+                what=f"{job['id']}'s pod bound")
+        assert pods[nlp["id"]].spec.node_name == small
+        assert ("dedicated", "training") in [(t.key, t.value) for t in pods[nlp["id"]].spec.tolerations]
+        assert pods[vision["id"]].spec.node_name == big
+        assert pods[vision["id"]].spec.node_selector == {"example.com/gpu": "h100"}
+        assert core.get_job(ADMIN, vision["id"])["request"]["node_selector"] == {"example.com/gpu": "h100"}
