@@ -23,8 +23,10 @@ NODES = -(-ROUNDS * JOBS_PER_ROUND // 8)  # 8 GPUs each: room for every job at o
 
 def serve(tmp_path: Path, kubeconfig: Path, namespace: str) -> tuple[subprocess.Popen[str], str]:
     cfg = tmp_path / "fast.json"
+    # one identity for every restart, as a pod's name is across its container's restarts: each takes its own
+    # Lease back at once (a new identity would wait out the dead one's; tests/kube/test_leader.py does that)
     cfg.write_text('{"poll_s": 0.05, "tick_s": 0.2, "min_runtime_s": 0, "resume_backoff_s": 0, '
-                   '"pause_grace_s": 2, "cycle_min_interval_s": 0}')
+                   '"pause_grace_s": 2, "cycle_min_interval_s": 0, "kube_leader_identity": "crash-test-pod"}')
     proc = subprocess.Popen([sys.executable, "-m", "gpupool", "serve", "--port", "0", "--state-dir",
                              str(tmp_path / "state"), "--config", str(cfg), "--backend", "kubernetes",
                              "--kubeconfig", str(kubeconfig), "--namespace", namespace],
