@@ -142,6 +142,10 @@ def spec_of_flags(args: argparse.Namespace, command: list[str] | None) -> dict[s
         spec["env"] = dict(args.env)
     if args.label:
         spec["labels"] = dict(args.label)
+    if args.node_selector:
+        spec["node_selector"] = dict(args.node_selector)
+    if args.toleration:
+        spec["tolerations"] = list(args.toleration)
     if command:
         spec["command"] = command
     return spec

@@ -60,6 +60,20 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _toleration(text: str) -> dict[str, str]:
+    """``KEY[=VALUE][:EFFECT]`` -> a toleration: Equal with a value, Exists without; no effect: every effect."""
+    rest, colon, effect = text.rpartition(":") if ":" in text else (text, "", "")
+    key, eq, value = rest.partition("=")
+    if not key or (colon and effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute")):
+        raise argparse.ArgumentTypeError(f"expected KEY[=VALUE][:NoSchedule|PreferNoSchedule|NoExecute], not {text!r}")
+    out = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        out["value"] = value
+    if effect:
+        out["effect"] = effect
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line on stderr (not the usage text) and exit 2."""
 
@@ -182,6 +196,11 @@ def _add_submit(sub: Any) -> None:
                    "default: the service's configured image)")
     p.add_argument("--replicas", type=int, metavar="N", help="a multi-node job: N processes that start together, "
                    "each on --gpus whole GPUs of one node (default 1)")
+    p.add_argument("--node-selector", type=_key_value, action="append", default=[], metavar="K=V",
+                   help="kubernetes backend: run only on nodes with this label (repeatable; all must match)")
+    p.add_argument("--toleration", type=_toleration, action="append", default=[], metavar="KEY[=VALUE][:EFFECT]",
+                   help="kubernetes backend: accept nodes with this taint, e.g. dedicated=inference:NoSchedule "
+                        "(repeatable)")
     p.add_argument("command_args", nargs="*", metavar="-- COMMAND", help="the command to run, after --")
 
 

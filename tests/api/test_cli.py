@@ -59,7 +59,23 @@ def test_submit_spec_from_arguments(tmp_path):
                     "image": "registry.example/x:2", "command": ["python", "train.py", "--lr", "0.1"]}
 
 
+def test_submit_spec_with_placement_rules():
+    args = cli.build_parser().parse_args(
+        ["submit", "--project", "vision", "--gpus", "1", "--node-selector", "gpu=h100", "--node-selector", "zone=a",
+         "--toleration", "dedicated=inference:NoSchedule", "--toleration", "spot", "--toleration", "maint:NoExecute"])
+    spec = cli.submit_spec(args, ["python", "train.py"])
+    assert spec["node_selector"] == {"gpu": "h100", "zone": "a"}
+    assert spec["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "inference", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"}, {"key": "maint", "operator": "Exists", "effect": "NoExecute"}]
+    from gpupool.wire.placement import check_placement
+    from gpupool.wire.schemas import validate
+    check_placement(validate("JobSpec", spec, "job spec"))  # what the flags make, the wire model takes
+
+
 @pytest.mark.parametrize("argv", [
+    ["submit", "--project", "p", "--gpus", "1", "--toleration", "a=b:Sometimes", "--", "x"],
+    ["submit", "--project", "p", "--gpus", "1", "--node-selector", "gpu", "--", "x"],
     ["submit", "--project", "p", "--gpus", "1", "--gpu-fraction", "0.5", "--", "x"],  # both
     ["submit", "--gpus", "1", "--", "x"],  # no project
     ["submit", "--project", "p", "--gpus", "two", "--", "x"],
