@@ -85,3 +85,21 @@ def test_bad_placement_fields_are_refused_with_their_rule(fields, message):
     with pytest.raises(InvalidRequest, match=message):
         validate("JobSpec", spec, "job spec")
         check_placement(spec)
+
+
+def test_every_replica_pod_of_a_gang_carries_the_jobs_rules():
+    from gpupool.backends.base import Launch, ReplicaLaunch
+    from gpupool.backends.kubernetes.gang_pods import replica_manifests
+    from gpupool.backends.kubernetes.pods import PodSettings, pod_manifest
+
+    placement = {"node_selector": {"gpu": "h100"},
+                 "tolerations": [{"key": "dedicated", "operator": "Exists", "value": "", "effect": "NoSchedule"}]}
+    replicas = tuple(ReplicaLaunch(r, f"n{r}", {}, {"node": f"n{r}", "gpus": []}) for r in range(2))
+    launch = Launch("j-000001", 1, ["python", "x.py"], "", "alice", "vision", placement=placement, replicas=replicas)
+    settings = PodSettings(namespace="gpupool", image="busybox")
+    for _, _, _, manifest in replica_manifests(launch, settings):
+        assert manifest["spec"]["nodeSelector"] == {"gpu": "h100"}
+        assert manifest["spec"]["tolerations"][1:] == [{"key": "dedicated", "operator": "Exists",
+                                                        "effect": "NoSchedule"}]
+    plain = pod_manifest(Launch("j-000002", 1, ["x"], "", "alice", "vision"), settings)["spec"]
+    assert "nodeSelector" not in plain and "affinity" not in plain and len(plain["tolerations"]) == 1
