@@ -28,8 +28,8 @@ ADMIN = Actor("admin", True)
 GANG = {"project": "vision", "gpus": 8, "replicas": 2, "command": ["torchrun", "train.py"]}
 
 
-async def _core(tmp_path: Path, kubeconfig: Path, namespace: str, nodes: int = 1) -> SchedulerCore:
-    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
+async def _core(tmp_path: Path, kubeconfig: Path, namespace: str, nodes: int = 1, **overrides: Any) -> SchedulerCore:
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace, **overrides))
     await core.start()
     await wait_for(lambda: len(core.pool()["nodes"]) == nodes, what="the nodes in the pool")
     core.set_project(ADMIN, "vision", {"train_guarantee": 8 * nodes})
@@ -180,6 +180,51 @@ async def test_a_pod_evicted_while_the_scheduler_was_away_resumes_after_the_rest
             assert "failed" not in [s for s, _ in _states(core, job["id"])]
         finally:
             await core.stop()
+
+
+def _stopped_status(api: Any, namespace: str, name: str, code: int) -> None:
+    """What the kubelet writes when a deleted pod's container has ended (the pod is then removed; not here)."""
+    api.patch_namespaced_pod_status(name, namespace, {"status": {
+        "phase": "Failed", "containerStatuses": [{
+            "name": "job", "ready": False, "restartCount": 0, "image": "busybox:1.36", "imageID": "",
+            "state": {"terminated": {"exitCode": code, "reason": "Error", "startedAt": now_text(),
+                                     "finishedAt": now_text()}}}]}})
+
+
+async def test_gpupools_own_cancel_and_pause_stand_across_a_restart(api: Any, namespace: str, gpu_nodes: Any,
+                                                                    kubeconfig: Path, tmp_path: Path) -> None:
+    """Its stop intents are in its store: a pod it deleted and that ended while it was away is not 'someone else's'."""
+    gpu_nodes(1, gpus=8)
+    core = await _core(tmp_path, kubeconfig, namespace, reply_wait_s=0.2)  # (no kubelet: nothing settles in a reply)
+    try:
+        cancel, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "train.py"]})
+        pause, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "train.py"]})
+        pods = {j["id"]: f"gpupool-{j['id']}-1" for j in (cancel, pause)}
+        with Kubelet(api, namespace) as kubelet:
+            await wait_for(lambda: set(pods.values()) <= set(kubelet.started), what="both pods running")
+        # No kubelet now: the deletions gpupool asks for stay pending while it stops.
+        await core.cancel(ADMIN, cancel["id"])
+        await core.pause(ADMIN, pause["id"])
+        await wait_for(lambda: all(api.read_namespaced_pod(p, namespace).metadata.deletion_timestamp
+                                   for p in pods.values()), what="both pods being deleted")
+    finally:
+        await core.stop()  # on_shutdown=leave
+    for p in pods.values():  # their containers end (SIGTERM) while the scheduler is away
+        _stopped_status(api, namespace, p, 143)
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
+    await core.start()
+    try:
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, cancel["id"]))["state"] != "running" and j,
+                              what="the cancel settled")
+        assert (done["state"], done["exit_code"]) == ("cancelled", 143), done
+        paused = await wait_for(lambda: (j := core.get_job(ADMIN, pause["id"]))["state"] != "running" and j,
+                                what="the pause settled")
+        assert (paused["state"], paused["exit_code"], paused["attempts"]) == ("paused", 143, 1), paused
+        await wait_for(lambda: not api.list_namespaced_pod(namespace).items, what="the ended pods deleted")
+        assert core.get_job(ADMIN, pause["id"])["state"] == "paused"  # a user's pause: not resumed by itself
+        assert not any("someone else" in why for j in (cancel, pause) for _s, why in _states(core, j["id"]))
+    finally:
+        await core.stop()
 
 
 async def test_a_gang_replica_deleted_by_someone_else_requeues_the_whole_gang(
