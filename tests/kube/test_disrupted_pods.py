@@ -8,6 +8,7 @@ kubelet's node-pressure eviction or a ``DisruptionTarget`` condition would.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,32 @@ async def test_a_kubectl_pod_evicted_by_its_kubelet_ends_its_job_cancelled_not_f
     assert done["state"] == "cancelled", done
     assert done["reason"] == (f"its pod {namespace}/mine was evicted by the kubelet of node {nodes[0]} (The node "
                               "was low on resource: memory.); gpupool does not recreate it")
+
+
+async def test_a_kubectl_pod_its_user_deletes_holds_its_gpus_until_it_has_ended(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    """Deleting your own pod is your cancel; but it runs on through its grace period, on its GPUs."""
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        kubectl_pod(api, namespace, "mine", gpus=8)
+        await wait_for(lambda: "mine" in kubelet.started, what="the kubectl pod running")
+    (job,) = jobs_of(core, namespace, "mine")
+    api.delete_namespaced_pod("mine", namespace)  # its grace: 30 s, and no kubelet to end it sooner
+    await wait_for(lambda: api.read_namespaced_pod("mine", namespace).metadata.deletion_timestamp,
+                   what="the pod terminating")
+    await asyncio.sleep(1.0)
+    held = core.get_job(ADMIN, job["id"])
+    assert held["state"] == "running" and len(held["assignment"]["gpus"]) == 8, held  # still its GPUs
+    api.patch_namespaced_pod_status("mine", namespace, {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "main", "ready": False, "restartCount": 0, "image": "registry.example/train:1", "imageID": "",
+        "state": {"terminated": {"exitCode": 143, "reason": "Error", "startedAt": now_text(),
+                                 "finishedAt": now_text()}}}]}})
+    done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                          what="its job settled")
+    assert done["state"] == "cancelled" and "was deleted, not by gpupool" in done["reason"], done
 
 
 # ---------------------------------------------------------------- the pure reading of a pod

@@ -8,8 +8,9 @@ Pending (the job goes back to the queue) and gpupool never deletes it except
 to evict it (a reclaim, a node leaving the pool) or when its job is cancelled.
 Stop = delete with the grace period (SIGTERM is the checkpoint signal), after
 an Event on the pod saying why. A pod that ends (its kubelet sets Succeeded or
-Failed) ends its job with its exit code; a pod that someone else deletes ends
-its job as cancelled: gpupool never recreates a pod it did not make.
+Failed) ends its job with its exit code; a pod that someone else deletes or
+evicts ends its job as cancelled once its containers have ended (its GPUs held
+until then): gpupool never recreates a pod it did not make.
 
 The watch takes pods whose ``spec.schedulerName`` is ours and that are not
 labelled ``app.kubernetes.io/managed-by: gpupool``, in every namespace: which
@@ -290,7 +291,8 @@ class KubectlPods:
                 return True
             if self._start_error(run) is not None:
                 return False
-            return run.end is None and not run.gone and not run.deleted_by_other
+            # A pod its user deletes runs on through its grace period: its GPUs stay held until it has ended.
+            return run.end is None and not run.gone
 
     def _end_of(self, job_id: str, attempt: int) -> PodEnd | None:
         with self._lock:
