@@ -224,3 +224,29 @@ def test_the_deploy_rbac_holds_the_lease(api: Any, kubeconfig: Path, tmp_path: P
     assert coord.read_namespaced_lease(LEASE, "gpupool").spec.holder_identity == "sa-test"
     elector.stop(release=True)
     assert not coord.read_namespaced_lease(LEASE, "gpupool").spec.holder_identity
+
+
+def test_the_lease_settings_and_flags_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    from gpupool.app.serve import BadFlags, ServeOptions, service_settings
+    from gpupool.service.config import ServiceConfig
+    from gpupool.wire.errors import InvalidRequest
+
+    settings, _ = service_settings(ServeOptions(state_dir=str(tmp_path), backend="kubernetes", leader_elect=False,
+                                                lease_name="team-a-scheduler"))
+    assert settings["kube_leader_election"] is False and settings["kube_lease_name"] == "team-a-scheduler"
+    for local in (ServeOptions(state_dir=str(tmp_path), leader_elect=True),
+                  ServeOptions(state_dir=str(tmp_path), lease_name="x")):
+        try:
+            service_settings(local)
+        except BadFlags as e:
+            assert "--backend kubernetes" in str(e)
+        else:
+            raise AssertionError("a leader election flag without the kubernetes backend was taken")
+    for bad, words in (({"kube_lease_duration_s": 10, "kube_renew_deadline_s": 10}, "kube_lease_duration_s (10) >"),
+                       ({"kube_retry_period_s": 0}, "numbers > 0"), ({"kube_lease_name": "Not_A_Name"}, "Kubernetes name")):
+        try:
+            ServiceConfig(state_dir=tmp_path, backend="kubernetes", **bad)
+        except InvalidRequest as e:
+            assert words in str(e), (bad, str(e))
+        else:
+            raise AssertionError(f"{bad} was taken")
