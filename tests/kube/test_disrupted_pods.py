@@ -248,6 +248,36 @@ async def test_a_gang_replica_deleted_by_someone_else_requeues_the_whole_gang(
         await core.stop()
 
 
+async def test_a_gang_replicas_own_failure_before_gpupool_stopped_the_others_still_fails_it_after_a_restart(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """Replica 0 failed, gpupool deleted replica 1 (its own stop, not stored) and was killed: not a disruption."""
+    gpu_nodes(2, gpus=8)
+    core = await _core(tmp_path, kubeconfig, namespace, nodes=2)
+    try:
+        job, _ = await core.submit(ADMIN, GANG)
+        jid = job["id"]
+        r0, r1 = f"gpupool-{jid}-1-r0", f"gpupool-{jid}-1-r1"
+        with Kubelet(api, namespace) as kubelet:
+            await wait_for(lambda: r0 in kubelet.started and r1 in kubelet.started, what="both replicas running")
+    finally:
+        await core.stop()  # on_shutdown=leave
+    failed_at = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.patch_namespaced_pod_status(r0, namespace, {"status": {"phase": "Failed", "containerStatuses": [{
+        "name": "job", "ready": False, "restartCount": 0, "image": "busybox:1.36", "imageID": "",
+        "state": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": failed_at,
+                                 "finishedAt": failed_at}}}]}})
+    api.delete_namespaced_pod(r1, namespace)  # what gpupool did on seeing replica 0 fail
+    _stopped_status(api, namespace, r1, 143)
+    core = build_core(kube_config(tmp_path / "state", kubeconfig, namespace))
+    await core.start()
+    try:
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, jid))["state"] != "running" and j,
+                              what="the gang settled")
+        assert (done["state"], done["exit_code"], done["attempts"]) == ("failed", 1, 1), done
+    finally:
+        await core.stop()
+
+
 async def test_a_kubectl_pod_evicted_by_its_kubelet_ends_its_job_cancelled_not_failed(
         api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
     """An adopted pod is its user's: gpupool cannot recreate it, so its job ends; an eviction is no failure of it."""

@@ -82,6 +82,7 @@ class _Attempt:
     stuck_since: float = 0.0  # (time.monotonic) since when
     never_starts: bool = False  # no retry can cure it (an invalid image name): give up at once
     disrupted: str = ""  # its pod shows a disruption (deleted, evicted), in words: a gang stops its other replicas
+    disrupted_since: Any = None  # (datetime) when that disruption began, where the pod says
     extra: dict[str, Any] = field(default_factory=dict)
     main: bool = field(init=False)  # the attempt's own pod, not a gang replica's (live logs follow these)
 
@@ -187,7 +188,7 @@ class PodExecutor:
     def _observe(self, a: _Attempt, pod: Obj) -> None:
         a.seen = True
         if not a.disrupted and (d := disruption(pod)) is not None:
-            a.disrupted = d.what
+            a.disrupted, a.disrupted_since = d.what, d.since
             self._changed()
         if a.end is None:
             a.end = pod_end(pod)

@@ -220,7 +220,7 @@ class GangPods:
         if not (g.stopping or g.failure is not None or g.broken is not None):
             # A replica deleted or evicted from outside comes first: the others' failures that follow (their
             # peer gone) are its doing, and the gang resumes whole rather than fail (or succeed) partly run.
-            rank = next((r for r, h in enumerate(g.replicas) if self._disrupted(h)), None)
+            rank = next((r for r, h in enumerate(g.replicas) if self._disrupted(g, h)), None)
             if rank is not None:
                 g.broken = (rank, "disrupted")
                 trigger = True
@@ -250,15 +250,31 @@ class GangPods:
                         self.px.calls.submit(self._delete_after_start, a, grace)
         return any(st in ("starting", "running") for st, _ in states)
 
-    def _disrupted(self, h: PodHandle) -> bool:
+    def _disrupted(self, g: GangHandle, h: PodHandle) -> bool:
         """Whether the replica's pod shows a disruption (deleted, evicted) that its container's own end did not
         come before; gpupool's own deletions come after ``g.stopping`` is set, so they are not looked for, and a
-        refused start deletes the pods it made (no replica started: that is "refused", not this)."""
+        refused start deletes the pods it made (no replica started: that is "refused", not this).
+
+        After a restart every end is seen at once: a replica's own failure that finished no later than the
+        second the disruption began came first (gpupool then deleted the others: its own stop, unrecorded),
+        and decides the gang's outcome as it would have.
+        """
         with self.px._lock:
             a = self.px._attempts.get(h.name)
             if a is None or not a.disrupted or (a.end is not None and a.end.on_its_own):
                 return False
-            return a.start is None or (a.start.done() and self.px._start_error(a) is None)
+            if a.start is not None and not (a.start.done() and self.px._start_error(a) is None):
+                return False
+            since = a.disrupted_since
+            if since is None:
+                return True
+            for other in g.replicas:
+                o = self.px._attempts.get(other.name)
+                e = o.end if o is not None else None
+                if (e is not None and e.on_its_own and e.exit_code != 0 and e.finished_at is not None
+                        and e.finished_at.replace(microsecond=0) <= since.replace(microsecond=0)):
+                    return False
+            return True
 
     def _delete_after_start(self, a: Any, grace: int) -> None:
         if a.start is not None:

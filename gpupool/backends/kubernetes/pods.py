@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -131,11 +132,13 @@ class PodEnd:
 
     ``disruption``: when it did not, what reached it first, in words after "its pod X" (``was deleted by
     ...``, ``was evicted by ...``: :mod:`gpupool.backends.kubernetes.disruption`); "" when it did.
+    ``finished_at``: the container's ``finishedAt`` (None where the kubelet recorded none).
     """
 
     exit_code: int | None
     on_its_own: bool
     disruption: str = ""
+    finished_at: dt.datetime | None = None
 
 
 def _terminated(pod: Obj) -> Obj | None:
@@ -183,13 +186,11 @@ def pod_end(pod: Obj) -> PodEnd | None:
     if term is None and phase not in ("Succeeded", "Failed"):
         return None
     code = ob.exit_code(term) if term is not None else (0 if phase == "Succeeded" else None)
-    d = disruption(pod)
-    if d is None:
-        return PodEnd(code, True)
     finished = ob.parse_time(term.get("finishedAt")) if term is not None else None
-    if ended_before(finished, d):
-        return PodEnd(code, True)
-    return PodEnd(code, False, d.what)
+    d = disruption(pod)
+    if d is None or ended_before(finished, d):
+        return PodEnd(code, True, finished_at=finished)
+    return PodEnd(code, False, d.what, finished)
 
 
 def disrupted_reason(name: str, end: PodEnd) -> str:
