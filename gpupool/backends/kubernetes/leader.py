@@ -182,7 +182,6 @@ class LeaderElector:
         self._stop = threading.Event()
         self._seen: tuple[Any, ...] | None = None  # (holder, renewTime, transitions) last read
         self._seen_at = 0.0  # monotonic: when that record was first seen
-        self._resource_version: str | None = None
         self._thread = threading.Thread(target=self._run, name="gpupool-leader", daemon=True)
         self.last_error: str | None = None
 
@@ -202,8 +201,10 @@ class LeaderElector:
                 self.try_acquire_or_renew()
                 self.last_error = None
             except Exception as e:  # the API server away, a refusal (RBAC): retried; the deadline judges a leader
-                self.last_error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
-                log.warning("lease %s: %s", self.leadership.where, self.last_error)
+                error = f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
+                if error != self.last_error:  # said once, not every retry period
+                    log.warning("lease %s: %s (retried every %g s)", self.leadership.where, error, s.retry_period_s)
+                self.last_error = error
             if leading:
                 self.leadership.may_write()  # past the deadline: lost (writes already refused by the fence)
                 wait = s.retry_period_s
