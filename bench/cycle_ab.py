@@ -33,13 +33,17 @@ import hashlib, json, random, sys, time
 sys.path.insert(0, sys.argv[1])
 from bench.scale import (MILLI, applied, gang_jobs, openb_requests, pending_jobs, projects, snapshot,
                          synthetic_nodes, synthetic_running)
-from gpupool.policy import schedule as engine
-try:  # one PolicyCache through every cycle of the process, as the service keeps one
-    from gpupool.policy import PolicyCache
-    _cache = PolicyCache()
+import importlib, os
+# The checkout's own policy package: gpupool/, or scheduler/ in a checkout from before the rename (the
+# editable install puts this project's root on sys.path too, so the name alone could find the other one).
+policy = importlib.import_module("gpupool.policy" if os.path.isdir(os.path.join(sys.argv[1], "gpupool"))
+                                 else "scheduler.policy")
+engine = policy.schedule
+if hasattr(policy, "PolicyCache"):  # one PolicyCache through every cycle of the process, as the service keeps one
+    _cache = policy.PolicyCache()
     def schedule(s):
         return engine(s, _cache)
-except ImportError:  # a checkout from before the PolicyCache: its carries were module state
+else:  # a checkout from before the PolicyCache: its carries were module state
     schedule = engine
 
 def steady(case):
