@@ -197,3 +197,19 @@ async def test_rules_set_per_pool_and_project_go_with_every_job_of_them(
         assert pods[vision["id"]].spec.node_name == big
         assert pods[vision["id"]].spec.node_selector == {"example.com/gpu": "h100"}
         assert core.get_job(ADMIN, vision["id"])["request"]["node_selector"] == {"example.com/gpu": "h100"}
+
+
+async def test_a_gang_with_a_node_selector_runs_every_replica_on_matching_nodes(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    nodes = gpu_nodes(4, gpus=4)
+    for i, n in enumerate(nodes):  # the first two (first in node order) are not the ones asked for
+        api.patch_node(n, {"metadata": {"labels": {"example.com/gpu": "h100" if i >= 2 else "a100"}}})
+    core = await ready_core(make_core, count=4)
+    with Kubelet(api, namespace) as kubelet:
+        job, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 4, "replicas": 2, "command": ["torchrun"],
+                                           "node_selector": {"example.com/gpu": "h100"}})
+        replicas = [f"gpupool-{job['id']}-1-r{r}" for r in range(2)]
+        await wait_for(lambda: all(r in kubelet.started for r in replicas), what="both replicas running")
+        got = {p.metadata.name: p for p in job_pods(api, namespace, job["id"])}
+        assert sorted(got[r].spec.node_name for r in replicas) == sorted(nodes[2:])
+        assert all(got[r].spec.node_selector == {"example.com/gpu": "h100"} for r in replicas)
