@@ -25,11 +25,12 @@ from gpupool.policy.model import (
     Wait,
     Workload,
 )
+from gpupool.policy.node_rules import Expr, NodeRules, Taint, Toleration
 
 __all__ = [
-    "BUILD_POOL", "MILLI", "TRAIN_POOL", "Assignment", "Decisions", "Gpu", "Kind",
-    "Node", "PolicyCache", "PolicyConfig", "Preempt", "Project", "Reject", "Request", "Snapshot",
-    "Start", "Wait", "Workload", "schedule",
+    "BUILD_POOL", "MILLI", "TRAIN_POOL", "Assignment", "Decisions", "Expr", "Gpu", "Kind",
+    "Node", "NodeRules", "PolicyCache", "PolicyConfig", "Preempt", "Project", "Reject", "Request", "Snapshot",
+    "Start", "Taint", "Toleration", "Wait", "Workload", "schedule",
 ]
 
 
