@@ -214,7 +214,12 @@ JOB: dict[str, Any] = {
         "user": {"type": "string"}, "kind": {"type": "string", "enum": JOB_KINDS},
         "state": {"type": "string", "enum": JOB_STATES},
         "request": {"type": "object", "properties": {
-            "replicas": {"type": "integer", "description": "The spec's replicas (1 for a one-process job)."}}},
+            "replicas": {"type": "integer", "description": "The spec's replicas (1 for a one-process job)."},
+            "node_selector": {"type": "object", "description": "Only when set: the spec's (with its pool's and "
+                              "project's settings added; a kubectl pod's nodeSelector)."},
+            "node_affinity": {"type": "object", "description": "Only when set, as node_selector."},
+            "tolerations": {"type": "array", "items": {"type": "object"},
+                            "description": "Only when set, as node_selector."}}},
         "priority": {"type": "integer"},
         "submitted_at": {"type": "number"},
         "started_at": {"type": "number", "nullable": True},
