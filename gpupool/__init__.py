@@ -11,3 +11,14 @@ The layers, each importing only those listed before it (tests/test_import_contra
 - :mod:`gpupool.app`: the one place that picks a backend and wires service, API and runtime file.
 - :mod:`gpupool.client` and :mod:`gpupool.cli`: how users and the Jupyter extension talk to it, over HTTP only.
 """
+
+
+def sim_use(busy: float, memory: int | None = None, pid: int | None = None) -> bool:
+    """On simulated GPUs, say how busy this job's or kernel's GPU share is (0..1): the simulation hook.
+
+    A no-op (False) on real GPUs, where NVML measures the process. See
+    :mod:`gpupool.inventory.sim_use` and docs/service.md ("Allocated vs used").
+    """
+    from gpupool.inventory.sim_use import report
+
+    return report(busy, memory, pid)

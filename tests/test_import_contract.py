@@ -38,6 +38,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
     "gpupool.cli.serve": ("gpupool.cli", "gpupool.client", "gpupool.wire", "gpupool.app"),
     "gpupool.app": ("gpupool",),  # the one place that wires everything
     "gpupool.__main__": ("gpupool.cli",),
+    # The package itself: only its one helper for jobs, ``gpupool.sim_use`` (the simulation hook), imported when called.
+    "gpupool": ("gpupool.inventory.sim_use",),
 }
 EXCEPTIONS = {
     # `gpupool node-agent` is the CLI's door to the Kubernetes backend's per-node agent (imported only for it).

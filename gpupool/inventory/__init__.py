@@ -26,11 +26,19 @@ class GpuInfo:
 
 @dataclass(frozen=True)
 class GpuSample:
-    """A live reading of one GPU (only from NVML)."""
+    """A live reading of one GPU (from NVML, or from what simulated jobs report of themselves).
+
+    ``process_util``: each process's share of the GPU's SMs in percent (of the
+    whole GPU) over the last sampling period; ``None`` when the GPU cannot say
+    (NVML without per-process accounting), ``{}`` when it can and no process
+    was busy. Why the difference matters: an unmeasured job is never counted
+    as idle (the scheduler never invents numbers).
+    """
 
     utilization: float | None = None  # percent
     memory_used: int | None = None  # bytes
     processes: dict[int, int] = field(default_factory=dict)  # pid -> GPU memory bytes
+    process_util: dict[int, float] | None = None  # pid -> percent of the GPU's SMs; None: not measured
 
 
 class Inventory(Protocol):

@@ -3,8 +3,10 @@
 Reads, once at start, each GPU's UUID, model and memory and the topology
 between GPUs (NVLink peers, or a common PCIe switch per
 ``nvmlDeviceGetTopologyCommonAncestor``) turned into topology groups; and, on
-every :meth:`NvmlInventory.sample`, utilization, memory in use and the
-memory each process holds (what the watchdog and the history need).
+every :meth:`NvmlInventory.sample`, utilization, memory in use, the
+memory each process holds and each process's SM utilisation
+(``nvmlDeviceGetProcessUtilization``): what the watchdog, the history and
+the allocated-vs-used figures need.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class NvmlInventory:
         self._nv.nvmlInit()
         self._handles: list[Any] = []
         self._gpus: list[GpuInfo] = []
+        self._util_seen: dict[str, int] = {}  # per GPU: the newest per-process sample read (NVML microseconds)
         self._load()
 
     def _load(self) -> None:
@@ -168,8 +171,33 @@ class NvmlInventory:
                         procs[int(p.pid)] = procs.get(int(p.pid), 0) + int(mem or 0)
                 except Exception:
                     pass
-            out[gpu.id] = GpuSample(util, used, procs)
+            out[gpu.id] = GpuSample(util, used, procs, self._process_util(gpu.id, h))
         return out
+
+    def _process_util(self, gpu_id: str, handle: Any) -> dict[int, float] | None:
+        """Each process's SM use (percent of the GPU) since the last call; None when NVML cannot say.
+
+        NVML keeps a ring of per-process samples; asking for those newer than
+        the last one seen gives the period since the previous call. A process
+        with several samples in it gets their mean. "No sample since" (NVML's
+        NOT_FOUND, or SUCCESS with nothing) means nobody was busy: ``{}``.
+        """
+        nv = self._nv
+        since = self._util_seen.get(gpu_id, 0)
+        try:
+            rows = nv.nvmlDeviceGetProcessUtilization(handle, since)
+        except Exception as e:  # NVMLError: NOT_FOUND (no samples) is a reading; anything else is not
+            code = getattr(e, "value", None)
+            return {} if code in (0, getattr(nv, "NVML_ERROR_NOT_FOUND", 6)) else None
+        sums: dict[int, list[float]] = {}
+        for r in rows:
+            ts = int(getattr(r, "timeStamp", 0) or 0)
+            if ts > since:
+                self._util_seen[gpu_id] = max(self._util_seen.get(gpu_id, 0), ts)
+            acc = sums.setdefault(int(r.pid), [0.0, 0.0])
+            acc[0] += float(r.smUtil)
+            acc[1] += 1.0
+        return {pid: min(100.0, total / n) for pid, (total, n) in sums.items()}
 
     def close(self) -> None:
         try:

@@ -119,9 +119,12 @@ class Attempts:
     def gpu_env(self, rec: JobRecord, gpus: list[dict[str, Any]], attempt: int) -> dict[str, str]:
         """:func:`gpu_environment` for these GPUs (a job's, or one replica's own)."""
         shares = [(g["id"], g["milli"], g["memory_limit"]) for g in gpus]
-        return gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.pool.simulated,
-                               mps=self.mps(),
-                               pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+        env = gpu_environment(rec.id, rec.project, shares, attempt, attempt > 1, self.pool.simulated,
+                              mps=self.mps(),
+                              pythonpath=rec.job_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")))
+        if self.pool.sim_use_dir is not None and shares:  # the simulation hook's folder (gpupool.sim_use)
+            env["GPUPOOL_SIM_USE_DIR"] = str(self.pool.sim_use_dir)
+        return env
 
     def start(self, rec: JobRecord, starts: list[Start]) -> None:
         """Start the job's attempt (:meth:`_start_attempt`); a foreign build share is then bound like a train job.

@@ -47,11 +47,13 @@ from gpupool.service.jobs import assigned_gpus, held_milli
 from gpupool.service.metrics import Metrics
 from gpupool.service.periodic import PeriodicWork
 from gpupool.service.pool_state import PoolState
+from gpupool.service.report import build_report
 from gpupool.service.standing import Standing
 from gpupool.service.state_dir import lock_state_dir, prepare_state_dir
 from gpupool.service.store import Store
 from gpupool.service.tokens import TokenStore, load_or_create_admin_token
 from gpupool.service.usage import DecayedUsage
+from gpupool.service.use_history import UseHistory
 from gpupool.service.watchdog import Watchdog
 
 log = logging.getLogger("gpupool.service")
@@ -119,8 +121,9 @@ class SchedulerCore:
         self.standing = Standing(self.book, self.pool_state)
         self.jobs_api = JobsApi(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                 self.tokens, metrics, self.life, self.backend.executor, foreign)
+        self.use_history = UseHistory(store)
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
-                                     metrics, watchdog)
+                                     metrics, watchdog, self.use_history)
         self.metrics = metrics
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -171,6 +174,10 @@ class SchedulerCore:
             for stopping in attempts.stop_tasks.values():
                 stopping.cancel()
         self.book.emit("pool", reason="scheduler stopped")
+        try:
+            self.use_history.flush(time.time(), everything=True)  # the open 10 s buckets too
+        except Exception:
+            log.exception("could not write the last allocated-vs-used figures")
         self.book.store.close()
         self.backend.close()
         self._lock.close()  # releases the flock: another service may now use the state dir
@@ -248,6 +255,10 @@ class SchedulerCore:
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         return self.jobs_api.history(since)
+
+    def report(self, actor: Actor, since: float | None = None, by: str | None = None) -> dict[str, Any]:
+        """Allocated, used and idle GPU-hours since ``since`` per project, user or job (gpupool.service.report)."""
+        return build_report(actor, self.use_history, self.book.store, self.book.projects(), since, by)
 
     def create_token(self, actor: Actor, user: str) -> dict[str, Any]:
         return self.jobs_api.create_token(actor, user)

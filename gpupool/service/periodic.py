@@ -1,4 +1,5 @@
-"""The core's periodic work, every ``tick_s``: leases, GPU sampling and the watchdog, history, usage, events.
+"""The core's periodic work, every ``tick_s``: leases, GPU sampling and the watchdog, history, allocated vs used,
+usage, events.
 
 A part of the core (gpupool.service.core builds it and runs :meth:`PeriodicWork.tick`
 on its tick loop). Each part is fenced, so one that raises on every tick
@@ -15,10 +16,12 @@ from gpupool.service.attempts import Attempts
 from gpupool.service.book import JobBook
 from gpupool.service.config import ServiceConfig
 from gpupool.service.cycle import CycleRunner
+from gpupool.service.gpu_use import job_use
 from gpupool.service.jobs import assigned_gpus
 from gpupool.service.metrics import Metrics
 from gpupool.service.pool_state import PoolState
 from gpupool.service.standing import Standing
+from gpupool.service.use_history import UseHistory
 from gpupool.service.views import history_sample
 from gpupool.service.watchdog import Reading, Watchdog, job_of_process
 
@@ -29,7 +32,8 @@ class PeriodicWork:
     """What the tick does, part by part, then a cycle."""
 
     def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, attempts: Attempts,
-                 cycles: CycleRunner, standing: Standing, metrics: Metrics, watchdog: Watchdog) -> None:
+                 cycles: CycleRunner, standing: Standing, metrics: Metrics, watchdog: Watchdog,
+                 use: UseHistory | None = None) -> None:
         self.config = config
         self.book = book
         self.pool = pool
@@ -38,6 +42,7 @@ class PeriodicWork:
         self.standing = standing
         self.metrics = metrics
         self.watchdog = watchdog
+        self.use = use
         self._last_history = 0.0
         self._trimmed_seq = -1  # events are trimmed at the first tick, then once a tenth more have come
 
@@ -57,6 +62,7 @@ class PeriodicWork:
             ("lease expiry", lambda: self._expire_leases(now), True),
             ("GPU sampling and watchdog", lambda: self._sample_and_watch(now), True),
             ("history", lambda: self._maybe_record_history(now), False),
+            ("allocated vs used", lambda: self._meter_use(now), False),
             ("usage", lambda: self._save_usage(now), False),
             ("usage metrics", lambda: self._refresh_usage_metrics(now), False),
             ("event trimming", self._trim_events, False),
@@ -80,8 +86,8 @@ class PeriodicWork:
             self.attempts.finish(rec, "cancelled", "lease expired (not renewed)")
 
     def _sample_and_watch(self, now: float) -> None:
-        """Read the GPUs (real ones only) and let the watchdog act on what they say."""
-        if not self.pool.simulated and now - self.pool.sample_t >= min(self.config.tick_s,
+        """Read the GPUs (real ones, or simulated ones whose jobs report their use) and let the watchdog act."""
+        if (not self.pool.simulated or self.pool.sim_use_dir is not None) and now - self.pool.sample_t >= min(self.config.tick_s,
                                                                         self.config.history_interval_s):
             self.pool.refresh_sample()
             self._run_watchdog(now)
@@ -121,7 +127,7 @@ class PeriodicWork:
         if self.watchdog.mode == "off" or not sample:
             return
         running = {r.id: r for r in self.book.live_jobs(("running",))}
-        sessions = {h.pid: jid for jid, h in self.attempts.procs.items() if h.pid is not None}
+        sessions = self._sessions()
         used: dict[tuple[str, str], int] = {}
         for gid, s in sample.items():
             for pid, mem in s.processes.items():
@@ -139,6 +145,21 @@ class PeriodicWork:
             if act.kind == "stop" and rec.kind == "train" and rec.stop_intent is None:
                 self.metrics.pauses.labels("watchdog").inc()
                 self.attempts.begin_stop(rec, "watchdog", act.message())
+
+    def _sessions(self) -> dict[int, str]:
+        """Session id -> job id of the processes this service started (jobs run in their own sessions)."""
+        return {h.pid: jid for jid, h in self.attempts.procs.items() if h.pid is not None}
+
+    def _meter_use(self, now: float) -> None:
+        """Add this tick's allocated and used GPU-seconds per running job (gpupool.service.gpu_use)."""
+        if self.use is None:
+            return
+        running = self.book.live_jobs(("running",))
+        sessions = self._sessions()
+        uses = job_use(self.pool.sample, running, lambda pid: job_of_process(pid, sessions))
+        nums = {r.id: r.num for r in running}
+        self.use.add(now, {nums[jid]: u for jid, u in uses.items()})
+        self.use.flush(now)
 
     def _record_history(self, now: float) -> None:
         self._last_history = now

@@ -9,11 +9,14 @@ the jobs API checks requests against ``limits()``.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from gpupool.backends.base import Backend, HoldsOutsideWork, OutsideWork
-from gpupool.inventory import GpuInfo, GpuSample
+from gpupool.backends.settings import resolve_mode
+from gpupool.inventory import GpuInfo, GpuSample, sim_use
 from gpupool.policy.model import BUILD_POOL, TRAIN_POOL, Node, PolicyConfig
 from gpupool.service.config import ServiceConfig
 from gpupool.service.validation import PoolLimits
@@ -36,6 +39,19 @@ class PoolState:
         self.sample: dict[str, GpuSample] = {}
         self.sample_t = 0.0
         self._limits: PoolLimits | None = None
+        self.sim_use_dir: Path | None = self._sim_use_dir() if self.simulated else None
+        """Where jobs on simulated GPUs report their use (``GPUPOOL_SIM_USE_DIR``; gpupool.inventory.sim_use)."""
+
+    def _sim_use_dir(self) -> Path | None:
+        """``<state dir>/sim-use``: private, or (jobs running as their owners' accounts) open to all, sticky."""
+        path = Path(self.config.state_dir) / "sim-use"
+        try:
+            path.mkdir(exist_ok=True)
+            os.chmod(path, 0o1777 if resolve_mode(self.config.run_jobs_as) == "owner" else 0o700)
+        except OSError:
+            log.warning("cannot prepare %s: simulated jobs cannot report their GPU use", path, exc_info=True)
+            return None
+        return path
 
     def follow(self) -> bool:
         """Take the backend's pool changes (a cluster's nodes come and go); True when the pool changed."""
@@ -75,6 +91,8 @@ class PoolState:
         """Read the GPUs' use now (a failed read leaves no sample rather than a stale one)."""
         try:
             self.sample = self.backend.sample()
+            if self.sim_use_dir is not None:  # simulated GPUs: what the jobs report of themselves
+                self.sample = {**sim_use.read(self.sim_use_dir, self.gpus), **self.sample}
         except Exception:
             log.exception("GPU sampling failed")
             self.sample = {}

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpupool.wire.states import LIVE_STATES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: gpu_use (allocated vs used per job, issue 26), created in place in an older store
 
 _LIVE_SQL = ", ".join(f"'{s}'" for s in LIVE_STATES)  # for "state IN (...)"
 
@@ -79,6 +79,9 @@ CREATE TABLE IF NOT EXISTS history (id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL
 CREATE INDEX IF NOT EXISTS history_t ON history(t);
 CREATE TABLE IF NOT EXISTS usage (project TEXT NOT NULL, kind TEXT NOT NULL, value REAL NOT NULL,
     PRIMARY KEY (project, kind));
+CREATE TABLE IF NOT EXISTS gpu_use (res INTEGER NOT NULL, t INTEGER NOT NULL, job INTEGER NOT NULL,
+    alloc INTEGER NOT NULL, measured INTEGER NOT NULL, used INTEGER NOT NULL, peak_mem INTEGER NOT NULL,
+    PRIMARY KEY (res, t, job)) WITHOUT ROWID;
 """
 
 
@@ -210,9 +213,10 @@ class Store:
                 have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
+            self._db.execute(  # an older store upgraded in place above says so
+                "INSERT INTO meta(key, value) VALUES ('schema_version', ?) ON CONFLICT(key) DO UPDATE SET "
+                "value=excluded.value WHERE CAST(value AS INTEGER) < CAST(excluded.value AS INTEGER)",
+                (str(SCHEMA_VERSION),))
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('next_job', '1')")
 
     def close(self) -> None:
@@ -242,6 +246,10 @@ class Store:
             raise
         self._depth = 0
         self._db.execute("COMMIT")
+
+    def query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        """A read of tables whose writers keep their SQL in their own module (gpupool.service.use_history)."""
+        return self._db.execute(sql, tuple(args)).fetchall()
 
     # ------------------------------------------------------------ meta
     def get_meta(self, key: str) -> str | None:
