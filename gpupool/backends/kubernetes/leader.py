@@ -182,6 +182,7 @@ class LeaderElector:
         self._stop = threading.Event()
         self._seen: tuple[Any, ...] | None = None  # (holder, renewTime, transitions) last read
         self._seen_at = 0.0  # monotonic: when that record was first seen
+        self._expires_at: float | None = None  # monotonic: when another holder's term runs out, as we measure it
         self._thread = threading.Thread(target=self._run, name="gpupool-leader", daemon=True)
         self.last_error: str | None = None
 
@@ -208,8 +209,10 @@ class LeaderElector:
             if leading:
                 self.leadership.may_write()  # past the deadline: lost (writes already refused by the fence)
                 wait = s.retry_period_s
-            else:
+            else:  # a standby: the next try at the retry period, or the moment the holder's term runs out
                 wait = s.retry_period_s * random.uniform(1.0, JITTER)
+                if self._expires_at is not None:
+                    wait = min(wait, max(0.0, self._expires_at - time.monotonic()) + 0.01)
             self._stop.wait(wait)
 
     def try_acquire_or_renew(self) -> bool:
@@ -234,8 +237,10 @@ class LeaderElector:
                 self.leadership.lose(f"the lease {self.leadership.where} is now held by {holder}")
                 return False
             duration = spec.lease_duration_seconds or self.settings.duration_s
-            if time.monotonic() < self._seen_at + duration:
+            self._expires_at = self._seen_at + duration
+            if time.monotonic() < self._expires_at:
                 return False  # held, and renewed within its duration as we measure it
+        self._expires_at = None
         now = _now()
         if holder != me:
             spec.acquire_time = now
