@@ -41,6 +41,7 @@ ROUTES: list[tuple[str, type[tornado.web.RequestHandler]]] = [
     (r"/api/v1/jobs/" + JOB + r"/logs", h.JobLogsHandler),
     (r"/api/v1/events", EventsHandler),
     (r"/api/v1/history", h.HistoryHandler),
+    (r"/api/v1/report", h.ReportHandler),
     (r"/api/v1/tokens", h.TokensHandler),
 ]
 

@@ -150,6 +150,14 @@ class HistoryHandler(ApiHandler):
         self.write_json(await maybe_await(self.core.history(since)))
 
 
+class ReportHandler(ApiHandler):
+    """Allocated vs used GPU-hours; the core decides what this user may see."""
+
+    async def get(self) -> None:
+        since = self.query_float("since", None)
+        self.write_json(await maybe_await(self.core.report(self.actor, since, self.query_str("by"))))
+
+
 class TokensHandler(ApiHandler):
     async def post(self) -> None:
         body = self.json_body("TokenRequest", "token request")

@@ -125,6 +125,13 @@ def _paths() -> dict[str, Any]:
         "/api/v1/history": {"get": _op(
             "Usage history", _json(_ref("History"), "Samples of use per project and GPU"), errors=(400, 401),
             params=[_query("since", {"type": "number"}, "Unix time of the oldest sample wanted")])},
+        "/api/v1/report": {"get": _op(
+            "Allocated vs used report", _json(_ref("Report"), "Allocated, used and idle GPU-hours per project, "
+                                          "user or job, build and train apart (a user: their own jobs and "
+                                          "their projects; an admin: everything)"), errors=(400, 401),
+            params=[_query("since", {"type": "number"}, "Unix time the report starts at (default 30 days ago)"),
+                    _query("by", {"type": "string", "enum": ["project", "user", "job"]},
+                           "Rows per project (default), user or job")])},
         "/api/v1/tokens": {"post": _op("Create token", _json(_ref("Token"), "The new token"), status="201",
                                        errors=(400, 401, 403), body="TokenRequest")},
     }

@@ -311,11 +311,23 @@ def cmd_tokens(client: GpupoolClient, args: argparse.Namespace) -> None:
         sys.stderr.write(f"token for {escape(str(reply['user']))} (shown once; give it to them as GPUPOOL_TOKEN)\n")
 
 
+def cmd_report(client: GpupoolClient, args: argparse.Namespace) -> None:
+    from gpupool.cli.report import report_table, write_csv
+
+    reply = client.report(since=time.time() - args.since, by=args.by)
+    if args.json:
+        _print_json(reply)
+    elif args.csv:
+        write_csv(reply)
+    else:
+        print(report_table(reply))
+
+
 COMMANDS = {
     "status": cmd_status, "whoami": cmd_whoami, "projects": cmd_projects, "list": cmd_list,
     "describe": cmd_describe, "logs": cmd_logs, "pause": cmd_action, "resume": cmd_action,
     "cancel": cmd_action, "renew": cmd_action, "tokens": cmd_tokens, "events": cmd_events,
-    "login": cmd_login,
+    "login": cmd_login, "report": cmd_report,
 }
 
 

@@ -246,6 +246,16 @@ def _add_cancel(sub: Any) -> None:
                        "(an admin's way to settle a departed user's work; yours with your own name)")
 
 
+def _add_report(sub: Any) -> None:
+    from gpupool.cli.report import parse_since
+
+    p = _reader(sub, "report", "allocated, used and idle GPU-hours and efficiency, build and train apart")
+    p.add_argument("--since", type=parse_since, default=30 * 86400.0, metavar="DURATION",
+                   help="how far back, e.g. 30d (default), 12h, 90m, 2w")
+    p.add_argument("--by", choices=["project", "user", "job"], default="project", help="one row per (default: project)")
+    p.add_argument("--csv", action="store_true", help="print CSV")
+
+
 def _add_login(sub: Any) -> None:
     sub.add_parser("login", help="check --url/--token (or $GPUPOOL_URL/$GPUPOOL_TOKEN) and save them "
                    "in the client config", description="Check the URL and token work, then save them in "
@@ -276,7 +286,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {
     "resume": _job_action("resume", "resume a paused job"),
     "cancel": lambda sub: _add_cancel(sub),
     "renew": _job_action("renew", "renew a build job's lease"),
-    "login": _add_login, "events": _add_events, "tokens": _add_tokens,
+    "login": _add_login, "events": _add_events, "tokens": _add_tokens, "report": _add_report,
     "node-agent": lambda sub: _node_agent().add_parser(sub),
 }
 """Each command's arguments, in the order ``gpupool --help`` lists them."""

@@ -238,6 +238,10 @@ class _Endpoints:
     def history(self, since: float | None = None) -> Any:
         return self._call("GET", API + "/history", query={"since": since})
 
+    def report(self, since: float | None = None, by: str | None = None) -> Any:
+        """Allocated, used and idle GPU-hours since ``since`` (Unix seconds) per project, user or job."""
+        return self._call("GET", API + "/report", query={"since": since, "by": by})
+
     def create_token(self, user: str) -> Any:
         return self._call("POST", API + "/tokens", body={"user": user})
 

@@ -58,7 +58,7 @@ def check_query(since: Any, by: Any, now: float) -> tuple[float, str]:
         return now - DEFAULT_SINCE_S, by
     if isinstance(since, bool) or not isinstance(since, (int, float)) or not since == since:
         raise InvalidRequest("since must be a time in Unix seconds")
-    return min(float(since), now), by
+    return min(max(float(since), 0.0), now), by  # before 1970 nothing was recorded (and SQLite's ints end)
 
 
 def build_report(actor: Actor, history: UseHistory, store: Store, projects: Mapping[str, ProjectRecord],

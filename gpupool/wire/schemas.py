@@ -323,11 +323,35 @@ HISTORY: dict[str, Any] = {
     "properties": {"samples": {"type": "array", "items": {"type": "object"}}},
 }
 
+_GPU_HOURS = {"type": "number", "minimum": 0}
+REPORT_ROW: dict[str, Any] = {
+    "type": "object", "required": ["kind", "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours",
+                                   "unmeasured_gpu_hours", "efficiency", "peak_memory"],
+    "properties": {
+        "project": {"type": "string"}, "user": {"type": "string"}, "job_id": {"type": "string"},
+        "name": {"type": "string"}, "kind": {"type": "string", "enum": ["build", "train"]},
+        "allocated_gpu_hours": {**_GPU_HOURS, "description": "GPU-hours held"},
+        "used_gpu_hours": {**_GPU_HOURS, "description": "GPU-hours of SM use by the holder's processes, each "
+                                                      "GPU's at most its share"},
+        "idle_gpu_hours": {**_GPU_HOURS, "description": "measured GPU-hours held but not used"},
+        "unmeasured_gpu_hours": {**_GPU_HOURS, "description": "GPU-hours held where use could not be measured"},
+        "efficiency": {"type": "number", "nullable": True, "minimum": 0, "maximum": 1,
+                       "description": "used over measured; null when nothing was measured"},
+        "peak_memory": {"type": "integer", "minimum": 0, "description": "most GPU memory held at once (bytes)"},
+    },
+}
+REPORT: dict[str, Any] = {
+    "type": "object", "required": ["since", "until", "by", "rows"],
+    "properties": {"since": {"type": "number"}, "until": {"type": "number"},
+                   "by": {"type": "string", "enum": ["project", "user", "job"]},
+                   "rows": {"type": "array", "items": REPORT_ROW}},
+}
+
 COMPONENTS: dict[str, dict[str, Any]] = {
     "JobSpec": JOB_SPEC, "ProjectFields": PROJECT_FIELDS, "TokenRequest": TOKEN_REQUEST,
     "Error": ERROR, "Job": JOB, "Project": PROJECT, "Pool": POOL, "Status": STATUS,
     "Event": EVENT, "Events": EVENTS, "Logs": LOGS, "WhoAmI": WHOAMI, "Token": TOKEN,
-    "History": HISTORY,
+    "History": HISTORY, "Report": REPORT,
 }
 
 

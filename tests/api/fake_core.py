@@ -69,6 +69,13 @@ class FakeCore:
     def history(self, since: float | None) -> dict[str, Any]:
         return {"samples": []}
 
+    def report(self, actor: Actor, since: float | None = None, by: str | None = None) -> dict[str, Any]:
+        from gpupool.service.report import check_query
+
+        now = time.time()
+        start, by = check_query(since, by, now)
+        return {"since": start, "until": now, "by": by, "rows": []}
+
     # ---------------------------------------------------------------- writes
     def set_project(self, actor: Actor, name: str, fields: dict[str, Any]) -> dict[str, Any]:
         if not actor.admin:
