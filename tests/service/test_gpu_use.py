@@ -222,3 +222,36 @@ def test_an_older_store_gets_the_use_table_in_place(tmp_path):
     h.flush(200.0)
     assert h.totals(0.0, 200.0)[1].used == pytest.approx(5000)
     s.close()
+
+
+def test_nvml_per_process_use_reads_the_samples_since_the_last_call():
+    """Each process's mean SM use over the samples NVML kept since the last read; NOT_FOUND is "nobody busy",
+    NOT_SUPPORTED is "not measured"."""
+    import types
+
+    from gpupool.inventory.nvml import NvmlInventory
+
+    class Err(Exception):
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+    answers: list[object] = []
+    asked: list[int] = []
+
+    def get(handle: object, since: int) -> object:
+        asked.append(since)
+        answer = answers.pop(0)
+        if isinstance(answer, Err):
+            raise answer
+        return answer
+
+    inv = object.__new__(NvmlInventory)
+    inv._nv = types.SimpleNamespace(nvmlDeviceGetProcessUtilization=get, NVML_ERROR_NOT_FOUND=6)
+    inv._util_seen = {}
+    row = lambda pid, ts, sm: types.SimpleNamespace(pid=pid, timeStamp=ts, smUtil=sm)  # noqa: E731
+    answers[:] = [[row(7, 100, 40), row(7, 200, 60), row(8, 150, 10)], Err(6), Err(3), [row(7, 250, 30)]]
+    assert inv._process_util("GPU-0", None) == {7: 50.0, 8: 10.0}
+    assert inv._process_util("GPU-0", None) == {}
+    assert inv._process_util("GPU-0", None) is None
+    assert inv._process_util("GPU-0", None) == {7: 30.0}
+    assert asked == [0, 200, 200, 200]
