@@ -97,6 +97,7 @@ def sampling(samples: int, gpus: int = 64, per_gpu: int = 4) -> float:
         fake = FakeNvml(pids)
         real = nvml._nvml
         nvml._nvml = lambda: fake  # type: ignore[assignment]
+        nvml.UTIL_MIN_INTERVAL_S = 0.0  # samples come 10 s apart in the service: every one reads NVML afresh
         try:
             inv = nvml.NvmlInventory()
         finally:

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.inventory.simulated import ALIASES, GIB, MODEL_MEMORY_GIB
 
 log = logging.getLogger(__name__)
+
+UTIL_MIN_INTERVAL_S = 3.0
+"""A per-process utilisation read is reused this long (see :meth:`NvmlInventory._process_util`)."""
 
 
 def _nvml() -> Any:
@@ -75,6 +79,7 @@ class NvmlInventory:
         self._handles: list[Any] = []
         self._gpus: list[GpuInfo] = []
         self._util_seen: dict[str, int] = {}  # per GPU: the newest per-process sample read (NVML microseconds)
+        self._util_cache: dict[str, tuple[float, dict[int, float] | None]] = {}  # per GPU: (monotonic t, reading)
         self._load()
 
     def _load(self) -> None:
@@ -175,13 +180,25 @@ class NvmlInventory:
         return out
 
     def _process_util(self, gpu_id: str, handle: Any) -> dict[int, float] | None:
-        """Each process's SM use (percent of the GPU) since the last call; None when NVML cannot say.
+        """Each process's SM use (percent of the GPU) since the last read; None when NVML cannot say.
 
         NVML keeps a ring of per-process samples; asking for those newer than
-        the last one seen gives the period since the previous call. A process
+        the last one seen gives the period since the previous read. A process
         with several samples in it gets their mean. "No sample since" (NVML's
         NOT_FOUND, or SUCCESS with nothing) means nobody was busy: ``{}``.
+        Why a read is reused for ``UTIL_MIN_INTERVAL_S``: the Pool view samples
+        too, between two ticks; a fresh read then would take the samples the
+        tick's reading needs, leaving the tick "nobody busy".
         """
+        now = time.monotonic()
+        cached = self._util_cache.get(gpu_id)
+        if cached is not None and now - cached[0] < UTIL_MIN_INTERVAL_S:
+            return cached[1]
+        result = self._read_process_util(gpu_id, handle)
+        self._util_cache[gpu_id] = (now, result)
+        return result
+
+    def _read_process_util(self, gpu_id: str, handle: Any) -> dict[int, float] | None:
         nv = self._nv
         since = self._util_seen.get(gpu_id, 0)
         try:

@@ -247,11 +247,12 @@ def test_nvml_per_process_use_reads_the_samples_since_the_last_call():
 
     inv = object.__new__(NvmlInventory)
     inv._nv = types.SimpleNamespace(nvmlDeviceGetProcessUtilization=get, NVML_ERROR_NOT_FOUND=6)
-    inv._util_seen = {}
+    inv._util_seen, inv._util_cache = {}, {}
     row = lambda pid, ts, sm: types.SimpleNamespace(pid=pid, timeStamp=ts, smUtil=sm)  # noqa: E731
     answers[:] = [[row(7, 100, 40), row(7, 200, 60), row(8, 150, 10)], Err(6), Err(3), [row(7, 250, 30)]]
-    assert inv._process_util("GPU-0", None) == {7: 50.0, 8: 10.0}
-    assert inv._process_util("GPU-0", None) == {}
-    assert inv._process_util("GPU-0", None) is None
+    assert inv._read_process_util("GPU-0", None) == {7: 50.0, 8: 10.0}
+    assert inv._read_process_util("GPU-0", None) == {}
+    assert inv._read_process_util("GPU-0", None) is None
     assert inv._process_util("GPU-0", None) == {7: 30.0}
+    assert inv._process_util("GPU-0", None) == {7: 30.0}  # a second read at once (the Pool view) reuses the first
     assert asked == [0, 200, 200, 200]

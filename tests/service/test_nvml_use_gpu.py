@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from gpupool.inventory import nvml
 from gpupool.inventory.nvml import NvmlInventory, nvml_usable
 from gpupool.service.gpu_use import job_use
 from gpupool.service.store import JobRecord
@@ -42,12 +43,12 @@ while time.time() < end:
 
 def test_nvml_reports_a_busy_process_and_it_maps_to_its_job():
     inv = NvmlInventory()
-    child = subprocess.Popen([sys.executable, "-c", BUSY, "6"], stdout=subprocess.PIPE, text=True,
+    child = subprocess.Popen([sys.executable, "-c", BUSY, "10"], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "CUDA_VISIBLE_DEVICES": inv.gpus()[0].id})
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         inv.sample()  # the per-process ring is read from here on
-        time.sleep(2.0)
+        time.sleep(nvml.UTIL_MIN_INTERVAL_S + 0.5)  # past the reuse of the last read
         sample = inv.sample()
         gpu = inv.gpus()[0]
         reading = sample[gpu.id]
