@@ -63,6 +63,11 @@ class _LiveGauges(Collector):
         return [queue, run, gpus, projects]
 
 
+MAX_USE_PROJECTS = 200
+"""Projects with their own allocated-vs-used series; the rest share the label ``(other)`` (bounded cardinality)."""
+OTHER = "(other)"
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -86,6 +91,27 @@ class Metrics:
             "Training GPUs a project runs now plus those it held on average lately, over its long-run fair share "
             "of the train pool (idle GPUs go first to the lowest; absent when no history is kept)",
             ["project"], registry=r)
+
+        self.gpu_seconds = Counter(
+            "gpupool_project_gpu_seconds", "GPU-seconds per project and kind: allocated (held), measured (held "
+            "where per-process use is measured) and used (SM use of the holders' processes, at most their share)",
+            ["project", "kind", "what"], registry=r)
+        self._use_projects: set[str] = set()
+
+    def count_use(self, seconds: Mapping[tuple[str, str], tuple[float, float, float]]) -> None:
+        """Add (allocated, measured, used) GPU-seconds per (project, kind) to their counters.
+
+        The first ``MAX_USE_PROJECTS`` projects seen get their own label, later
+        ones ``(other)``: a scrape stays bounded whatever the number of projects
+        (personal projects can be thousands).
+        """
+        for (project, kind), values in seconds.items():
+            if project not in self._use_projects and len(self._use_projects) < MAX_USE_PROJECTS:
+                self._use_projects.add(project)
+            label = project if project in self._use_projects else OTHER
+            for what, value in zip(("allocated", "measured", "used"), values, strict=True):
+                if value > 0:
+                    self.gpu_seconds.labels(label, kind, what).inc(value)
 
     def follow(self, view: LiveView) -> None:
         """Where the queue, running and allocation gauges come from: ``view()`` is read at each scrape

@@ -157,9 +157,16 @@ class PeriodicWork:
         running = self.book.live_jobs(("running",))
         sessions = self._sessions()
         uses = job_use(self.pool.sample, running, lambda pid: job_of_process(pid, sessions))
-        nums = {r.id: r.num for r in running}
-        self.use.add(now, {nums[jid]: u for jid, u in uses.items()})
+        recs = {r.id: r for r in running}
+        dt = self.use.add(now, {recs[jid].num: u for jid, u in uses.items()})
         self.use.flush(now)
+        if dt > 0:
+            per_project: dict[tuple[str, str], tuple[float, float, float]] = {}
+            for jid, u in uses.items():
+                key = (recs[jid].project, recs[jid].kind)
+                a, m, s = per_project.get(key, (0.0, 0.0, 0.0))
+                per_project[key] = (a + u.alloc * dt / 1000, m + u.measured * dt / 1000, s + u.used * dt / 1000)
+            self.metrics.count_use(per_project)
 
     def _record_history(self, now: float) -> None:
         self._last_history = now

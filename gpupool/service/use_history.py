@@ -64,16 +64,20 @@ class UseHistory:
         self._open: dict[tuple[int, int], Totals] = {}  # (bucket start, job num) -> sums
         self._last_t: float | None = None
 
-    def add(self, now: float, uses: Mapping[int, JobUse]) -> None:
-        """One sample at ``now``: each job's use (by job number) held since the previous sample."""
+    def add(self, now: float, uses: Mapping[int, JobUse]) -> float:
+        """One sample at ``now``: each job's use (by job number) held since the previous sample.
+
+        Returns the seconds counted (0 for the first sample, or one after a gap).
+        """
         last, self._last_t = self._last_t, now
         if last is None or not 0 < now - last <= MAX_GAP_S:
-            return  # the first sample (or one after a gap) starts the count
+            return 0.0  # the first sample (or one after a gap) starts the count
         dt = now - last
         bucket = int(now // self.fine_s) * self.fine_s
         for num, u in uses.items():
             tot = self._open.setdefault((bucket, num), Totals())
             tot.add(u.alloc * dt, u.measured * dt, u.used * dt, u.memory)
+        return dt
 
     def flush(self, now: float, everything: bool = False) -> None:
         """Write the closed 10 s buckets (``everything``: the open ones too, at a stop), roll complete 5 min

@@ -256,3 +256,17 @@ def test_nvml_per_process_use_reads_the_samples_since_the_last_call():
     assert inv._process_util("GPU-0", None) == {7: 30.0}
     assert inv._process_util("GPU-0", None) == {7: 30.0}  # a second read at once (the Pool view) reuses the first
     assert asked == [0, 200, 200, 200]
+
+
+def test_the_use_counters_keep_a_bounded_number_of_project_labels(monkeypatch):
+    from gpupool.service import metrics as metrics_module
+
+    monkeypatch.setattr(metrics_module, "MAX_USE_PROJECTS", 2)
+    m = metrics_module.Metrics()
+    m.count_use({("a", "train"): (10.0, 10.0, 4.0), ("b", "build"): (1.0, 0.0, 0.0)})
+    m.count_use({("c", "train"): (5.0, 5.0, 5.0), ("d", "train"): (1.0, 1.0, 0.0), ("a", "train"): (1.0, 1.0, 1.0)})
+    value = lambda p, k, w: m.registry.get_sample_value(  # noqa: E731
+        "gpupool_project_gpu_seconds_total", {"project": p, "kind": k, "what": w})
+    assert value("a", "train", "allocated") == 11.0 and value("a", "train", "used") == 5.0
+    assert value("b", "build", "measured") is None  # nothing measured: no series
+    assert value("(other)", "train", "allocated") == 6.0 and value("c", "train", "allocated") is None

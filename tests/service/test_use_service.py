@@ -44,6 +44,11 @@ async def test_a_job_busy_then_idle_is_counted_used_then_idle(make_core):
     assert alloc_s >= 3.6 and alloc_s - used_s >= 1.4  # held for 4 s and more (the start), idle the rest
     assert row["idle_gpu_hours"] * 3600 == pytest.approx(alloc_s - used_s, abs=0.01)
     assert row["peak_memory"] == 3 << 30
+    metric = {what: core.registry.get_sample_value("gpupool_project_gpu_seconds_total",
+                                                   {"project": "vision", "kind": "train", "what": what})
+              for what in ("allocated", "measured", "used")}
+    assert metric["allocated"] == pytest.approx(alloc_s, abs=0.3) and metric["used"] == pytest.approx(used_s, abs=0.3)
+    assert metric["measured"] == pytest.approx(metric["allocated"])
     assert core.report(BOB, since=time.time() - 60, by="job")["rows"] == []  # not Bob's job
 
 
