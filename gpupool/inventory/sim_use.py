@@ -39,7 +39,8 @@ def report(busy: float, memory: int | None = None, pid: int | None = None) -> bo
     """Say how busy this process's GPU share is now (0..1) and how many bytes it holds per GPU.
 
     Returns False (and does nothing) outside a simulated pool: on real GPUs
-    NVML measures the process and nothing it says is needed. ``pid``: the
+    NVML measures the process and nothing it says is needed; False too when
+    the folder cannot be written (never an error that would stop a job). ``pid``: the
     process to report for (default this one; a shell script may report for
     its long-running parent).
     """
@@ -53,10 +54,13 @@ def report(busy: float, memory: int | None = None, pid: int | None = None) -> bo
     gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     who = int(pid if pid is not None else os.getpid())
     body = {"pid": who, "busy": value, "fraction": fraction, "memory": int(memory or 0), "gpus": gpus}
-    fd, tmp = tempfile.mkstemp(prefix=f".{who}.", dir=folder)
-    with os.fdopen(fd, "w") as f:
-        json.dump(body, f)
-    os.replace(tmp, os.path.join(folder, f"{who}.json"))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{who}.", dir=folder)
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, os.path.join(folder, f"{who}.json"))
+    except OSError:  # the folder is not here (a pod on another machine) or not ours: a report never fails a job
+        return False
     return True
 
 

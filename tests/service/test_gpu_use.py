@@ -90,6 +90,8 @@ def test_the_simulation_hook_is_read_as_nvml_would_report_the_process(tmp_path, 
     assert not gone.exists()  # the ended process's report is dropped
     with pytest.raises(ValueError):
         sim_use.report(1.5)
+    monkeypatch.setenv("GPUPOOL_SIM_USE_DIR", str(tmp_path / "not-here"))
+    assert gpupool.sim_use(busy=0.5) is False  # a folder that is not there (a pod elsewhere): no error
     monkeypatch.setenv("GPUPOOL_SIMULATED", "0")
     assert gpupool.sim_use(busy=0.5) is False  # real GPUs: NVML measures, the hook does nothing
 
