@@ -111,6 +111,9 @@ class ServiceConfig:
     job_env_passthrough: list[str] = field(default_factory=list)
     # Each project's GPU use is kept decayed by this half-life (default 7 days; 0 keeps none).
     usage_half_life_s: float = 7 * 86400.0
+    # Allocated vs used (docs/service.md): each job's 10 s rows are kept this long, its 5 min rows this long.
+    use_fine_keep_s: float = 86400.0
+    use_coarse_keep_s: float = 90 * 86400.0
     # Where jobs run (docs/kubernetes.md): "local" (this machine's GPUs, jobs as processes) or
     # "kubernetes" (the cluster's GPU nodes are the pool, each attempt a Pod that gpupool binds).
     backend: str = "local"
@@ -193,6 +196,10 @@ class ServiceConfig:
             raise InvalidRequest(f"sqlite_synchronous must be FULL or NORMAL, not {self.sqlite_synchronous!r}")
         if not isinstance(self.usage_half_life_s, int | float) or self.usage_half_life_s < 0:
             raise InvalidRequest(f"usage_half_life_s must be a number >= 0, not {self.usage_half_life_s!r}")
+        if not (isinstance(self.use_fine_keep_s, int | float) and isinstance(self.use_coarse_keep_s, int | float)
+                and 600 <= self.use_fine_keep_s <= self.use_coarse_keep_s):
+            raise InvalidRequest(f"use_fine_keep_s must be at least 600 (seconds) and use_coarse_keep_s at least "
+                                 f"that, not {self.use_fine_keep_s!r} and {self.use_coarse_keep_s!r}")
         if self.hub:
             from gpupool.service.hub_config import check_hub_settings
 

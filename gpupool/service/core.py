@@ -121,7 +121,7 @@ class SchedulerCore:
         self.standing = Standing(self.book, self.pool_state)
         self.jobs_api = JobsApi(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                 self.tokens, metrics, self.life, self.backend.executor, foreign)
-        self.use_history = UseHistory(store)
+        self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s)
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                      metrics, watchdog, self.use_history)
         self.metrics = metrics

@@ -272,3 +272,13 @@ def test_the_use_counters_keep_a_bounded_number_of_project_labels(monkeypatch):
     assert value("a", "train", "allocated") == 11.0 and value("a", "train", "used") == 5.0
     assert value("b", "build", "measured") is None  # nothing measured: no series
     assert value("(other)", "train", "allocated") == 6.0 and value("c", "train", "allocated") is None
+
+
+def test_the_keeping_settings_are_checked_when_read(tmp_path):
+    from gpupool.service.config import ServiceConfig
+
+    assert ServiceConfig(state_dir=tmp_path, use_coarse_keep_s=7 * 86400).use_coarse_keep_s == 7 * 86400
+    for bad in ({"use_fine_keep_s": 10}, {"use_fine_keep_s": 86400, "use_coarse_keep_s": 3600},
+                {"use_coarse_keep_s": "90d"}):
+        with pytest.raises(InvalidRequest, match="use_fine_keep_s"):
+            ServiceConfig(state_dir=tmp_path, **bad)
