@@ -73,7 +73,7 @@ class UseHistory:
         if last is None or not 0 < now - last <= MAX_GAP_S:
             return 0.0  # the first sample (or one after a gap) starts the count
         dt = now - last
-        bucket = int(now // self.fine_s) * self.fine_s
+        bucket = int((last + now) / 2 // self.fine_s) * self.fine_s  # the bucket the interval [last, now) is in
         for num, u in uses.items():
             tot = self._open.setdefault((bucket, num), Totals())
             tot.add(u.alloc * dt, u.measured * dt, u.used * dt, u.memory)

@@ -202,8 +202,13 @@ def test_history_stays_bounded_by_its_resolutions(tmp_path):
             h.flush(t)
     counts = dict(s.query("SELECT res, COUNT(*) FROM gpu_use GROUP BY res").__iter__())
     assert 8640 <= counts[10] <= 8640 + 60 and counts[300] == 3 * 288
-    total = h.totals(start - 1, start + 3 * 86400 + 5)[1]
+    end = start + 3 * 86400 + 5
+    total = h.totals(start - 1, end)[1]
     assert total.alloc == pytest.approx(1000 * 3 * 86400) and total.used == pytest.approx(500 * 3 * 86400)
+    # a range reaching back past the 10 s rows: 5 min rows, then the 10 s rows since the last roll-up
+    assert h.totals(start + 1.5 * 86400, end)[1].used == pytest.approx(500 * 1.5 * 86400)
+    # a range within the last day: 10 s rows alone (a start rounds down to its 10 s bucket)
+    assert h.totals(start + 3 * 86400 - 3605, end)[1].used == pytest.approx(500 * 3610)
 
 
 def test_an_older_store_gets_the_use_table_in_place(tmp_path):
