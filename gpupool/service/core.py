@@ -53,7 +53,7 @@ from gpupool.service.state_dir import lock_state_dir, prepare_state_dir
 from gpupool.service.store import Store
 from gpupool.service.tokens import TokenStore, load_or_create_admin_token
 from gpupool.service.usage import DecayedUsage
-from gpupool.service.use_history import UseHistory
+from gpupool.service.use_history import MAX_GAP_S, UseHistory
 from gpupool.service.watchdog import Watchdog
 
 log = logging.getLogger("gpupool.service")
@@ -121,7 +121,8 @@ class SchedulerCore:
         self.standing = Standing(self.book, self.pool_state)
         self.jobs_api = JobsApi(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                 self.tokens, metrics, self.life, self.backend.executor, foreign)
-        self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s)
+        self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s,
+                                      max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                      metrics, watchdog, self.use_history)
         self.metrics = metrics

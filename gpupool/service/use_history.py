@@ -30,7 +30,8 @@ COARSE_S = 300
 FINE_KEEP_S = 86400.0
 COARSE_KEEP_S = 90 * 86400.0
 MAX_GAP_S = 60.0
-"""A longer gap between two samples (the service was stopped, the loop stalled) counts nothing: unknown."""
+"""A longer gap between two samples (the service was stopped, the loop stalled) counts nothing: unknown.
+The core passes ``max(MAX_GAP_S, 3 * tick_s)``, so a long tick still counts."""
 
 _ROLLED = "gpu_use_rolled"
 
@@ -55,7 +56,8 @@ class UseHistory:
     """The open buckets in memory and the ``gpu_use`` table behind them."""
 
     def __init__(self, store: Store, fine_s: int = FINE_S, coarse_s: int = COARSE_S,
-                 fine_keep_s: float = FINE_KEEP_S, coarse_keep_s: float = COARSE_KEEP_S) -> None:
+                 fine_keep_s: float = FINE_KEEP_S, coarse_keep_s: float = COARSE_KEEP_S,
+                 max_gap_s: float = MAX_GAP_S) -> None:
         if coarse_s % fine_s:
             raise ValueError("the coarse resolution must be a multiple of the fine one")
         self.store = store
@@ -63,6 +65,7 @@ class UseHistory:
         self.fine_keep_s, self.coarse_keep_s = float(fine_keep_s), float(coarse_keep_s)
         self._open: dict[tuple[int, int], Totals] = {}  # (bucket start, job num) -> sums
         self._last_t: float | None = None
+        self.max_gap_s = float(max_gap_s)
 
     def add(self, now: float, uses: Mapping[int, JobUse]) -> float:
         """One sample at ``now``: each job's use (by job number) held since the previous sample.
@@ -70,7 +73,7 @@ class UseHistory:
         Returns the seconds counted (0 for the first sample, or one after a gap).
         """
         last, self._last_t = self._last_t, now
-        if last is None or not 0 < now - last <= MAX_GAP_S:
+        if last is None or not 0 < now - last <= self.max_gap_s:
             return 0.0  # the first sample (or one after a gap) starts the count
         dt = now - last
         bucket = int((last + now) / 2 // self.fine_s) * self.fine_s  # the bucket the interval [last, now) is in

@@ -287,3 +287,12 @@ def test_the_keeping_settings_are_checked_when_read(tmp_path):
                 {"use_coarse_keep_s": "90d"}):
         with pytest.raises(InvalidRequest, match="use_fine_keep_s"):
             ServiceConfig(state_dir=tmp_path, **bad)
+
+
+def test_a_gap_between_samples_counts_nothing(tmp_path):
+    """The service was down (or its loop stalled) between two samples: that time is unknown, not idle."""
+    s = _store(tmp_path)
+    h = UseHistory(s, max_gap_s=30)
+    for t in (100.0, 110.0, 200.0, 210.0):  # 10 s counted, 90 s not, 10 s counted
+        h.add(t, {1: JobUse(1000, 1000, 1000.0, 0)})
+    assert h.totals(0.0, 300.0)[1].alloc == pytest.approx(20_000)
