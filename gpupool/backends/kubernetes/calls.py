@@ -43,6 +43,11 @@ class Refused(RuntimeError):
     """
 
 
+WEBHOOK_FAILED = "failed calling webhook"
+"""In a 500's message: an admission webhook with ``failurePolicy: Fail`` did not answer, so the API server
+refused the create (Kubernetes' ``ErrCallingWebhook``); the API server itself answered."""
+
+
 def refusal(e: BaseException) -> str | None:
     """The API server's words when ``e`` is a refusal of a create, else None.
 
@@ -50,10 +55,12 @@ def refusal(e: BaseException) -> str | None:
     same name still being deleted) and 429 (throttling, retried): its Status
     body's ``message`` and ``reason`` ("pods \"x\" is forbidden: exceeded
     quota: ... (Forbidden)"), or the bare HTTP status when there is no body.
+    Also a 500 saying an admission webhook could not be called: the policy
+    engine is away, not the API server, and it refuses every pod it covers
+    until it is back; retried at once like an outage, the job would show
+    "running" with its GPUs held and no pod.
     """
     if not isinstance(e, ApiException) or not isinstance(e.status, int):
-        return None
-    if not 400 <= e.status <= 499 or e.status in (409, 429):
         return None
     try:
         body = json.loads(e.body) if e.body else {}
@@ -61,6 +68,9 @@ def refusal(e: BaseException) -> str | None:
         body = {}
     message = str(body.get("message") or "").strip() if isinstance(body, dict) else ""
     reason = str(body.get("reason") or e.reason or "").strip() if isinstance(body, dict) else str(e.reason or "")
+    webhook_failed = e.status == 500 and WEBHOOK_FAILED in message
+    if not webhook_failed and (not 400 <= e.status <= 499 or e.status in (409, 429)):
+        return None
     if not message:
         return f"HTTP {e.status} {reason}".strip()
     return f"{message} ({reason})" if reason else message

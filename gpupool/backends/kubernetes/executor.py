@@ -288,14 +288,17 @@ class PodExecutor:
         server's message. Posted as plain JSON (post_json: no per-call argument checks), its reply read raw
         for two fields."""
         ns, name = self.settings.namespace, a.handle.name
-        try:
-            created = self.calls.retrying("start", lambda: raw_json(post_json(self.api, pods_path(ns), manifest)),
-                                          START_GIVE_UP_S)
-        except Exception as e:
-            why = refusal(e)
-            if why is None:
-                raise
-            raise Refused(f"the API server refused pod {name}: {why}") from e
+
+        def post() -> dict[str, Any]:  # a refusal is an answer: raised at once, never retried as an outage
+            try:
+                return raw_json(post_json(self.api, pods_path(ns), manifest))
+            except ApiException as e:
+                why = refusal(e)
+                if why is None:
+                    raise
+                raise Refused(f"the API server refused pod {name}: {why}") from e
+
+        created = self.calls.retrying("start", post, START_GIVE_UP_S)
         meta = created.get("metadata") or {}
         with self._lock:
             a.created_rv = _rv(meta.get("resourceVersion"))
