@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.app.embedded import EmbeddedScheduler
+from gpupool.app import embedded  # looked up at each serve (tests put a recording one in its place)
 from gpupool.backends.kubernetes.pod_namespaces import SETTING as POD_NAMESPACES
 from gpupool.backends.kubernetes.pod_namespaces import parse_flag
 from gpupool.service.config import ServiceConfig, default_state_dir
@@ -124,9 +124,9 @@ def serve(options: ServeOptions) -> int:
         _exit_if_stuck(EXIT_AFTER_LOSS_S)
         stop.set()
 
-    scheduler = EmbeddedScheduler(state_dir, simulate=options.simulate, admin_token=admin_token,
-                                  host=options.host, port=options.port, config=settings,
-                                  on_standby=standby, on_lost_leadership=lost)
+    scheduler = embedded.EmbeddedScheduler(state_dir, simulate=options.simulate, admin_token=admin_token,
+                                           host=options.host, port=options.port, config=settings,
+                                           on_standby=standby, on_lost_leadership=lost)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
@@ -169,7 +169,7 @@ def serve(options: ServeOptions) -> int:
     return asyncio.run(run())
 
 
-async def _started_unless_stopped(scheduler: EmbeddedScheduler, stop: asyncio.Event) -> bool:
+async def _started_unless_stopped(scheduler: embedded.EmbeddedScheduler, stop: asyncio.Event) -> bool:
     """``scheduler.start()``, unless SIGTERM comes first (a standby waiting for the Lease): False then."""
     start = asyncio.ensure_future(scheduler.start())
     stopped = asyncio.ensure_future(stop.wait())
