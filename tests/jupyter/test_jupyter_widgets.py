@@ -161,11 +161,20 @@ async def busy_pool(pool: dict[str, Any]) -> dict[str, Any]:
     return jobs
 
 
+async def first_samples(admin: AsyncGpupoolClient) -> None:
+    """Wait until the service has sampled every GPU's use (simulated GPUs are sampled from the first tick)."""
+    deadline = time.monotonic() + 30
+    while not all("utilization" in gpu for node in (await admin.pool())["nodes"] for gpu in node["gpus"]):
+        assert time.monotonic() < deadline, "no GPU use sampled"
+        await asyncio.sleep(0.1)
+
+
 async def test_unchanged_pool_sends_nothing_and_keeps_its_widgets(
     pool: dict[str, Any], sent: list[tuple[str, Any]]
 ) -> None:
     """A refresh of a pool where nothing changed creates no widget and sends no message."""
     await busy_pool(pool)
+    await first_samples(pool["admin"])  # a GPU's first use sample changes its row once, rightly
     pm = PoolMonitor(client=pool["alice"], autostart=False)
     qm = QueueMonitor(client=pool["alice"], autostart=False)
     await pm.refresh()
