@@ -75,7 +75,9 @@ class ServiceConfig:
     admin_token: str | None = None  # default: generated into <state_dir>/admin_token
     admin_user: str = "admin"
     tick_s: float = 5.0  # periodic scheduling cycle, lease expiry, watchdog
-    cycle_min_interval_s: float = 0.005  # train submits and exits within this of a cycle share the next one
+    # Train submits and exits within this of a cycle share the next one. 20 ms, not less: a burst of 1,000
+    # submits then takes 2.4 s instead of 3.2 s (docs/benchmarks.md, cli); a quiet service decides at once.
+    cycle_min_interval_s: float = 0.02
     poll_s: float = 0.2  # how often running processes are checked for exit
     pause_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when pausing or cancelling
     reply_wait_s: float = 2.0  # pause/cancel calls wait this long for the process to stop
