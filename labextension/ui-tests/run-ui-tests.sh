@@ -47,6 +47,10 @@ export JUPYTERLAB_GALATA_ROOT_DIR="$ROOT_DIR"
 # The test Lab's scheduler publishes its runtime file here, not in the user's own
 # ~/.local/share/gpupool/runtime (where `gpupool status` would answer from it).
 export GPUPOOL_RUNTIME_DIR="$ROOT_DIR/.gpupool-runtime"
+# Jupyter's own per-user files likewise: kernels' connection files (runtime), the GPU kernelspecs the
+# extension writes (data) and deleted notebooks (the XDG trash under $XDG_DATA_HOME), not ~/.local.
+export JUPYTER_RUNTIME_DIR="$ROOT_DIR/.runtime"
+export XDG_DATA_HOME="$ROOT_DIR/.local/share"
 # A free port for the test server, unless one is given.
 export GPUPOOL_UI_PORT="${GPUPOOL_UI_PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
 
