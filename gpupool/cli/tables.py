@@ -102,13 +102,17 @@ def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
     now = time.time()
     rows = [
         (j.get("id"), _clip(j.get("name"), 24), j.get("project"), j.get("user"), j.get("kind"),
-         str(j.get("state") or "") + ("*" if j.get("preemptible") and j.get("state") == "running" else ""),
+         str(j.get("state") or "") + ("*" if j.get("preemptible") and j.get("state") == "running" else "")
+         + (" idle" if j.get("idle_since") else ""),
          request_text(j), j.get("priority"), ago(j.get("submitted_at"), now), _clip(j.get("reason"), 60))
         for j in jobs
     ]
     out = table(["ID", "NAME", "PROJECT", "USER", "KIND", "STATE", "REQUEST", "PRIO", "SUBMITTED", "REASON"], rows)
     if any(j.get("preemptible") and j.get("state") == "running" for j in jobs):
         out += "\n(* running beyond its project's guarantee: may be paused to give GPUs back)"
+    if any(j.get("idle_since") for j in jobs):
+        out += ("\n(idle: its GPU share has been used below its project's idle threshold for the whole window; "
+                "gpupool describe says since when)")
     return out
 
 
@@ -198,7 +202,9 @@ def status_text(url: str, status: dict[str, Any]) -> str:
         head,
         *([backend] if backend else []),
         f"GPUs: {gpus_text(allocated)} of {total} allocated    queue: {_count(queue.get('pending'))} pending, "
-        f"{_count(queue.get('running'))} running, {_count(queue.get('paused'))} paused",
+        f"{_count(queue.get('running'))} running"
+        + (f" ({_count(queue.get('idle'))} idle)" if _count(queue.get("idle")) else "")
+        + f", {_count(queue.get('paused'))} paused",
         "",
         gpus_table(pool),
         "",
@@ -253,9 +259,9 @@ def _clock(t: Any) -> str:
 def job_text(job: dict[str, Any]) -> str:
     """describe: every field of a job, the important ones first, each escaped (another user's text is shown,
     never obeyed)."""
-    order = ["id", "name", "state", "reason", "project", "user", "kind", "priority", "request", "preemptible",
-             "attempts", "submitted_at", "started_at", "finished_at", "exit_code", "assignment", "ran_on", "command",
-             "workdir", "labels", "lease_expires_at", "env"]
+    order = ["id", "name", "state", "reason", "idle_since", "idle_action", "project", "user", "kind", "priority",
+             "request", "preemptible", "attempts", "submitted_at", "started_at", "finished_at", "exit_code",
+             "assignment", "ran_on", "command", "workdir", "labels", "lease_expires_at", "env"]
     keys = [k for k in order if k in job] + sorted(k for k in job if k not in order)
     lines = []
     for key in keys:

@@ -21,6 +21,7 @@ from gpupool.service.book import JobBook, Lifecycle
 from gpupool.service.build_quota import build_holders, check_build_quota
 from gpupool.service.config import ServiceConfig
 from gpupool.service.cycle import CycleRunner
+from gpupool.service.idle import IdleWatch, merge_settings, settings_wire
 from gpupool.service.jobs import held_milli, job_to_wire, project_to_wire
 from gpupool.service.membership import is_member, unix_groups
 from gpupool.service.metrics import Metrics
@@ -66,6 +67,8 @@ class JobsApi:
         self.life = life
         self.executor = executor
         self.foreign = foreign
+        self.idle: IdleWatch | None = None
+        """Which running jobs are idle by use (the core sets it); None: every job's idle_since is null."""
 
     def check_open(self) -> None:
         if self.life.closing:
@@ -87,7 +90,9 @@ class JobsApi:
         return rec
 
     def _wire(self, actor: Actor, rec: JobRecord) -> dict[str, Any]:
-        return job_to_wire(rec, show_env=actor.admin or actor.user == rec.user)
+        out = job_to_wire(rec, show_env=actor.admin or actor.user == rec.user)
+        out.update(self.idle.job_fields(rec) if self.idle is not None else {"idle_since": None, "idle_action": None})
+        return out
 
     def get_job(self, actor: Actor, job_id: str) -> dict[str, Any]:
         return self._wire(actor, self._job_or_404(job_id))
@@ -153,6 +158,7 @@ class JobsApi:
             mine = recent.get(p.name, {})
             wire["recent_gpu_hours"] = {k: round(mine.get(k, 0.0), 6) for k in ("build", "train")}
             wire["fair_share"] = standing[p.name]
+            wire["idle"] = settings_wire(p.idle)
             if actor is not None:
                 wire["member"] = self._may_use(actor, p)
             out.append(wire)
@@ -187,6 +193,7 @@ class JobsApi:
         counts = {"pending": 0, "running": 0, "paused": 0}
         for rec in self.book.live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
+        counts["idle"] = self.idle.flagged() if self.idle is not None else 0  # running, flagged idle by use
         return {"simulated": self.pool.simulated, "pool": self.pool_view(), "projects": self.list_projects(actor),
                 "queue": counts, "usage_half_life_s": self.config.usage_half_life_s,
                 "backend": self.pool.health()}
@@ -206,6 +213,8 @@ class JobsApi:
         cur = self.book.store.project(name) or ProjectRecord(name=name, created_at=time.time())
         for k, v in changes.items():
             setattr(cur, k, v)
+        if isinstance(fields, dict) and "idle" in fields:
+            cur.idle = merge_settings(cur.idle, fields["idle"])
         self.book.projects_changed()
         self.book.store.upsert_project(cur)
         self.book.emit("project", project=name, reason=f"project {name} set by {actor.user}")

@@ -43,6 +43,7 @@ from gpupool.service.book import JobBook, Lifecycle
 from gpupool.service.config import ServiceConfig
 from gpupool.service.cycle import STOPPING_PROJECT, WAIT_FOR_STOPPING, CycleRunner, PolicyFn
 from gpupool.service.foreign import ForeignJobs
+from gpupool.service.idle import IdleWatch
 from gpupool.service.jobs import assigned_gpus, held_milli
 from gpupool.service.metrics import Metrics
 from gpupool.service.periodic import PeriodicWork
@@ -123,8 +124,10 @@ class SchedulerCore:
                                 self.tokens, metrics, self.life, self.backend.executor, foreign)
         self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s,
                                       max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
+        self.idle = IdleWatch(self.book, self.attempts, metrics, max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
+        self.jobs_api.idle = self.idle
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
-                                     metrics, watchdog, self.use_history)
+                                     metrics, watchdog, self.use_history, self.idle)
         self.metrics = metrics
         self._tasks: list[asyncio.Task[None]] = []
 

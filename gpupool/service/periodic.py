@@ -16,11 +16,13 @@ from gpupool.service.attempts import Attempts
 from gpupool.service.book import JobBook
 from gpupool.service.config import ServiceConfig
 from gpupool.service.cycle import CycleRunner
-from gpupool.service.gpu_use import job_use
+from gpupool.service.gpu_use import JobUse, job_use
+from gpupool.service.idle import IdleWatch
 from gpupool.service.jobs import assigned_gpus
 from gpupool.service.metrics import Metrics
 from gpupool.service.pool_state import PoolState
 from gpupool.service.standing import Standing
+from gpupool.service.store import JobRecord
 from gpupool.service.use_history import UseHistory
 from gpupool.service.views import history_sample
 from gpupool.service.watchdog import Reading, Watchdog, job_of_process
@@ -33,7 +35,7 @@ class PeriodicWork:
 
     def __init__(self, config: ServiceConfig, book: JobBook, pool: PoolState, attempts: Attempts,
                  cycles: CycleRunner, standing: Standing, metrics: Metrics, watchdog: Watchdog,
-                 use: UseHistory | None = None) -> None:
+                 use: UseHistory | None = None, idle: IdleWatch | None = None) -> None:
         self.config = config
         self.book = book
         self.pool = pool
@@ -43,6 +45,8 @@ class PeriodicWork:
         self.metrics = metrics
         self.watchdog = watchdog
         self.use = use
+        self.idle = idle
+        self._uses: tuple[list[JobRecord], dict[str, JobUse]] | None = None  # this tick's, for the idle watch
         self._last_history = 0.0
         self._trimmed_seq = -1  # events are trimmed at the first tick, then once a tenth more have come
 
@@ -63,6 +67,7 @@ class PeriodicWork:
             ("GPU sampling and watchdog", lambda: self._sample_and_watch(now), True),
             ("history", lambda: self._maybe_record_history(now), False),
             ("allocated vs used", lambda: self._meter_use(now), False),
+            ("idle GPUs", lambda: self._watch_idle(now), True),
             ("usage", lambda: self._save_usage(now), False),
             ("usage metrics", lambda: self._refresh_usage_metrics(now), False),
             ("event trimming", self._trim_events, False),
@@ -157,6 +162,7 @@ class PeriodicWork:
         running = self.book.live_jobs(("running",))
         sessions = self._sessions()
         uses = job_use(self.pool.sample, running, lambda pid: job_of_process(pid, sessions))
+        self._uses = (running, uses)
         recs = {r.id: r for r in running}
         dt = self.use.add(now, {recs[jid].num: u for jid, u in uses.items()})
         self.use.flush(now)
@@ -167,6 +173,12 @@ class PeriodicWork:
                 a, m, s = per_project.get(key, (0.0, 0.0, 0.0))
                 per_project[key] = (a + u.alloc * dt / 1000, m + u.measured * dt / 1000, s + u.used * dt / 1000)
             self.metrics.count_use(per_project)
+
+    def _watch_idle(self, now: float) -> None:
+        """Flag (or pause) running jobs whose measured use stayed under their project's idle rule (gpupool.service.idle)."""
+        taken, self._uses = self._uses, None
+        if self.idle is not None and taken is not None:
+            self.idle.observe(now, *taken)
 
     def _record_history(self, now: float) -> None:
         self._last_history = now

@@ -33,7 +33,8 @@ CREATE TABLE IF NOT EXISTS projects (
     train_limit_milli INTEGER,
     weight REAL NOT NULL DEFAULT 1.0,
     created_at REAL NOT NULL,
-    members TEXT
+    members TEXT,
+    idle TEXT
 );
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -174,15 +175,17 @@ class ProjectRecord:
     weight: float = 1.0
     created_at: float = 0.0
     members: list[str] | None = None  # None: open to every user; else user names and "@group" entries
+    idle: dict[str, Any] | None = None  # the idle rules as set (gpupool.service.idle); None: the defaults
 
 
 def _project_of(row: sqlite3.Row) -> ProjectRecord:
     data = {k: row[k] for k in row.keys()}
     data["members"] = None if data.get("members") is None else json.loads(data["members"])
+    data["idle"] = None if data.get("idle") is None else json.loads(data["idle"])
     return ProjectRecord(**data)
 
 
-_ADDED_COLUMNS = (("projects", "members", "TEXT"), ("jobs", "image", "TEXT"),
+_ADDED_COLUMNS = (("projects", "members", "TEXT"), ("projects", "idle", "TEXT"), ("jobs", "image", "TEXT"),
                   ("jobs", "replicas", "INTEGER NOT NULL DEFAULT 1"), ("jobs", "last_assignment", "TEXT"),
                   ("jobs", "refusals", "INTEGER NOT NULL DEFAULT 0"), ("jobs", "held_until", "REAL"))
 """Columns added after a table was first released: added to an older store when it is opened."""
@@ -265,11 +268,13 @@ class Store:
         with self.transaction() as db:
             db.execute(
                 "INSERT INTO projects(name, build_quota_milli, train_guarantee_milli, train_limit_milli, weight, created_at,"
-                " members) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET"
+                " members, idle) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET"
                 " build_quota_milli=excluded.build_quota_milli, train_guarantee_milli=excluded.train_guarantee_milli,"
-                " train_limit_milli=excluded.train_limit_milli, weight=excluded.weight, members=excluded.members",
+                " train_limit_milli=excluded.train_limit_milli, weight=excluded.weight, members=excluded.members,"
+                " idle=excluded.idle",
                 (rec.name, rec.build_quota_milli, rec.train_guarantee_milli, rec.train_limit_milli, rec.weight,
-                 rec.created_at or time.time(), None if rec.members is None else json.dumps(rec.members)),
+                 rec.created_at or time.time(), None if rec.members is None else json.dumps(rec.members),
+                 None if rec.idle is None else json.dumps(rec.idle)),
             )
 
     def delete_project(self, name: str) -> None:

@@ -158,6 +158,21 @@ JOB_SPEC: dict[str, Any] = {
     },
 }
 
+IDLE_ACTIONS: dict[str, list[str]] = {"build": ["cull", "flag", "off"], "train": ["flag", "pause", "off"]}
+"""What may happen to a job whose share is idle, per kind (gpupool.service.idle); "off": not watched."""
+MAX_IDLE_WINDOW_S = 30 * 86400
+
+
+def _idle_rule(kind: str) -> dict[str, Any]:
+    """One kind's idle rule as PUT /projects takes it (every field optional: left out keeps its value)."""
+    return {"type": "object", "additionalProperties": False, "properties": {
+        "below_percent": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 100,
+                          "description": "Idle below this percent of the job's share (its processes' use)."},
+        "window_s": {"type": "number", "minimum": 1, "maximum": MAX_IDLE_WINDOW_S,
+                     "description": "For this many seconds, every sample measured and below."},
+        "action": {"type": "string", "enum": IDLE_ACTIONS[kind]}}}
+
+
 PROJECT_FIELDS: dict[str, Any] = {
     "type": "object",
     "description": "Quotas in GPUs. Fields left out keep their value (or the default for a new project).",
@@ -178,6 +193,16 @@ PROJECT_FIELDS: dict[str, Any] = {
                     "open project",
                     "description": "Who may submit into the project: user names and '@group' entries; "
                                    "null (the default) leaves the project open to every user."},
+        "idle": {"type": "object", "nullable": True, "additionalProperties": False,
+                 "properties": {kind: _idle_rule(kind) for kind in IDLE_ACTIONS},
+                 RULE: "idle is {build: {...}, train: {...}}, each with below_percent (above 0, at most 100), "
+                 f"window_s (1 to {MAX_IDLE_WINDOW_S} seconds) and action (build: cull, flag or off; train: "
+                 "flag, pause or off), fields left out keeping their value; or null for the defaults",
+                 "description": "When a running job's GPU share counts as idle, per kind (docs/policy.md, \"Idle "
+                                "GPUs\"): below below_percent of its share for window_s seconds, measured (unmeasured "
+                                "time is never idle). action: build kernels are culled by their Jupyter server "
+                                "(cull) or only flagged (flag); training jobs are flagged (flag) or paused with the "
+                                "checkpoint signal (pause). null: back to the defaults."},
     },
 }
 
@@ -244,6 +269,13 @@ JOB: dict[str, Any] = {
         "lease_expires_at": {"type": "number", "nullable": True},
         "image": {"type": "string", "description": "The spec's container image; absent when it named none."},
         "env": {"type": "object", "nullable": True},
+        "idle_since": {"type": "string", "nullable": True, "description": "A running job whose share its "
+                       "project counts idle (below its idle rule's percent for the whole window, measured): since "
+                       "when, ISO 8601 UTC; null otherwise (busy, unmeasured, not running, or the rule is off)."},
+        "idle_action": {"type": "string", "nullable": True, "enum": ["cull", "flag", "pause"],
+                        "description": "With idle_since: what its project's rule does (cull: its Jupyter server "
+                                       "shuts the kernel down after a notice; pause: paused with the checkpoint "
+                                       "signal; flag: shown only)."},
     },
 }
 
@@ -259,6 +291,8 @@ PROJECT: dict[str, Any] = {
         "paused": {"type": "integer", "description": "Its paused jobs."},
         "members": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "member": {"type": "boolean", "description": "Whether the caller may submit into this project."},
+        "idle": {"type": "object", "description": "The idle rules in force, per kind (build, train): "
+                 "below_percent, window_s, action (defaults filled in)."},
         "recent_gpu_hours": {"type": "object", "description": "GPU-hours held by kind (build, train), decayed "
                              "by the service's usage half-life: a half-life ago counts half."},
         "fair_share": {
