@@ -5,7 +5,10 @@ handlers), writes the GPU kernelspecs and puts them on the server's kernelspec
 path, and adds the /gpupool/api handlers. Once the loop runs it connects to
 the scheduler (starting the embedded one when no URL is set) and keeps two
 periodic tasks: renewing the GPU-share leases of live kernels, and shutting
-down GPU kernels idle for too long so their shares go back to the pool.
+down GPU kernels whose share is idle so it goes back to the pool: by use (the
+scheduler flags a share its project's idle rule counts idle; the kernel is
+told, then shut down unless a cell runs: jupyter_gpupool.idle_cull), and,
+when ``idle_timeout`` is set, by Jupyter activity as before.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from jupyter_gpupool.cli_path import put_cli_on_path
 from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
 from jupyter_gpupool.hub import shared_scheduler_token, shared_scheduler_url
+from jupyter_gpupool.idle_cull import IdleCuller
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
 from jupyter_gpupool.sessions import session_handlers
@@ -100,10 +104,24 @@ class GPUPool(ExtensionApp):
     renew_interval = Float(
         0.0, config=True, help="Seconds between lease renewals (0 = a third of lease_seconds)."
     )
+    cull_idle_by_use = Bool(
+        True,
+        config=True,
+        help="Shut down GPU kernels whose share the scheduler flags idle by use (their project's idle rule, "
+        "action cull: e.g. below 5 % of the share for 30 min), after a notice in the kernel and in Lab, and "
+        "never while a cell runs; their shares go back to the pool.",
+    )
+    idle_notice = Float(
+        120.0, config=True, help="Seconds between the idle notice and the shutdown of a GPU kernel idle by use."
+    )
+    idle_check_interval = Float(
+        15.0, config=True, help="Seconds between two reads of the scheduler's idle flags of this server's kernels."
+    )
     idle_timeout = Float(
         0.0,
         config=True,
-        help="Shut down GPU kernels idle (no execution, no connection activity) this many seconds; 0 = never.",
+        help="Also shut down GPU kernels idle by Jupyter activity (no execution, no connection activity) this "
+        "many seconds, whatever their GPU use; 0 = never (the default: cull_idle_by_use decides).",
     )
     idle_grace = Float(
         300.0, config=True, help="A GPU kernel is never shut down as idle in its first idle_grace seconds."
@@ -159,6 +177,7 @@ class GPUPool(ExtensionApp):
     _previous_provisioner: str | None = None
     _stopping: asyncio.Future[None] | None = None
     _tasks: list[asyncio.Task[Any]]
+    idle_culler: IdleCuller | None = None
 
     def pool_settings(self) -> PoolSettings:
         """The connection's settings from the traits."""
@@ -184,6 +203,7 @@ class GPUPool(ExtensionApp):
     def initialize_settings(self) -> None:
         """Register the connection and install the GPU kernelspecs."""
         self._tasks = []
+        self.idle_culler = None
         put_cli_on_path()  # kernels and terminals inherit it: `!gpupool status` works in a notebook
         self.connection = PoolConnection(self.pool_settings())
         self.connection.on_ready = self.start_background
@@ -228,6 +248,9 @@ class GPUPool(ExtensionApp):
         self._tasks.append(asyncio.ensure_future(self._renew_loop()))
         if self.idle_timeout > 0:
             self._tasks.append(asyncio.ensure_future(self._idle_loop()))
+        if self.cull_idle_by_use and self.connection is not None:
+            self.idle_culler = IdleCuller(self.connection, self.serverapp.kernel_manager, self.idle_notice, self.log)
+            self._tasks.append(asyncio.ensure_future(self._idle_use_loop()))
 
     @property
     def renew_every(self) -> float:
@@ -294,6 +317,20 @@ class GPUPool(ExtensionApp):
                 await self.cull_idle_once()
             except Exception as err:
                 self.log.warning("gpupool: idle culling failed: %s", err)
+
+    async def cull_idle_by_use_once(self) -> list[str]:
+        """One look at the scheduler's idle flags: notices given, kernels shut down (their ids returned)."""
+        if self.idle_culler is None:
+            return []
+        return await self.idle_culler.check()
+
+    async def _idle_use_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.idle_check_interval, 0.1))
+            try:
+                await self.cull_idle_by_use_once()
+            except Exception as err:
+                self.log.warning("gpupool: culling idle kernels by use failed: %s", err)
 
     async def release_all_shares(self) -> None:
         """Give back every kernel share: the server stops, its kernels go with it.

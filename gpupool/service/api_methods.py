@@ -360,6 +360,9 @@ class JobsApi:
         if not rec.live:
             raise Conflict(f"job {rec.id} is already {rec.state}")
         reason = f"cancelled by {actor.user}"
+        idle_since = self.idle.job_fields(rec)["idle_since"] if self.idle is not None else None
+        if idle_since:  # e.g. a kernel its Jupyter server culled: every view says why the share came back
+            reason += f" while idle since {idle_since}"
         if rec.state != "running" or rec.kind == "build":
             self.attempts.finish(rec, "cancelled", reason)
             self.cycles.request()  # what it frees is handed out by the next cycle (mass cancels share it)
