@@ -42,6 +42,7 @@ ROUTES: list[tuple[str, type[tornado.web.RequestHandler]]] = [
     (r"/api/v1/events", EventsHandler),
     (r"/api/v1/history", h.HistoryHandler),
     (r"/api/v1/report", h.ReportHandler),
+    (r"/api/v1/report/series", h.ReportSeriesHandler),
     (r"/api/v1/tokens", h.TokensHandler),
 ]
 

@@ -158,6 +158,14 @@ class ReportHandler(ApiHandler):
         self.write_json(await maybe_await(self.core.report(self.actor, since, self.query_str("by"))))
 
 
+class ReportSeriesHandler(ApiHandler):
+    """Allocated vs used GPUs over time (the Lab panel's chart); the core decides what this user may see."""
+
+    async def get(self) -> None:
+        since, step = self.query_float("since", None), self.query_float("step", None)
+        self.write_json(await maybe_await(self.core.report_series(self.actor, since, step, self.query_str("by"))))
+
+
 class TokensHandler(ApiHandler):
     async def post(self) -> None:
         body = self.json_body("TokenRequest", "token request")

@@ -132,6 +132,15 @@ def _paths() -> dict[str, Any]:
             params=[_query("since", {"type": "number"}, "Unix time the report starts at (default 30 days ago)"),
                     _query("by", {"type": "string", "enum": ["project", "user", "job"]},
                            "Rows per project (default), user or job")])},
+        "/api/v1/report/series": {"get": _op(
+            "Allocated vs used over time", _json(_ref("ReportSeries"), "Mean GPUs allocated, measured and used "
+                                                 "per bucket, per project, user or job, build and train apart "
+                                                 "(who sees what: as the report)"), errors=(400, 401),
+            params=[_query("since", {"type": "number"}, "Unix time the series starts at (default an hour ago)"),
+                    _query("step", {"type": "number", "exclusiveMinimum": 0},
+                           "Seconds per bucket (rounded up to the rows' resolution, at most 360 buckets)"),
+                    _query("by", {"type": "string", "enum": ["project", "user", "job"]},
+                           "A series per project (default), user or job")])},
         "/api/v1/tokens": {"post": _op("Create token", _json(_ref("Token"), "The new token"), status="201",
                                        errors=(400, 401, 403), body="TokenRequest")},
     }

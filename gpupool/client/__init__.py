@@ -242,6 +242,10 @@ class _Endpoints:
         """Allocated, used and idle GPU-hours since ``since`` (Unix seconds) per project, user or job."""
         return self._call("GET", API + "/report", query={"since": since, "by": by})
 
+    def report_series(self, since: float | None = None, step: float | None = None, by: str | None = None) -> Any:
+        """Mean GPUs allocated, measured and used per bucket of ``step`` seconds since ``since``."""
+        return self._call("GET", API + "/report/series", query={"since": since, "step": step, "by": by})
+
     def create_token(self, user: str) -> Any:
         return self._call("POST", API + "/tokens", body={"user": user})
 

@@ -27,6 +27,7 @@ from gpupool.service.membership import is_member, unix_groups
 from gpupool.service.metrics import Metrics
 from gpupool.service.placement_config import with_settings
 from gpupool.service.pool_state import PoolState
+from gpupool.service.recent_use import RecentUse
 from gpupool.service.standing import Standing
 from gpupool.service.store import JobRecord, ProjectRecord
 from gpupool.service.tokens import TokenStore
@@ -69,6 +70,8 @@ class JobsApi:
         self.foreign = foreign
         self.idle: IdleWatch | None = None
         """Which running jobs are idle by use (the core sets it); None: every job's idle_since is null."""
+        self.recent: RecentUse | None = None
+        """Each running job's use over the last minute (the core sets it); None: jobs show none."""
 
     def check_open(self) -> None:
         if self.life.closing:
@@ -91,6 +94,7 @@ class JobsApi:
 
     def _wire(self, actor: Actor, rec: JobRecord) -> dict[str, Any]:
         out = job_to_wire(rec, show_env=actor.admin or actor.user == rec.user)
+        out["recent_use"] = self.recent.of(rec) if self.recent is not None else None
         out.update(self.idle.job_fields(rec) if self.idle is not None else {"idle_since": None, "idle_action": None})
         return out
 

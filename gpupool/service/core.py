@@ -48,6 +48,7 @@ from gpupool.service.jobs import assigned_gpus, held_milli
 from gpupool.service.metrics import Metrics
 from gpupool.service.periodic import PeriodicWork
 from gpupool.service.pool_state import PoolState
+from gpupool.service.recent_use import RecentUse
 from gpupool.service.report import build_report
 from gpupool.service.standing import Standing
 from gpupool.service.state_dir import lock_state_dir, prepare_state_dir
@@ -55,6 +56,7 @@ from gpupool.service.store import Store
 from gpupool.service.tokens import TokenStore, load_or_create_admin_token
 from gpupool.service.usage import DecayedUsage
 from gpupool.service.use_history import MAX_GAP_S, UseHistory
+from gpupool.service.use_series import build_series
 from gpupool.service.watchdog import Watchdog
 
 log = logging.getLogger("gpupool.service")
@@ -124,6 +126,7 @@ class SchedulerCore:
                                 self.tokens, metrics, self.life, self.backend.executor, foreign)
         self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s,
                                       max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
+        self.jobs_api.recent = RecentUse(self.use_history)
         self.idle = IdleWatch(self.book, self.attempts, metrics, max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
         self.jobs_api.idle = self.idle
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
@@ -263,6 +266,11 @@ class SchedulerCore:
     def report(self, actor: Actor, since: float | None = None, by: str | None = None) -> dict[str, Any]:
         """Allocated, used and idle GPU-hours since ``since`` per project, user or job (gpupool.service.report)."""
         return build_report(actor, self.use_history, self.book.store, self.book.projects(), since, by)
+
+    def report_series(self, actor: Actor, since: float | None = None, step: float | None = None,
+                      by: str | None = None) -> dict[str, Any]:
+        """Allocated, measured and used GPUs over time per project, user or job (gpupool.service.use_series)."""
+        return build_series(actor, self.use_history, self.book.store, self.book.projects(), since, step, by)
 
     def create_token(self, actor: Actor, user: str) -> dict[str, Any]:
         return self.jobs_api.create_token(actor, user)

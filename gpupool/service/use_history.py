@@ -111,14 +111,18 @@ class UseHistory:
             db.execute("DELETE FROM gpu_use WHERE res = ? AND t < ?",
                        (self.coarse_s, int(done - self.coarse_keep_s)))
 
-    def totals(self, since: float, until: float | None = None) -> dict[int, Totals]:
-        """Per job number, the sums over ``[since, until)`` (default: up to now, open buckets included).
+    @property
+    def last_sample_t(self) -> float | None:
+        """When the last sample was counted (None before the first): how far the figures reach."""
+        return self._last_t
 
-        Within the last ``fine_keep_s`` the 10 s rows answer; further back the
-        5 min rows do, up to the start of the current 5 min period, and the 10 s
-        rows from there on. A range start is rounded down to its bucket.
+    def ranges(self, since: float, now: float) -> list[tuple[int, int, int]]:
+        """Which rows answer for ``[since, now)``: ``(res, from, to)`` per resolution, none empty.
+
+        Within the last ``fine_keep_s`` the 10 s rows; further back the 5 min
+        rows up to the last roll-up (never past the current 5 min period), the
+        10 s rows from there on. A range start is rounded down to its bucket.
         """
-        now = time.time() if until is None else until
         fine_from = now - self.fine_keep_s + self.fine_s
         coarse_end = int(now // self.coarse_s) * self.coarse_s
         rolled = int(self.store.get_meta(_ROLLED) or 0)
@@ -128,10 +132,23 @@ class UseHistory:
         else:
             parts = [(self.coarse_s, int(since // self.coarse_s) * self.coarse_s, split),
                      (self.fine_s, split, math.ceil(now))]
+        return [(res, lo, hi) for res, lo, hi in parts if hi > lo]
+
+    def unwritten(self) -> list[tuple[int, int, Totals]]:
+        """The 10 s buckets not in the store yet (the open one, closed ones until the next flush):
+        ``(start, job num, sums)``; a reader that wants the last seconds adds these to its rows."""
+        return [(t, num, v) for (t, num), v in self._open.items()]
+
+    def totals(self, since: float, until: float | None = None) -> dict[int, Totals]:
+        """Per job number, the sums over ``[since, until)`` (default: up to now, open buckets included).
+
+        Within the last ``fine_keep_s`` the 10 s rows answer; further back the
+        5 min rows do, up to the start of the current 5 min period, and the 10 s
+        rows from there on. A range start is rounded down to its bucket.
+        """
+        now = time.time() if until is None else until
         out: dict[int, Totals] = {}
-        for res, lo, hi in parts:
-            if hi <= lo:
-                continue
+        for res, lo, hi in self.ranges(since, now):
             for r in self.store.query(
                     "SELECT job, SUM(alloc), SUM(measured), SUM(used), MAX(peak_mem) FROM gpu_use "
                     "WHERE res = ? AND t >= ? AND t < ? GROUP BY job", (res, lo, hi)):

@@ -276,6 +276,19 @@ JOB: dict[str, Any] = {
                         "description": "With idle_since: what its project's rule does (cull: its Jupyter server "
                                        "shuts the kernel down after a notice; pause: paused with the checkpoint "
                                        "signal; flag: shown only)."},
+        "recent_use": {
+            "type": "object", "nullable": True,
+            "description": "A running job's use over the last minute (window_s; the 10 s buckets begun in it): "
+                           "null when it is not running or was not sampled in the window.",
+            "properties": {
+                "window_s": {"type": "number"},
+                "busy": {"type": "number", "nullable": True, "minimum": 0, "maximum": 1,
+                         "description": "The part of its share its processes kept busy, where measured; null when "
+                                        "nothing was measured (unmeasured is not idle)."},
+                "measured": {"type": "number", "minimum": 0, "maximum": 1,
+                             "description": "The part of what it holds whose use could be measured."},
+                "peak_memory": {"type": "integer", "minimum": 0,
+                                "description": "The most GPU memory its processes held at once (bytes)."}}},
     },
 }
 
@@ -381,11 +394,32 @@ REPORT: dict[str, Any] = {
                    "rows": {"type": "array", "items": REPORT_ROW}},
 }
 
+_GPUS_OVER_TIME = {"type": "array", "items": {"type": "number", "minimum": 0}}
+REPORT_SERIES: dict[str, Any] = {
+    "type": "object", "required": ["since", "until", "step", "by", "series"],
+    "properties": {
+        "since": {"type": "number", "description": "The first bucket's start"},
+        "until": {"type": "number", "description": "Where the series ends: the last 10 s boundary the "
+                                                  "samples passed (the last bucket may be shorter)"},
+        "step": {"type": "integer", "description": "Seconds per bucket"},
+        "by": {"type": "string", "enum": ["project", "user", "job"]},
+        "series": {"type": "array", "items": {
+            "type": "object", "required": ["kind", "t", "allocated", "measured", "used"],
+            "properties": {
+                "project": {"type": "string"}, "user": {"type": "string"}, "job_id": {"type": "string"},
+                "kind": {"type": "string", "enum": ["build", "train"]},
+                "t": {"type": "array", "items": {"type": "integer"}, "description": "Each bucket's start"},
+                "allocated": {**_GPUS_OVER_TIME, "description": "Mean GPUs held in each bucket"},
+                "measured": {**_GPUS_OVER_TIME, "description": "Of those, the GPUs whose use was measured "
+                                                               "(the rest is unknown, not idle)"},
+                "used": {**_GPUS_OVER_TIME, "description": "Mean GPUs used (idle: measured - used)"}}}}},
+}
+
 COMPONENTS: dict[str, dict[str, Any]] = {
     "JobSpec": JOB_SPEC, "ProjectFields": PROJECT_FIELDS, "TokenRequest": TOKEN_REQUEST,
     "Error": ERROR, "Job": JOB, "Project": PROJECT, "Pool": POOL, "Status": STATUS,
     "Event": EVENT, "Events": EVENTS, "Logs": LOGS, "WhoAmI": WHOAMI, "Token": TOKEN,
-    "History": HISTORY, "Report": REPORT,
+    "History": HISTORY, "Report": REPORT, "ReportSeries": REPORT_SERIES,
 }
 
 

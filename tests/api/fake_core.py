@@ -76,6 +76,12 @@ class FakeCore:
         start, by = check_query(since, by, now)
         return {"since": start, "until": now, "by": by, "rows": []}
 
+    def report_series(self, actor: Actor, since: float | None = None, step: float | None = None,
+                      by: str | None = None) -> dict[str, Any]:
+        now = time.time()
+        return {"since": now - 3600 if since is None else since, "until": now, "step": 10, "by": by or "project",
+                "series": []}
+
     # ---------------------------------------------------------------- writes
     def set_project(self, actor: Actor, name: str, fields: dict[str, Any]) -> dict[str, Any]:
         if not actor.admin:
