@@ -14,6 +14,13 @@
  * `paused` follows once its process has stopped. So the user's jobs are read
  * once when the event stream opens: a job that was running before Lab opened
  * is known as running, and that first `running` event announces nothing.
+ *
+ * Idle GPUs (the scheduler's `idle` events, for the user's own kernels and
+ * jobs): a kernel whose share its project counts idle is warned that its
+ * Jupyter server will shut it down after a notice (the warning stays until the
+ * kernel is busy again or shut down); the shutdown itself is announced when its
+ * share ends; a training job flagged idle is announced (one paused on idle is
+ * announced by its pause, whose reason says so).
  */
 import { Notification } from '@jupyterlab/apputils';
 
@@ -42,8 +49,24 @@ interface ITracked {
 
 const AUTO_CLOSE_MS = 8000;
 
+/** The scheduler's `idle` event: a running job's share is idle by use (idle_since set) or no longer (null). */
+interface IIdleEvent extends IGpupoolEvent {
+  name?: string;
+  kind?: string;
+  idle_since?: string | null;
+  action?: 'cull' | 'flag' | 'pause' | null;
+}
+
+/** A kernel of the user's that the scheduler flagged for culling, and its standing warning. */
+interface IIdleKernel {
+  name: string;
+  since: string;
+  notification: string;
+}
+
 export class JobNotifier {
   private _jobs = new Map<string, ITracked>();
+  private _idleKernels = new Map<string, IIdleKernel>();
   /** The read of the user's jobs when the stream opened; events wait for it. */
   private _seeded: Promise<void> = Promise.resolve();
   /** Event batches are handled one after the other, in the order they came. */
@@ -87,8 +110,24 @@ export class JobNotifier {
   async handle(events: IGpupoolEvent[]): Promise<void> {
     const me = this._host.me();
     for (const event of events) {
+      if (event.type === 'idle') {
+        if (me !== null && event.user === me && event.job_id) {
+          this._idle(event as IIdleEvent);
+        }
+        continue;
+      }
       if (event.type !== 'job' || !event.job_id || !event.state) {
         continue;
+      }
+      const culled = this._idleKernels.get(event.job_id);
+      if (culled && isFinal(event.state)) {
+        this._idleKernels.delete(event.job_id);
+        Notification.dismiss(culled.notification);
+        Notification.warning(
+          `${kernelLabel(culled.name)} was shut down: its GPU share had been idle since ${clock(culled.since)}, ` +
+            'and is back in the pool. Restart the kernel to get a GPU share again.',
+          { autoClose: false }
+        );
       }
       const known = this._jobs.get(event.job_id);
       if (!known && (me === null || event.user !== me)) {
@@ -113,6 +152,41 @@ export class JobNotifier {
         continue;
       }
       this._announce(event, tracked, resumed);
+    }
+  }
+
+  /** Announce a change of an own job's idle flag (see the module's note). */
+  private _idle(event: IIdleEvent): void {
+    const id = event.job_id as string;
+    const name = event.name || id;
+    const warned = this._idleKernels.get(id);
+    if (!event.idle_since) {
+      if (warned) {
+        this._idleKernels.delete(id);
+        Notification.dismiss(warned.notification);
+        Notification.info(`${kernelLabel(warned.name)} is using its GPU again: it is not shut down.`, {
+          autoClose: AUTO_CLOSE_MS
+        });
+      }
+      return;
+    }
+    const since = clock(event.idle_since);
+    if (event.kind === 'build' && event.action === 'cull') {
+      if (warned) {
+        return;
+      }
+      const notification = Notification.warning(
+        `${kernelLabel(name)}: its GPU share has been idle since ${since}. Its Jupyter server will shut the ` +
+          'kernel down shortly to give the share back to the pool, unless it uses its GPU again or a cell is running.',
+        { autoClose: false, actions: [this._showAction(id)] }
+      );
+      this._idleKernels.set(id, { name, since: event.idle_since, notification });
+    } else if (event.action === 'flag') {
+      const what = event.kind === 'build' ? kernelLabel(name) : `Job ${id} (${name})`;
+      Notification.info(`${what}: its GPU share has been idle since ${since} (under its project's idle threshold).`, {
+        autoClose: AUTO_CLOSE_MS,
+        actions: [this._showAction(id)]
+      });
     }
   }
 
@@ -215,6 +289,17 @@ export class JobNotifier {
       callback: () => this._host.openPath(path)
     };
   }
+}
+
+/** "Kernel nb.ipynb" from a kernel share's job name ("kernel nb.ipynb"). */
+function kernelLabel(name: string): string {
+  return name.startsWith('kernel ') ? `Kernel ${name.slice(7)}` : `Kernel ${name}`;
+}
+
+/** A time of the scheduler's (ISO 8601) as the user's clock shows it. */
+function clock(iso: string): string {
+  const t = new Date(iso);
+  return isNaN(t.getTime()) ? iso : t.toLocaleTimeString();
 }
 
 function isFinal(state: JobState): boolean {

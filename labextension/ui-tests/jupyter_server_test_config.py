@@ -42,6 +42,10 @@ c.GPUPool.scheduler_config = {
     "resume_backoff_s": 1.0,
     "min_runtime_s": 1.0,
 }
+# Culling idle kernels by use (tests/idle.spec.ts): a short notice, checked often. A kernel is flagged only
+# under its project's idle window (30 min unless a test sets it), so other tests never see it.
+c.GPUPool.idle_notice = 4.0
+c.GPUPool.idle_check_interval = 0.5
 c.ServerApp.allow_root = True  # CI runs as root in a container
 c.ServerApp.runtime_dir = str(root / ".runtime")
 c.ServerApp.jpserver_extensions = {"jupyter_gpupool": True}
