@@ -256,6 +256,17 @@ class HistoryHandler(GpupoolHandler):
         self.reply(await client.history(since=self.float_arg("since")))
 
 
+class UseSeriesHandler(GpupoolHandler):
+    """Allocated vs used GPUs over time (the panel's chart): the scheduler's series, for what this user may see."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        client = await self.scheduler()
+        by = self.get_argument("by", "") or None
+        self.reply(await client.report_series(since=self.float_arg("since"), step=self.float_arg("step"), by=by))
+
+
 class ProjectHandler(GpupoolHandler):
     @web.authenticated
     @authorized
@@ -279,6 +290,7 @@ ROUTES: list[tuple[str, type[GpupoolHandler]]] = [
     ("promote", PromoteHandler),
     ("events", EventsHandler),
     ("history", HistoryHandler),
+    ("use", UseSeriesHandler),
     ("projects/(?P<name>[^/]+)", ProjectHandler),
 ]
 
