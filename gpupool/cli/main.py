@@ -90,6 +90,12 @@ def cmd_projects(client: GpupoolClient, args: argparse.Namespace) -> None:
             fields["members"] = [m.strip() for m in args.members.split(",") if m.strip()]
         elif args.open:
             fields["members"] = None
+        for rule in args.idle or []:  # --idle, in order: 'default' resets, then each kind's fields add up
+            if rule is None:
+                fields["idle"] = None
+            else:
+                idle = fields.get("idle") or {}
+                fields["idle"] = {**idle, rule[0]: {**idle.get(rule[0], {}), **rule[1]}}
         project = client.set_project(args.name, **fields)
         _print_json(project) if args.json else print(_tables().projects_table([project]))
     elif args.projects_command == "delete":

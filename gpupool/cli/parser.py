@@ -152,6 +152,31 @@ def _add_whoami(sub: Any) -> None:
     _reader(sub, "whoami", "who the token belongs to, and which scheduler answers")
 
 
+def _idle_rule(text: str) -> tuple[str, dict[str, Any]] | None:
+    """``--idle train=pause,below=5,window=2h`` -> ("train", {...}); ``default`` -> None (the defaults)."""
+    from gpupool.cli.report import parse_since
+
+    if text.strip() == "default":
+        return None
+    head, *rest = [part.strip() for part in text.split(",")]
+    kind, _, action = head.partition("=")
+    if kind not in ("build", "train"):
+        raise argparse.ArgumentTypeError(f"{text!r}: an idle rule starts with build or train (e.g. train=pause)")
+    rule: dict[str, Any] = {"action": action} if action else {}
+    for part in rest:
+        key, _, value = part.partition("=")
+        if key == "below":
+            try:
+                rule["below_percent"] = float(value.rstrip("%"))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r}: below is a percent of the share, e.g. below=5") from None
+        elif key == "window":
+            rule["window_s"] = parse_since(value)
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r}: {key!r} is not below=PERCENT or window=DURATION")
+    return kind, rule
+
+
 def _add_projects(sub: Any) -> None:
     p = _reader(sub, "projects", "list projects (or: projects set NAME ..., projects delete NAME)")
     psub = p.add_subparsers(dest="projects_command", metavar="ACTION", parser_class=_Parser, prog="gpupool projects")
@@ -166,6 +191,10 @@ def _add_projects(sub: Any) -> None:
     who.add_argument("--members", metavar="LIST", help="who may submit: users and @groups, comma-separated "
                      "(e.g. alice,bob,@ml-team; '' for admins only)")
     who.add_argument("--open", action="store_true", help="let every user submit (remove the members list)")
+    ps.add_argument("--idle", type=_idle_rule, action="append", metavar="RULE",
+                    help="when a running job's GPU share counts idle: KIND[=ACTION][,below=PERCENT][,window=DURATION], "
+                    "KIND build or train, ACTION cull|flag|off (build) or flag|pause|off (train), e.g. "
+                    "train=pause,window=2h; repeatable; 'default' for the defaults (docs/policy.md, Idle GPUs)")
     _json_option(ps, "print JSON")
     pd = _connection_options(psub.add_parser("delete", help="delete a project with no live jobs (admin)"))
     pd.add_argument("name")

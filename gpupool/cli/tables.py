@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gpupool.wire.limits import IDLE_DEFAULTS
 from gpupool.wire.plain_text import escape
 
 GIB = 2**30
@@ -142,7 +143,25 @@ def projects_table(projects: Sequence[dict[str, Any]]) -> str:
         out += ("\n(OF FAIR SHARE: the training GPUs a project runs now plus those it held on average lately, as "
                 "a share of what it is entitled to when every project wants GPUs;\n idle GPUs beyond guarantees go "
                 "first to the projects lowest here, see docs/policy.md)")
+    idle = [f"  {p.get('name')}: {idle_text(p['idle'])}" for p in projects
+            if isinstance(p.get("idle"), dict) and p["idle"] != IDLE_DEFAULTS]
+    if idle:
+        out += "\nidle rules (others: the defaults, " + idle_text(IDLE_DEFAULTS) + "):\n" + "\n".join(idle)
     return out
+
+
+def idle_text(rules: dict[str, Any]) -> str:
+    """'build: cull below 5% for 30 min; train: off' (a project's idle rules, docs/policy.md)."""
+    parts = []
+    for kind in ("build", "train"):
+        rule = rules.get(kind) or {}
+        if rule.get("action") in (None, "off"):
+            parts.append(f"{kind}: off")
+            continue
+        window = float(rule.get("window_s") or 0)
+        span = f"{window / 3600:g} h" if window >= 3600 else f"{window / 60:g} min" if window >= 60 else f"{window:g} s"
+        parts.append(f"{kind}: {rule['action']} below {float(rule.get('below_percent') or 0):g}% for {span}")
+    return "; ".join(parts)
 
 
 def standing_text(project: dict[str, Any]) -> str:

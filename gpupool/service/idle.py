@@ -44,12 +44,9 @@ from gpupool.service.gpu_use import JobUse
 from gpupool.service.metrics import Metrics
 from gpupool.service.store import JobRecord
 from gpupool.wire.errors import InvalidRequest
-from gpupool.wire.schemas import IDLE_ACTIONS, MAX_IDLE_WINDOW_S
+from gpupool.wire.limits import IDLE_ACTIONS, IDLE_DEFAULTS, MAX_IDLE_WINDOW_S
 
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "build": {"below_percent": 5.0, "window_s": 1800.0, "action": "cull"},
-    "train": {"below_percent": 5.0, "window_s": 3600.0, "action": "off"},
-}
+DEFAULTS = IDLE_DEFAULTS
 """Kernels: culled after 30 min below 5 % of their share; training jobs: not watched until the admin says so."""
 
 

@@ -28,6 +28,16 @@ MAX_MAP_KEY = 256  # a key of env or labels
 MAX_MAP_VALUE = 65_536  # a value of env or labels
 MAX_MAP_ENTRIES = 256  # entries in env or labels
 MAX_PRIORITY = 1_000_000
+
+# Idle GPUs by use (gpupool.service.idle; docs/policy.md, "Idle GPUs"): a project's rules per job kind.
+IDLE_ACTIONS: dict[str, list[str]] = {"build": ["cull", "flag", "off"], "train": ["flag", "pause", "off"]}
+"""What may happen to a job whose share is idle, per kind; "off": not watched."""
+MAX_IDLE_WINDOW_S = 30 * 86400
+IDLE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "build": {"below_percent": 5.0, "window_s": 1800.0, "action": "cull"},
+    "train": {"below_percent": 5.0, "window_s": 3600.0, "action": "off"},
+}
+"""Kernels: culled after 30 min below 5 % of their share; training jobs: not watched until the admin says so."""
 MAX_REPLICAS = 64  # JobSpec.replicas: processes (pods) of one multi-node gang
 MAX_QUOTA_GPUS = 1_000_000  # a quota, guarantee or limit in GPUs: bounds what an elastic pool accepts
 MAX_NODE_GPUS = 1024  # whole GPUs one replica may ask for when the pool's nodes are not known in advance

@@ -21,9 +21,11 @@ import jsonschema
 from gpupool.wire.errors import InvalidRequest
 from gpupool.wire.limits import (
     ENV_KEY_RE,
+    IDLE_ACTIONS,
     IMAGE_PATTERN,
     IMAGE_RULE,
     MAX_CLIENT_KEY,
+    MAX_IDLE_WINDOW_S,
     MAX_IMAGE,
     MAX_JOB_NAME,
     MAX_MAP_ENTRIES,
@@ -157,11 +159,6 @@ JOB_SPEC: dict[str, Any] = {
         "tolerations": {**TOLERATIONS, RULE: TOLERATIONS_RULE},
     },
 }
-
-IDLE_ACTIONS: dict[str, list[str]] = {"build": ["cull", "flag", "off"], "train": ["flag", "pause", "off"]}
-"""What may happen to a job whose share is idle, per kind (gpupool.service.idle); "off": not watched."""
-MAX_IDLE_WINDOW_S = 30 * 86400
-
 
 def _idle_rule(kind: str) -> dict[str, Any]:
     """One kind's idle rule as PUT /projects takes it (every field optional: left out keeps its value)."""
