@@ -127,7 +127,8 @@ class SchedulerCore:
         self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s,
                                       max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
         self.jobs_api.recent = RecentUse(self.use_history)
-        self.idle = IdleWatch(self.book, self.attempts, metrics, max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
+        self.idle = IdleWatch(self.book, self.attempts, metrics, max_gap_s=max(MAX_GAP_S, 3 * config.tick_s),
+                              foreign=foreign)
         self.jobs_api.idle = self.idle
         self.periodic = PeriodicWork(config, self.book, self.pool_state, self.attempts, self.cycles, self.standing,
                                      metrics, watchdog, self.use_history, self.idle)

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.backends.base import ForeignWork
 from gpupool.service.attempts import Attempts
 from gpupool.service.book import JobBook
 from gpupool.service.gpu_use import JobUse
@@ -148,8 +149,11 @@ class _Stretch:
 class IdleWatch:
     """Per running job, the idle stretch and its flag; fed each tick with that tick's uses (gpupool.service.periodic)."""
 
-    def __init__(self, book: JobBook, attempts: Attempts, metrics: Metrics, max_gap_s: float) -> None:
+    def __init__(self, book: JobBook, attempts: Attempts, metrics: Metrics, max_gap_s: float,
+                 foreign: ForeignWork | None = None) -> None:
         self.book = book
+        self.foreign = foreign
+        """The backend's foreign work (kubectl pods), whose jobs cannot be paused: ``pause`` only flags them."""
         self.attempts = attempts
         self.metrics = metrics
         self.max_gap_s = float(max_gap_s)
@@ -211,8 +215,11 @@ class IdleWatch:
         assert st.since is not None
         base = (f"{_who(rec)} used under {rule.below_percent:g} % of its GPU share for "
                 f"{_span(rule.window_s)} (since {iso(st.since)})")
+        pausable = self.foreign is None or self.foreign.stands_for(rec) is None
         if rule.action == "cull":
             reason = f"{base}: its Jupyter server shuts it down after a notice, unless a cell is running"
+        elif rule.action == "pause" and not pausable:
+            reason = f"{base}: flagged idle (it stands for a pod made outside gpupool, which cannot be paused)"
         elif rule.action == "pause":
             reason = f"{base}: paused to give its GPUs back; resume it with: gpupool resume {rec.id}"
         else:
@@ -220,7 +227,7 @@ class IdleWatch:
         if first or rule.action == "pause":
             self.book.emit("idle", job_id=rec.id, name=rec.name, user=rec.user, project=rec.project, kind=rec.kind,
                            state=rec.state, idle_since=iso(st.since), action=rule.action, reason=reason)
-        if rule.action == "pause" and rec.kind == "train" and rec.stop_intent is None:
+        if rule.action == "pause" and rec.kind == "train" and rec.stop_intent is None and pausable:
             self.metrics.pauses.labels("idle").inc()
             self.attempts.begin_stop(rec, "pause", reason)
 

@@ -192,3 +192,28 @@ async def test_idle_settings_are_merged_kept_and_bad_ones_refused(make_core):
         assert named in str(err.value), (value, str(err.value))
     assert core.list_projects()[0]["idle"] == got["idle"]  # nothing changed by a refusal
     assert core.set_project(ADMIN, "vision", {"idle": None})["idle"]["train"]["action"] == "off"  # the defaults
+
+
+class _PodsOutsideGpupool:
+    """The one question the idle watch asks of a backend's foreign work (kubectl pods): does a job stand for one?"""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    def stands_for(self, job: Any) -> str | None:
+        return "team-a/train-0" if job.id == self.job_id else None
+
+
+async def test_pause_on_idle_only_flags_a_job_standing_for_a_pod_made_outside_gpupool(make_core, tmp_path):
+    core = await make_core(simulate="2xA100-80GB")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2, "idle": {"train": {"action": "pause", "window_s": 1}}})
+    job, _ = await _driven_job(core, tmp_path, busy=0.0)
+    core.idle.foreign = _PodsOutsideGpupool(job["id"])  # as the Kubernetes backend's kubectl pods are
+    flagged = await _until("the idle flag", lambda: core.get_job(ALICE, job["id"])["idle_since"])
+    assert flagged
+    await asyncio.sleep(1.0)
+    seen = core.get_job(ALICE, job["id"])
+    assert seen["state"] == "running" and seen["idle_action"] == "pause"
+    event, = _idle_events(core, job["id"])
+    assert "which cannot be paused" in event["reason"]
+    await core.cancel(ALICE, job["id"])
