@@ -149,7 +149,8 @@ class GPUPool(ExtensionApp):
     projects = Dict(
         config=True,
         help="Embedded scheduler: projects created at first start, {name: {build_quota, train_guarantee, "
-        "train_limit, weight}} in GPUs. Projects that exist keep their quotas (an admin changes them later).",
+        "train_limit, weight}} in GPUs (and members, idle: docs/policy.md). Projects that exist keep their "
+        "settings (an admin changes them later).",
     )
     scheduler_config = Dict(
         config=True, help="Embedded scheduler: other service settings (gpupool.service.config.ServiceConfig)."

@@ -92,7 +92,6 @@ def _notices(tab: Tab) -> list[tuple[float, str]]:
 async def test_a_long_cell_is_never_culled_and_an_idle_kernel_with_an_open_tab_is_after_a_notice(
     jp_fetch: Any, jp_ws_fetch: Any, jp_serverapp: Any, gpupool_app: Any
 ) -> None:
-    await _idle_rule(gpupool_app, window_s=1)
     session = await start_session(jp_fetch, "idle.ipynb", "gpupool-python3-0.25")
     kernel_id = session["kernel"]["id"]
     job_id = leases.held()[kernel_id].job_id
@@ -101,7 +100,10 @@ async def test_a_long_cell_is_never_culled_and_an_idle_kernel_with_an_open_tab_i
     try:
         # a long cell that leaves its GPU idle, and no browser activity meanwhile
         started = time.monotonic()
-        tab.execute("import gpupool, time\ngpupool.sim_use(busy=0.0)\ntime.sleep(16)\nprint('cell done')")
+        tab.execute("import gpupool, time\ngpupool.sim_use(busy=0.0)\nprint('cell started', flush=True)\n"
+                    "time.sleep(16)\nprint('cell done')")
+        await _until("the cell's start", lambda: "cell started\n" in tab.stdout)
+        await _idle_rule(gpupool_app, window_s=1)  # the admin's short window, once the cell runs
         flagged = await _until("the scheduler's idle flag", lambda: _flag(client, job_id))
         assert flagged["idle_action"] == "cull"
         # well past window + notice, and past the 10 s a notice waits for a busy kernel: the cell still runs
