@@ -175,14 +175,17 @@ class IdleWatch:
     def observe(self, now: float, running: Iterable[JobRecord], uses: Mapping[str, JobUse]) -> None:
         """One sample: extend, start or end each running job's stretch; flag, clear and act."""
         projects = self.book.projects()
+        rules: dict[str, dict[str, IdleRule]] = {}  # per project, read once per sample
         seen: set[str] = set()
         for rec in running:
             use = uses.get(rec.id)
             if rec.state != "running" or use is None or use.alloc <= 0 or rec.kind not in DEFAULTS:
                 continue
             seen.add(rec.id)
-            project = projects.get(rec.project)
-            rule = rules_of(project.idle if project is not None else None)[rec.kind]
+            if rec.project not in rules:
+                project = projects.get(rec.project)
+                rules[rec.project] = rules_of(project.idle if project is not None else None)
+            rule = rules[rec.project][rec.kind]
             st = self._jobs.setdefault(rec.id, _Stretch())
             gap = st.last_t is None or now - st.last_t > self.max_gap_s
             st.last_t = now
