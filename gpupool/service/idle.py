@@ -191,22 +191,27 @@ class IdleWatch:
             st.last_t = now
             if not rule.on:
                 st.start = None
-                self._clear(rec, st, f"its project's idle rule for {rec.kind} jobs is off")
+                if st.since is not None:
+                    self._clear(rec, st, f"its project's idle rule for {rec.kind} jobs is off")
                 continue
             if use.measured < use.alloc:
                 st.start = None
-                self._clear(rec, st, "its GPU use is no longer measured (unmeasured time is never idle)")
+                if st.since is not None:
+                    self._clear(rec, st, "its GPU use is no longer measured (unmeasured time is never idle)")
                 continue
             percent = 100.0 * use.used / use.alloc
             if percent >= rule.below_percent:
                 st.start = None
-                self._clear(rec, st, f"busy again: {percent:.0f} % of its share")
+                if st.since is not None:
+                    self._clear(rec, st, f"busy again: {percent:.0f} % of its share")
                 continue
             if st.start is None or gap:
                 st.start = now
-                self._clear(rec, st, "its use was not sampled for a while (a new idle count begins)")
+                if st.since is not None:
+                    self._clear(rec, st, "its use was not sampled for a while (a new idle count begins)")
             if now - st.start < rule.window_s:
-                self._clear(rec, st, f"its project's idle window is now {_span(rule.window_s)}")
+                if st.since is not None:
+                    self._clear(rec, st, f"its project's idle window is now {_span(rule.window_s)}")
             elif st.since is None or st.action != rule.action:
                 self._flag(rec, st, rule)
         for job_id in [j for j in self._jobs if j not in seen]:
