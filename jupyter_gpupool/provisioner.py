@@ -16,15 +16,26 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning import KernelProvisionerBase, LocalProvisioner
 from tornado import web
 from traitlets import Float, Unicode
 
 from gpupool.wire.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
+from jupyter_gpupool.kernel_pod import (
+    POLL_S,
+    STATE_MAX_AGE_S,
+    PodKernel,
+    connection,
+    free_ports,
+    pod_env,
+    pod_image,
+    runs_kernel_pods,
+)
 
 WATCH_INTERVAL_S = 1.0  # how often a GPU kernel's process is checked: a dead kernel's share returns this soon
 
@@ -169,8 +180,11 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
     gpu_fraction = Float(0.25, config=True, help="GPU share of the kernel (below 1), or whole GPUs (1, 2...).")
     gpu_model = Unicode("", config=True, help="GPU model to ask for ('' = any).")
     project = Unicode("", config=True, help="Project charged for the share ('' = the server's project).")
+    image = Unicode("", config=True, help="A kernel pod's image, where the scheduler runs kernels as pods "
+                    "('' = the Jupyter server's own image, else the scheduler's default).")
 
     job: dict[str, Any] | None = None
+    pod: PodKernel | None = None  # the kernel's pod, where the scheduler runs kernels as pods (kernel_pod.py)
     _watcher: asyncio.Task[None] | None = None
     _release: asyncio.Task[None] | None = None  # a give-back started from a restarter callback (kept referenced)
 
@@ -195,7 +209,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
                 pass
         return path
 
-    async def _take_share(self, conn: PoolConnection, notebook: str) -> dict[str, Any]:
+    async def _take_share(self, conn: PoolConnection, notebook: str,
+                          kernel_pod: dict[str, Any] | None = None) -> dict[str, Any]:
         client = await conn.client()
         project = self.project or conn.project
         spec: dict[str, Any] = {
@@ -208,6 +223,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         }
         if self.gpu_model:
             spec["gpu_model"] = self.gpu_model
+        if kernel_pod is not None:
+            spec["kernel_pod"] = kernel_pod
         try:
             job = await client.submit(spec)
         except GpupoolError as err:
@@ -240,9 +257,15 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             pass
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        """Take (or keep, on restart) the kernel's share, then prepare the launch with its env."""
+        """Take (or keep, on restart) the kernel's share, then prepare the launch with its env.
+
+        Where the scheduler runs kernels as pods, the share comes with the kernel's pod instead
+        (:meth:`_pre_launch_pod`).
+        """
         try:
             conn = self._connection()
+            if not conn.is_embedded and await self._pods_here(conn):
+                return await self._pre_launch_pod(conn, **kwargs)
             env_in = kwargs.get("env") or os.environ
             notebook = self._notebook_path(dict(env_in))
             job = await self._take_share(conn, notebook)
@@ -267,8 +290,108 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             raise
         return kwargs
 
+    async def _pods_here(self, conn: PoolConnection) -> bool:
+        """Whether this server's scheduler runs GPU kernels as pods (asked once)."""
+        try:
+            return await runs_kernel_pods(await conn.client(), conn.url)
+        except GpupoolError as err:
+            raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
+
+    async def _pre_launch_pod(self, conn: PoolConnection, **kwargs: Any) -> dict[str, Any]:
+        """The kernel-pod path: a share with a pod (or, on restart, the same one), then its address.
+
+        A first start (or a restart after the pod was lost) submits the share with its ``kernel_pod``
+        request; a restart finds the same share (its client_key) and waits for the pod's container to
+        have restarted the kernel. Jupyter connects with the server's own key, to the pod's address.
+        """
+        km = self.parent
+        kwargs.pop("extra_arguments", None)
+        env_in = dict(kwargs.get("env") or os.environ)
+        timeout = conn.settings.kernel_start_timeout
+        deadline = time.monotonic() + timeout
+        try:
+            client = await conn.client()
+            if self.pod is None or self.pod.ended or self.job is None:
+                ports = free_ports()  # (new ones for a new pod: the old one may still be ending)
+                root = server_root(self)
+                launch_env = {**env_in, "GPUPOOL_KERNEL_ID": str(self.kernel_id)}
+                if root:
+                    launch_env["GPUPOOL_SERVER_ROOT"] = root
+                plain, secret = pod_env(launch_env, dict(self.kernel_spec.env or {}), conn.kernel_env())
+                request: dict[str, Any] = {"argv": list(self.kernel_spec.argv), "env": plain, "secret_env": secret,
+                           "connection": connection(km, ports), "image": pod_image(self.image),
+                           "uid": os.getuid(), "gid": os.getgid(), "workdir": root or os.getcwd()}
+                job = await self._take_share(conn, self._notebook_path(env_in), kernel_pod=request)
+                self.pod, after = PodKernel(job["id"], request["connection"]), -1
+                self.job = job
+                leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"],
+                                         path=self._notebook_path(env_in), lease_s=leases.lease_length(job)))
+            else:
+                after = self.pod.restarts  # a restart: the same share and pod, a fresh kernel process
+            await self.pod.wait_listening(client, deadline, after)
+        except TimeoutError as err:
+            await self._start_failed(conn)
+            raise GpuShareUnavailable(504, f"The kernel's pod did not start within {timeout:g} s: {err}") from err
+        except RuntimeError as err:
+            await self._start_failed(conn)
+            raise GpuShareUnavailable(409, f"The kernel's pod ended before it started: {err}") from err
+        except BaseException:
+            await self._start_failed(conn)
+            raise
+        if km is not None:
+            km.kernel_spec.interrupt_mode = "message"  # no signal reaches a pod: interrupt_request on control
+        self.connection_info = cast(KernelConnectionInfo, self.pod.connection_info())
+        return await KernelProvisionerBase.pre_launch(self, cmd=list(self.kernel_spec.argv), **kwargs)
+
+    @property
+    def has_process(self) -> bool:
+        """A kernel pod counts as the kernel's process while its share and pod live."""
+        if self.pod is not None:
+            return not self.pod.ended
+        return self.process is not None
+
+    async def _pool_client(self) -> Any:
+        conn = current() or connection_from_env()
+        if conn is None or conn.closed:
+            raise GpuShareUnavailable(503, "the gpupool extension has stopped")
+        return await conn.client()
+
+    async def wait(self) -> int | None:
+        """A kernel pod: until its kernel process ended (the container restarted it, or the pod is gone)."""
+        if self.pod is None:
+            return await super().wait()
+        client = await self._pool_client()
+        while not await self.pod.exited(client):
+            await asyncio.sleep(POLL_S)
+        return 0
+
+    async def send_signal(self, signum: int) -> None:
+        """No signal reaches a pod's process from here (interrupts go as messages: ``interrupt_mode``)."""
+        if self.pod is None:
+            await super().send_signal(signum)
+        elif signum:
+            self.log.info("gpupool: signal %s not sent to kernel %s: it runs in a pod", signum, self.kernel_id)
+
+    async def kill(self, restart: bool = False) -> None:
+        """A kernel pod that will not end when asked: its share is given back, so its pod is deleted; a
+        restart then makes a fresh pod (with a new share)."""
+        if self.pod is None:
+            return await super().kill(restart)
+        self.pod.ended = self.pod.ended or "stopped by the Jupyter server"
+        await self._give_back()
+
+    async def terminate(self, restart: bool = False) -> None:
+        if self.pod is None:
+            return await super().terminate(restart)
+        await self.kill(restart)
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        """Launch; a kernel that fails to launch gives its share back at once (not at lease expiry)."""
+        """Launch; a kernel that fails to launch gives its share back at once (not at lease expiry).
+
+        A kernel pod is already running: its connection is the launch's result.
+        """
+        if self.pod is not None:
+            return self.connection_info
         try:
             return await super().launch_kernel(cmd, **kwargs)
         except BaseException:
@@ -300,8 +423,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             self._release = asyncio.ensure_future(self._give_back())
 
     async def _watch(self) -> None:
-        """Poll the kernel process while it holds a share (the restarter may be off, or slower)."""
-        while self.job is not None and self.process is not None:
+        """Poll the kernel process (or pod) while it holds a share (the restarter may be off, or slower)."""
+        while self.job is not None and (self.process is not None or self.pod is not None):
             await asyncio.sleep(WATCH_INTERVAL_S)
             await self.poll()
 
@@ -311,13 +434,36 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         Only an exited process counts: with no process at all (between the
         two halves of a restart) LocalProvisioner answers 0 too.
         """
-        status = await super().poll()
-        exited = status is not None and self.process is not None
+        if self.pod is not None:
+            status = await self._poll_pod(self.pod)
+            exited = status is not None
+        else:
+            status = await super().poll()
+            exited = status is not None and self.process is not None
         if exited and self.job is not None and self._dead_for_good():
             self.log.warning("gpupool: kernel %s exited (%s) and will not be restarted; its GPU share %s goes "
                              "back to the pool", self.kernel_id, status, self.job.get("id"))
             await self._give_back()
         return status
+
+    async def _poll_pod(self, pod: PodKernel) -> int | None:
+        """A kernel pod's answer to poll: gone for good (1); during a shutdown or restart, whether the kernel
+        process asked to end has ended (0: its container restarted it); else alive (None), even when the
+        kubelet has just restarted a crashed kernel in place (that restart is taken as the one seen)."""
+        try:
+            client = await self._pool_client()
+            if getattr(self.parent, "shutting_down", False):
+                return 0 if await pod.exited(client) else None
+            job = await pod.refresh(client, STATE_MAX_AGE_S)
+        except GpupoolError as err:
+            self.log.warning("gpupool: cannot see kernel %s's pod: %s", self.kernel_id, err)
+            return None
+        if pod.ended:
+            return 1
+        now = job.get("kernel_pod") or {}
+        if now.get("ready"):
+            pod.restarts = max(pod.restarts, int(now.get("restarts") or 0))
+        return None
 
     def _dead_for_good(self) -> bool:
         """Whether a kernel whose process is gone stays gone (no shutdown or auto-restart under way).
@@ -373,6 +519,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
             if self.parent is not None and hasattr(self.parent, "remove_restart_callback"):
                 self.parent.remove_restart_callback(self._given_up, "dead")
             await self._give_back()
+            self.pod = None
 
     async def get_provisioner_info(self) -> dict[str, Any]:
         """Persist the share's job id with the kernel (for servers that restore kernels)."""

@@ -10,10 +10,11 @@ one policy and one core run on a laptop and on a cluster alike. The service
 imports this module alone of the backends; ``gpupool.app`` picks and builds
 the backend (docs/design.md, "Backends and executors").
 
-Two capabilities only some backends have, each a protocol the core checks
+Three capabilities only some backends have, each a protocol the core checks
 with ``isinstance``: :class:`AdoptsForeignPods` (work users made outside
-gpupool that it queues as jobs: kubectl pods) and :class:`HoldsOutsideWork`
-(GPUs that work of another scheduler holds).
+gpupool that it queues as jobs: kubectl pods), :class:`HoldsOutsideWork`
+(GPUs that work of another scheduler holds) and :class:`RunsKernelPods`
+(a build share's kernel in a pod of its own).
 
 Every method but :meth:`Executor.stop` is called on the asyncio loop and must
 not block on the network: a remote executor answers from a cache kept current
@@ -366,3 +367,52 @@ class HoldsOutsideWork(Protocol):
     """A backend whose nodes also run other schedulers' work (the Kubernetes one: other schedulers' GPU pods)."""
 
     other_pods: OutsideWork
+
+
+# ---------------------------------------------------------------- optional capability: kernels in pods
+class KernelPods(Protocol):
+    """Build shares whose kernel runs in a pod the backend makes (docs/design.md "Kernel pods").
+
+    The request (``kernel_pod`` of the JobSpec) holds the kernel's HMAC key: the
+    core never stores it, it hands it over here (:meth:`expect`) and forgets it.
+    """
+
+    def check(self, request: dict[str, Any]) -> None:
+        """Refuse a request that could never run (``InvalidRequest``), before the share is stored."""
+        ...
+
+    def expect(self, job_id: str, user: str, request: dict[str, Any]) -> None:
+        """The share ``job_id`` of ``user`` was stored with this request: keep it (in memory) until its launch."""
+        ...
+
+    def runs(self, job: JobFacts) -> bool:
+        """Whether this build share's kernel runs (or is to run) in a pod of ours."""
+        ...
+
+    def launch(self, launch: Launch) -> Any:
+        """Create and bind the share's kernel pod; a handle of the backend's executor (watched as any attempt).
+
+        Raises ``RuntimeError`` when the request is no longer known (the scheduler restarted before the pod
+        was made): the share then ends.
+        """
+        ...
+
+    def describe(self, job_id: str) -> dict[str, Any] | None:
+        """The share's pod as the Job shows it (name, ip, phase, ready, restarts, message); None when none."""
+        ...
+
+    def forget(self, job_id: str) -> None:
+        """The share ended: drop what is still kept for it."""
+        ...
+
+
+@runtime_checkable
+class RunsKernelPods(Protocol):
+    """A backend that runs a build share's kernel in a pod of its own (the Kubernetes one)."""
+
+    kernel_pods: KernelPods
+
+
+def kernel_pods_of(backend: object) -> KernelPods | None:
+    """The backend's :class:`KernelPods`, or None when it runs no kernel in a pod."""
+    return backend.kernel_pods if isinstance(backend, RunsKernelPods) else None

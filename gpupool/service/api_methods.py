@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpupool.backends.base import Executor, ForeignWork
+from gpupool.backends.base import Executor, ForeignWork, kernel_pods_of
 from gpupool.policy.model import MILLI
 from gpupool.service.actor import Actor
 from gpupool.service.attempts import Attempts
@@ -34,6 +34,7 @@ from gpupool.service.tokens import TokenStore
 from gpupool.service.validation import validate_project, validate_spec, validate_user
 from gpupool.service.views import job_filters, pool_view, read_log_chunk
 from gpupool.wire.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unavailable
+from gpupool.wire.schemas import KERNEL_POD_LABEL
 
 WHO_IS_ADMIN = ("an admin is whoever holds the scheduler's admin token (gpupool serve says where it is, by default "
                 "<state dir>/admin_token) or, on a JupyterHub, a Hub admin; ask one, or see docs/cli.md "
@@ -99,7 +100,12 @@ class JobsApi:
         return out
 
     def get_job(self, actor: Actor, job_id: str) -> dict[str, Any]:
-        return self._wire(actor, self._job_or_404(job_id))
+        rec = self._job_or_404(job_id)
+        out = self._wire(actor, rec)
+        pods = kernel_pods_of(self.pool.backend) if rec.kind == "build" and rec.state == "running" else None
+        if pods is not None and (actor.admin or actor.user == rec.user) and (pod := pods.describe(rec.id)):
+            out["kernel_pod"] = pod  # where its kernel listens: the owner's Jupyter server connects there
+        return out
 
     def list_jobs(self, actor: Actor, filters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Jobs newest first; filters: project, user, state ("a,b" or a list), kind, limit."""
@@ -200,7 +206,7 @@ class JobsApi:
         counts["idle"] = self.idle.flagged() if self.idle is not None else 0  # running, flagged idle by use
         return {"simulated": self.pool.simulated, "pool": self.pool_view(), "projects": self.list_projects(actor),
                 "queue": counts, "usage_half_life_s": self.config.usage_half_life_s,
-                "backend": self.pool.health()}
+                "backend": self.pool.health(), "kernel_pods": kernel_pods_of(self.pool.backend) is not None}
 
     def history(self, since: float | None = None) -> dict[str, Any]:
         if since is not None and (isinstance(since, bool) or not isinstance(since, (int, float))):
@@ -266,6 +272,7 @@ class JobsApi:
         projects = self.book.projects()
         names = set(projects)
         js = validate_spec(spec, names, self.pool.limits())
+        kernel_pod = self._kernel_pod_request(spec, js)
         if js.image is not None and self.config.backend != "kubernetes":
             raise InvalidRequest("image needs the kubernetes backend (gpupool serve --backend kubernetes); "
                                  "this scheduler runs jobs as local processes")
@@ -294,6 +301,8 @@ class JobsApi:
             replicas=js.replicas,
             lease_expires_at=now + self.config.lease_s if js.kind == "build" else None,
         )).id
+        if kernel_pod is not None:  # (before any await: the cycle that grants it launches the pod)
+            kernel_pods_of(self.pool.backend).expect(job_id, actor.user, kernel_pod)  # type: ignore[union-attr]
         self.metrics.submitted.labels(js.kind).inc()
         # A kernel waits on its build share: decide now. A train submit returns at once
         # (queued) and the next loop iteration's cycle decides every train job submitted
@@ -304,6 +313,26 @@ class JobsApi:
         fresh = self.book.job(job_id)
         assert fresh is not None
         return self._wire(actor, fresh), True
+
+    def _kernel_pod_request(self, spec: dict[str, Any], js: Any) -> dict[str, Any] | None:
+        """The spec's ``kernel_pod`` once checked (None when it has none); marks the share with KERNEL_POD_LABEL.
+
+        Only a build share may have one, and only on a backend that runs kernels in pods; the label is the
+        service's alone (a spec's own is dropped), so it says truly after a restart which shares have a pod.
+        """
+        js.labels.pop(KERNEL_POD_LABEL, None)
+        request = spec.get("kernel_pod")
+        if request is None:
+            return None
+        if js.kind != "build":
+            raise InvalidRequest("kernel_pod is for build jobs (a kernel's GPU share) only")
+        pods = kernel_pods_of(self.pool.backend)
+        if pods is None:
+            raise InvalidRequest("kernel_pod needs the kubernetes backend (gpupool serve --backend kubernetes); "
+                                 "this scheduler runs kernels where the Jupyter server runs")
+        pods.check(request)
+        js.labels[KERNEL_POD_LABEL] = "true"
+        return dict(request)
 
     async def pause(self, actor: Actor, job_id: str) -> dict[str, Any]:
         """Pause (sticky: not resumed until the user resumes): SIGTERM, grace, SIGKILL; keeps the workdir.

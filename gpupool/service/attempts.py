@@ -19,7 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.backends.base import AttemptHandle, Executor, ForeignJobHost, ForeignWork, Launch, ReplicaLaunch
+from gpupool.backends.base import (
+    AttemptHandle,
+    Executor,
+    ForeignJobHost,
+    ForeignWork,
+    KernelPods,
+    Launch,
+    ReplicaLaunch,
+    kernel_pods_of,
+)
 from gpupool.envbuilder import gpu_environment, mps_running
 from gpupool.inventory import GpuInfo
 from gpupool.policy.model import MILLI, Start
@@ -134,6 +143,9 @@ class Attempts:
         that work to bind, and lives as long as it does (no lease).
         """
         self._start_attempt(rec, starts)
+        if rec.kind == "build" and (pods := kernel_pods_of(self.pool.backend)) is not None and pods.runs(rec):
+            self._launch_kernel_pod(rec, pods)
+            return
         if rec.kind != "build" or self.foreign is None or self.foreign.stands_for(rec) is None:
             return
         fresh = self.book.job(rec.id)
@@ -146,6 +158,22 @@ class Attempts:
             self.procs[rec.id] = self.executor.launch(launch)
         except Exception as e:
             self.finish(fresh, "failed", f"could not start: {e}")
+
+    def _launch_kernel_pod(self, rec: JobRecord, pods: KernelPods) -> None:
+        """A granted share with a kernel pod: the backend makes and binds the pod, watched as an attempt.
+
+        The share keeps its lease (its Jupyter server renews it, so culling and a lost server end it as for
+        a local kernel); ending the share deletes the pod (:meth:`finish`), and the pod ending ends the share.
+        """
+        fresh = self.book.job(rec.id)
+        if fresh is None or fresh.state != "running":
+            return
+        launch = Launch(rec.id, fresh.attempts, [], "", rec.user, rec.project, {}, dict(fresh.env),
+                        dict(fresh.assignment or {}), placement=placement_fields(rec.request))
+        try:
+            self.procs[rec.id] = pods.launch(launch)
+        except Exception as e:
+            self.finish(fresh, "cancelled", f"its kernel pod could not be made: {e}")
 
     def _start_attempt(self, rec: JobRecord, starts: list[Start]) -> None:
         """Record "starting attempt N" durably, then act (spawn, or grant the lease).
@@ -356,6 +384,11 @@ class Attempts:
         stands for foreign work is never paused: evicted or lost, it ends
         cancelled (the work is not ours to recreate).
         """
+        pods = kernel_pods_of(self.pool.backend) if rec.kind == "build" else None
+        if pods is not None and pods.runs(rec):  # a kernel pod's share: its kernel is gone; a new one asks again
+            how = lost_reason if lost else f"exit code {code}" if code is not None else "no exit status"
+            self.finish(rec, "cancelled", f"its kernel pod ended ({how})", exit_code=code)
+            return
         intent = rec.stop_intent
         if intent is not None and code is not None and self.executor.ended_on_its_own(rec.id, rec.attempts):
             intent = None
@@ -397,7 +430,15 @@ class Attempts:
 
     def finish(self, rec: JobRecord, state: str, reason: str, exit_code: int | None = None,
                 **more: Any) -> None:
-        """``more``: other fields written in the same transition (a refused attempt's uncounting)."""
+        """``more``: other fields written in the same transition (a refused attempt's uncounting).
+
+        A share's kernel pod is deleted at once (the share is free now; the pod goes in the background).
+        """
+        if rec.kind == "build" and (pods := kernel_pods_of(self.pool.backend)) is not None and pods.runs(rec):
+            pods.forget(rec.id)
+            handle = self.procs.get(rec.id)
+            if handle is not None and self.executor.alive(handle):
+                self.spawn_stop(rec.id, handle)
         self.book.transition(rec.id, state=state, reason=reason, finished_at=time.time(), exit_code=exit_code,
                          assignment=None, pid=None, pid_start=None, stop_intent=None, env={},
                          lease_expires_at=None, **{**_ran_on(rec), **more})
@@ -452,6 +493,8 @@ class Attempts:
             if rec.kind == "build":
                 if missing:
                     self.finish(rec, "cancelled", missing)
+                elif (pods := kernel_pods_of(self.pool.backend)) is not None and pods.runs(rec):
+                    self._recover_kernel_pod(rec)
                 continue
             attempt = rec.attempts
             found = self.executor.recover(rec.id, attempt, rec.pid, rec.pid_start)
@@ -483,6 +526,15 @@ class Attempts:
         self.executor.recovered({(jid, h.attempt) for jid, h in self.procs.items()})
         if self.foreign is not None:
             self._recover_foreign_shares(self.foreign)
+
+    def _recover_kernel_pod(self, rec: JobRecord) -> None:
+        """A share whose kernel pod may still run: adopt the pod (before the sweep of pods no attempt holds)."""
+        found = self.executor.recover(rec.id, rec.attempts, None, None)
+        if found.outcome == "running" and found.handle is not None:
+            self.procs[rec.id] = found.handle
+        else:
+            self.finish(rec, "cancelled", "its kernel pod ended while the scheduler was restarting; "
+                                          "start the kernel again")
 
     def _recover_foreign_shares(self, foreign: ForeignWork) -> None:
         """A running build share that stands for foreign work has that work to watch, as an attempt."""

@@ -103,6 +103,36 @@ def _string_map(key_pattern: str | None = None, plain: bool = False) -> dict[str
     }
 
 
+KERNEL_POD_LABEL = "gpupool.kernel_pod"
+"""The label the service puts on a share submitted with a kernel_pod ("true"): it says so after a restart too."""
+MAX_PORT = 65_535
+_PORT = {"type": "integer", "minimum": 1, "maximum": MAX_PORT}
+KERNEL_POD: dict[str, Any] = {
+    "type": "object", "nullable": True, "additionalProperties": False,
+    "required": ["argv", "connection"],
+    "description": "Build jobs, where GET /status says kernel_pods: run the share's kernel in a pod the scheduler "
+                   "makes and binds (docs/kubernetes.md). connection (with its HMAC key) and secret_env are kept "
+                   "in a Secret owned by the pod, never stored or shown.",
+    "properties": {
+        "argv": {"type": "array", "minItems": 1, "maxItems": MAX_ITEMS, "items": _str(MAX_STRING),
+                 "description": "The kernel's command; {connection_file} names the mounted connection file."},
+        "env": _string_map(ENV_NAME),
+        "secret_env": _string_map(ENV_NAME),
+        "connection": {"type": "object", "additionalProperties": False,
+                       "required": ["key", "shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"],
+                       "properties": {"key": _str(1024), "signature_scheme": _str(64), "transport": {
+                           "type": "string", "enum": ["tcp"]}, "kernel_name": _str(MAX_JOB_NAME),
+                           **{f"{c}_port": _PORT for c in ("shell", "iopub", "stdin", "control", "hb")}}},
+        "image": {"type": "string", "minLength": 1, "maxLength": MAX_IMAGE, "pattern": IMAGE_PATTERN,
+                  "nullable": True},
+        "uid": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "nullable": True},
+        "gid": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "nullable": True},
+        "workdir": _str(MAX_STRING, nullable=True),
+    },
+    RULE: "kernel_pod must be {argv: [strings], connection: {key, shell_port, iopub_port, stdin_port, control_port, "
+          "hb_port}, env, secret_env, image, uid, gid, workdir}",
+}
+
 JOB_SPEC: dict[str, Any] = {
     "type": "object",
     "description": "What to run. At most one of gpus, gpu_fraction, gpu_memory; none means CPU only.",
@@ -157,6 +187,7 @@ JOB_SPEC: dict[str, Any] = {
         "node_selector": {**NODE_SELECTOR, RULE: SELECTOR_RULE},
         "node_affinity": {**NODE_AFFINITY, RULE: AFFINITY_RULE},
         "tolerations": {**TOLERATIONS, RULE: TOLERATIONS_RULE},
+        "kernel_pod": KERNEL_POD,
     },
 }
 
@@ -263,6 +294,11 @@ JOB: dict[str, Any] = {
         "workdir": {"type": "string", "nullable": True},
         "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "labels": {"type": "object"},
+        "kernel_pod": {"type": "object", "nullable": True, "description": "A share with a kernel pod (owner and "
+                       "admin only): the pod's name, ip, phase, ready, restarts, and why it is not running yet.",
+                       "properties": {"name": {"type": "string"}, "ip": {"type": "string"},
+                                      "phase": {"type": "string"}, "ready": {"type": "boolean"},
+                                      "restarts": {"type": "integer"}, "message": {"type": "string"}}},
         "lease_expires_at": {"type": "number", "nullable": True},
         "image": {"type": "string", "description": "The spec's container image; absent when it named none."},
         "env": {"type": "object", "nullable": True},
@@ -329,7 +365,9 @@ STATUS: dict[str, Any] = {
     "type": "object",
     "properties": {"simulated": {"type": "boolean"}, "pool": POOL,
                    "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"},
-                   "usage_half_life_s": {"type": "number", "description": "The half-life of recent_gpu_hours"}},
+                   "usage_half_life_s": {"type": "number", "description": "The half-life of recent_gpu_hours"},
+                   "kernel_pods": {"type": "boolean", "description": "Whether build shares may ask for a "
+                                   "kernel_pod (the kubernetes backend)"}},
 }
 
 EVENT: dict[str, Any] = {

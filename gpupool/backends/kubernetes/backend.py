@@ -33,6 +33,7 @@ from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.health import Health
+from gpupool.backends.kubernetes.kernel_pods import KernelPodRunner
 from gpupool.backends.kubernetes.leader import Leadership
 from gpupool.backends.kubernetes.nodes import PoolNode, read_node
 from gpupool.backends.kubernetes.objects import Obj
@@ -64,8 +65,8 @@ class KubeSettings:
 
 
 class KubeBackend:
-    """A cluster as the pool (a :class:`gpupool.backends.base.Backend`, ``AdoptsForeignPods`` and
-    ``HoldsOutsideWork``)."""
+    """A cluster as the pool (a :class:`gpupool.backends.base.Backend`, ``AdoptsForeignPods``,
+    ``HoldsOutsideWork`` and ``RunsKernelPods``)."""
 
     simulated = False
     elastic = True  # nodes join, drain and leave: what does not fit now may fit later
@@ -107,6 +108,8 @@ class KubeBackend:
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
         self.executor = KubeExecutor(self.pod_executor, self.kubectl)
+        self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls)
+        """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
         self.node_watch.start()
         self.pod_executor.start()
         self.kubectl.start()

@@ -223,11 +223,16 @@ class PodExecutor:
         return self.launch_pod(launch.job_id, launch.attempt, pod_name(launch.job_id, launch.attempt), node,
                                pod_manifest(launch, self.settings))
 
-    def launch_pod(self, job_id: str, attempt: int, name: str, node: str, manifest: dict[str, Any]) -> PodHandle:
-        """Create and bind one pod of an attempt (a gang's replica, or the attempt's only pod), watched as ours."""
+    def launch_pod(self, job_id: str, attempt: int, name: str, node: str, manifest: dict[str, Any],
+                   before_bind: Callable[[Obj], None] | None = None) -> PodHandle:
+        """Create and bind one pod of an attempt (a gang's replica, or the attempt's only pod), watched as ours.
+
+        ``before_bind(created pod)``: what must exist before a kubelet may start it (a kernel pod's Secret,
+        owned by the pod, so made after it); if it raises, the pod is deleted and the start fails with it.
+        """
         handle = PodHandle(job_id, attempt, name, node)
         a = _Attempt(handle)
-        a.start = self.calls.submit(self._create_and_bind, a, manifest, node)
+        a.start = self.calls.submit(self._create_and_bind, a, manifest, node, before_bind)
         a.start.add_done_callback(self._start_done)
         with self._lock:
             self._attempts[handle.name] = a
@@ -272,8 +277,19 @@ class PodExecutor:
         if f.cancelled() or f.exception() is not None:
             self._changed()  # a refused start ends the attempt
 
-    def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str) -> None:
-        self._backed_off(lambda: (self.create(a, manifest), self.bind(a, node)))
+    def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str,
+                         before_bind: Callable[[Obj], None] | None = None) -> None:
+        def start() -> None:
+            created = self.create(a, manifest)
+            if before_bind is not None:
+                try:
+                    before_bind(created)
+                except BaseException:
+                    self._delete_quietly(a.handle.name, 0)  # never bound: nothing ran
+                    raise
+            self.bind(a, node)
+
+        self._backed_off(start)
 
     def _backed_off(self, start: Callable[[], object]) -> None:
         """Run ``start`` (create and bind) after the wait that starts failed in a row call for (:class:`StartBackoff`).
@@ -283,7 +299,7 @@ class PodExecutor:
         """
         self._start_backoff.run(start, counts=lambda e: not isinstance(e, Refused))
 
-    def create(self, a: _Attempt, manifest: dict[str, Any]) -> None:
+    def create(self, a: _Attempt, manifest: dict[str, Any]) -> Obj:
         """Create the attempt's pod (Pending, not yet bound); a refusal raises :class:`Refused` with the API
         server's message. Posted as plain JSON (post_json: no per-call argument checks), its reply read raw
         for two fields."""
@@ -303,6 +319,7 @@ class PodExecutor:
         with self._lock:
             a.created_rv = _rv(meta.get("resourceVersion"))
             a.uid = meta.get("uid")
+        return created
 
     def bind(self, a: _Attempt, node: str) -> None:
         """Bind the created pod to ``node``; a refused bind deletes it (never bound: nothing ran) and raises.
@@ -331,6 +348,11 @@ class PodExecutor:
         """Whether the attempt's start ended in the API server's refusal of its pod (see :class:`Refused`)."""
         f = a.start
         return f is not None and f.done() and not f.cancelled() and isinstance(f.exception(), Refused)
+
+    def pod(self, name: str) -> Obj | None:
+        """Our pod of that name as the watch last showed it (None: not seen, or gone)."""
+        with self._lock:
+            return self._pods.get(name)
 
     # ------------------------------------------------------------ watch
     def alive(self, handle: PodHandle) -> bool:  # type: ignore[override]

@@ -185,6 +185,8 @@ def pod_end(pod: Obj) -> PodEnd | None:
     phase = ob.phase(pod)
     if term is None and phase not in ("Succeeded", "Failed"):
         return None
+    if ob.spec(pod).get("restartPolicy") == "Always" and phase not in ("Succeeded", "Failed"):
+        return None  # a kernel pod (kernel_pods.py): its container is restarted in place, the pod goes on
     code = ob.exit_code(term) if term is not None else (0 if phase == "Succeeded" else None)
     finished = ob.parse_time(term.get("finishedAt")) if term is not None else None
     d = disruption(pod)
