@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,3 +264,28 @@ def test_a_kernel_pod_needs_a_build_share_and_the_kubernetes_backend(pool: Pool,
     assert plain["state"] == "running" and "gpupool.kernel_pod" not in plain["labels"]
     assert "kernel_pod" not in c.job(plain["id"])
     c.cancel(plain["id"])
+
+
+async def test_a_kernel_pod_that_does_not_start_in_time_fails_its_start_and_frees_its_share(
+        api: Any, namespace: str, pool: Pool, tmp_path: Path) -> None:
+    """No kubelet runs the pod: after the admin's kernel_start_timeout the start fails saying why, the share
+    is given back and the pod deleted."""
+    server = lab(tmp_path, pool, "alice", kernel_start_timeout=3.0)
+    try:
+        started = time.monotonic()
+        code, refused = start_kernel(server)
+        assert code == 504, refused
+        assert time.monotonic() - started < 30
+        assert refused["message"].startswith("The kernel's pod did not start within 3 s:"), refused
+        jobs = gpupool(pool.url, "list", "--all")
+        mine = [j for j in jobs if j["kind"] == "build" and j["user"] == "alice"]
+        assert [j["state"] for j in mine] == ["cancelled"]
+        # Its deletion is asked for (with no kubelet here, the API server keeps it Terminating).
+        def kernel_pods() -> list[Any]:
+            return list(api.list_namespaced_pod(namespace, label_selector="gpupool.io/component=kernel").items)
+
+        wait(lambda: len(kernel_pods()) == 1 and kernel_pods()[0].metadata.deletion_timestamp is not None,
+             what="the kernel pod deleted")
+        assert jupyter(server.port, "/api/kernels")[1] == []
+    finally:
+        server.stop()
