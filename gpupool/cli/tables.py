@@ -222,7 +222,7 @@ def status_text(url: str, status: dict[str, Any]) -> str:
         *([backend] if backend else []),
         f"GPUs: {gpus_text(allocated)} of {total} allocated    queue: {_count(queue.get('pending'))} pending, "
         f"{_count(queue.get('running'))} running"
-        + (f" ({_count(queue.get('idle'))} idle)" if _count(queue.get("idle")) else "")
+        + (f" ({_count(status.get('idle_running'))} idle)" if _count(status.get("idle_running")) else "")
         + f", {_count(queue.get('paused'))} paused",
         "",
         gpus_table(pool),

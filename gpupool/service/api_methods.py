@@ -203,9 +203,9 @@ class JobsApi:
         counts = {"pending": 0, "running": 0, "paused": 0}
         for rec in self.book.live_jobs():
             counts["pending" if rec.state == "queued" else rec.state] += 1
-        counts["idle"] = self.idle.flagged() if self.idle is not None else 0  # running, flagged idle by use
         return {"simulated": self.pool.simulated, "pool": self.pool_view(), "projects": self.list_projects(actor),
                 "queue": counts, "usage_half_life_s": self.config.usage_half_life_s,
+                "idle_running": self.idle.flagged() if self.idle is not None else 0,
                 "backend": self.pool.health(), "kernel_pods": kernel_pods_of(self.pool.backend) is not None}
 
     def history(self, since: float | None = None) -> dict[str, Any]:

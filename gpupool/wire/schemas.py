@@ -366,6 +366,8 @@ STATUS: dict[str, Any] = {
     "properties": {"simulated": {"type": "boolean"}, "pool": POOL,
                    "projects": {"type": "array", "items": PROJECT}, "queue": {"type": "object"},
                    "usage_half_life_s": {"type": "number", "description": "The half-life of recent_gpu_hours"},
+                   "idle_running": {"type": "integer", "description": "Running jobs whose share their project's "
+                                    "idle rule counts idle now (Job.idle_since set)."},
                    "kernel_pods": {"type": "boolean", "description": "Whether build shares may ask for a "
                                    "kernel_pod (the kubernetes backend)"}},
 }

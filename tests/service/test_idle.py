@@ -95,7 +95,7 @@ async def test_a_training_job_busy_then_idle_is_flagged_after_its_window_and_cle
     assert went_idle - 1.0 <= since <= went_idle + 1.0  # since when: where the idle stretch began
     listed, = core.list_jobs(BOB, {"state": "running"})
     assert listed["idle_since"] == flagged and listed["idle_action"] == "flag"  # every view, every user
-    assert core.status(BOB)["queue"]["idle"] == 1
+    assert core.status(BOB)["idle_running"] == 1
     assert "running idle" in jobs_table([listed]) and "(idle:" in jobs_table([listed])
     assert "1 running (1 idle)" in status_text("http://x", core.status(BOB))
     event, = _idle_events(core, job["id"])
@@ -107,7 +107,7 @@ async def test_a_training_job_busy_then_idle_is_flagged_after_its_window_and_cle
     await _until("the flag to clear", lambda: core.get_job(ALICE, job["id"])["idle_since"] is None)
     cleared = _idle_events(core, job["id"])[-1]
     assert cleared["idle_since"] is None and "busy again: 50 %" in cleared["reason"]
-    assert core.status(BOB)["queue"]["idle"] == 0
+    assert core.status(BOB)["idle_running"] == 0
     await core.cancel(ALICE, job["id"])
 
 
