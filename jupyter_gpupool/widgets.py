@@ -5,7 +5,10 @@ build quota and training guarantee against use (over-quota in red) and its
 pending and paused jobs, counted apart as ``gpupool status`` counts them.
 ``QueueMonitor`` lists queued, running and paused jobs, with pause / resume /
 cancel buttons on the user's own jobs, except the job of the kernel the
-monitor runs in (cancelling it would kill the notebook's own kernel).
+monitor runs in (cancelling it would kill the notebook's own kernel). A
+running job (a kernel's share too) says how busy it kept its share over the
+last minute ("37 % busy"; "no use data" when it could not be measured, never
+0 %) and, when the scheduler flags it idle by use, since when.
 
 Live updates run as an asyncio task on the kernel's own event loop, waiting on
 the scheduler's event long-poll: no thread ever touches a widget (widgets are
@@ -28,6 +31,7 @@ import contextlib
 import html
 import os
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 import ipywidgets as w
@@ -38,6 +42,7 @@ from jupyter_gpupool.provisioner import fraction_label
 LIVE_JOB_STATES = ",".join(LIVE_STATES)
 GIB = 1024**3
 ERROR_STYLE = "color:var(--jp-error-color1,#c00)"
+WARN_STYLE = "color:var(--jp-warn-color0,#b60)"
 
 
 def default_client() -> Any:
@@ -300,6 +305,34 @@ class PoolMonitor(_LiveWidget):
 ICONS = {"pause": "pause", "resume": "play", "cancel": "times"}
 
 
+def use_text(job: dict[str, Any]) -> str:
+    """A running job's recent use and idle flag as HTML (" · 37 % busy"), as the Lab status bar words it.
+
+    Unmeasured is not idle: a job whose use could not be measured, or that
+    was not sampled yet, reads "no use data", never 0 %.
+    """
+    if job.get("state") != "running":
+        return ""
+    use = job.get("recent_use")
+    if not use or use.get("busy") is None:
+        text = " · no use data"
+    else:
+        text = f" · {round(float(use['busy']) * 100)} % busy"
+        if float(use.get("measured", 1.0)) < 0.999:
+            text += f" (of the {round(float(use['measured']) * 100)} % measured)"
+    if job.get("idle_since"):
+        text += f" · <span style='{WARN_STYLE}'>⚠ idle since {html.escape(_clock(str(job['idle_since'])))}</span>"
+    return text
+
+
+def _clock(iso: str) -> str:
+    """An ISO time as this machine's clock time (the text as is when it is not one)."""
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return iso
+
+
 class _JobRow:
     """One job: a line of text and the buttons its owner may use on it."""
 
@@ -322,8 +355,8 @@ class _JobRow:
         update(self.text, value=(
             f"{html.escape(job['id'])} · {html.escape(str(job.get('name', '')))} · "
             f"{html.escape(job.get('project', ''))}/{html.escape(job.get('user', ''))} · "
-            f"<b>{html.escape(job.get('state', ''))}</b> · {fraction_label(float(amount)) if amount else 'CPU'} · "
-            f"{html.escape(job.get('reason') or '')}{note}"))
+            f"<b>{html.escape(job.get('state', ''))}</b> · {fraction_label(float(amount)) if amount else 'CPU'}"
+            f"{use_text(job)} · {html.escape(job.get('reason') or '')}{note}"))
         for action in [a for a in self.buttons if a not in actions]:
             close_tree(self.buttons.pop(action))
         self.buttons = {a: self.buttons[a] if a in self.buttons else self._button(a) for a in actions}
@@ -347,7 +380,7 @@ class QueueMonitor(_LiveWidget):
         self.user = user or os.environ.get("GPUPOOL_USER") or ""
         self.kernel_job = kernel_job if kernel_job is not None else os.environ.get("GPUPOOL_JOB_ID", "")
         self.kernel_id = kernel_id if kernel_id is not None else os.environ.get("GPUPOOL_KERNEL_ID", "")
-        self.heading = w.HTML("<b>id · name · project/user · state · GPUs · reason</b>")
+        self.heading = w.HTML("<b>id · name · project/user · state · GPUs · use · reason</b>")
         self.empty = w.HTML("<i>no queued, running or paused jobs</i>")
         self.table = w.VBox([self.heading])
         self.rows: dict[str, _JobRow] = {}
