@@ -50,17 +50,19 @@ def as_scheduler_account(api: Any, kubeconfig: Path, tmp_path: Path) -> tuple[Pa
 
 
 def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
-    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["namespace.yaml", "node-agent-rbac.yaml",
-                                                             "node-agent.yaml", "rbac.yaml", "scheduler.yaml"]
+    assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["kernel-network-policy.yaml", "namespace.yaml",
+                                                             "node-agent-rbac.yaml", "node-agent.yaml", "rbac.yaml",
+                                                             "scheduler.yaml"]
     ensure_namespace(api)  # namespaced objects are checked inside an existing namespace
     kinds = []
-    for name in ("rbac.yaml", "scheduler.yaml", "node-agent-rbac.yaml", "node-agent.yaml"):
+    for name in ("rbac.yaml", "scheduler.yaml", "node-agent-rbac.yaml", "node-agent.yaml",
+                 "kernel-network-policy.yaml"):
         for doc in documents(name):
             utils.create_from_dict(api.api_client, doc, dry_run="All")  # raises on an invalid object
             kinds.append(doc["kind"])
     assert kinds == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ClusterRole",
                      "PersistentVolumeClaim", "Deployment", "Service",
-                     "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"]
+                     "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "NetworkPolicy"]
     bad = documents("scheduler.yaml")[1]
     bad["spec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_Name"  # only the server refuses this
     try:
@@ -144,6 +146,8 @@ SCHEDULER_RIGHTS = {
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete"}, ("", "pods/binding"): {"create"},
                                ("", "pods/log"): {"get"}, ("", "configmaps"): {"create", "delete"},
                                ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"},
+                               ("", "secrets"): {"create", "delete"},
+                               ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
                                ("coordination.k8s.io", "leases"): {"create", "get", "update"}},
     "gpupool-kubectl-pods": {("", "pods"): {"delete"}, ("", "pods/binding"): {"create"}, ("", "pods/log"): {"get"},
                              ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"}},
@@ -177,5 +181,6 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
                             ("`pods`", "create, list, watch, delete"), ("`pods/binding`", "create"),
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
                             ("`services`", "create, list, delete"), ("`events`", "create"),
+                            ("`secrets`", "create, delete"), ("`networkpolicies`", "create, delete"),
                             ("`leases`", "get, create, update")):
         assert f"{resource}: {verbs}" in least, (resource, verbs, least)

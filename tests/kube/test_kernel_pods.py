@@ -140,7 +140,7 @@ async def test_a_quarter_gpu_kernel_is_a_pod_of_its_own_and_shutdown_deletes_it(
                                                                                             namespace)
             assert policy.spec.pod_selector.match_labels["gpupool.io/component"] == "kernel"
             assert policy.spec.ingress[0]._from[0].pod_selector.match_labels == {
-                "gpupool.io/user": "alice", "gpupool.io/role": "jupyter-server"}
+                "gpupool.io/kernel-owner": "alice", "gpupool.io/role": "jupyter-server"}
             assert sorted(p.port for p in policy.spec.ingress[0].ports) == sorted(
                 json.loads(runtime_file.read_text())[f"{c}_port"] for c in ("shell", "iopub", "stdin", "control",
                                                                             "hb"))

@@ -43,8 +43,10 @@ KERNEL_COMPONENT = "kernel"
 USER_LABEL = "gpupool.io/user"
 ROLE_LABEL = "gpupool.io/role"
 SERVER_ROLE = "jupyter-server"
-"""A Jupyter server pod says ``gpupool.io/role: jupyter-server`` and ``gpupool.io/user: <user>`` (the Hub's
-KubeSpawner config sets both): the kernel pods of that user admit connections from it, and from nothing else."""
+OWNER_LABEL = "gpupool.io/kernel-owner"
+"""A Jupyter server pod says ``gpupool.io/role: jupyter-server`` and ``gpupool.io/kernel-owner: <user>`` (the
+user as :func:`label_value` writes it; the Hub's KubeSpawner config sets both): the kernel pods of that user admit
+connections from it, and from nothing else (deploy/kubernetes/kernel-network-policy.yaml denies the rest)."""
 CONNECTION_DIR = "/gpupool/kernel"
 CONNECTION_FILE = f"{CONNECTION_DIR}/connection.json"
 POD_IP_VAR = "GPUPOOL_POD_IP"
@@ -140,7 +142,7 @@ def kernel_network_policy(pod: Obj, user: str, request: dict[str, Any]) -> Obj:
                                                      COMPONENT_LABEL: KERNEL_COMPONENT}},
                      "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
-                         USER_LABEL: label_value(user), ROLE_LABEL: SERVER_ROLE}}}], "ports": ports}]}}
+                         OWNER_LABEL: label_value(user), ROLE_LABEL: SERVER_ROLE}}}], "ports": ports}]}}
 
 
 def describe_pod(pod: Obj | None, name: str) -> dict[str, Any]:

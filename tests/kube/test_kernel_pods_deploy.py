@@ -1,0 +1,135 @@
+"""deploy/ for GPU kernels as pods: the Hub's default profile, the labels that let a server reach its kernels
+(and nobody else's), the deny-by-default NetworkPolicy, and the scheduler's RBAC being enough to make them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupool.app.backend import build_core
+from gpupool.backends.base import Launch
+from gpupool.backends.kubernetes.kernel_pods import kernel_network_policy, kernel_pod_manifest
+from gpupool.backends.kubernetes.pods import PodSettings
+from gpupool.service.actor import Actor
+from tests.kube.cluster import wait
+from tests.kube.conftest import kube_config
+from tests.kube.test_deploy import as_scheduler_account, documents
+from tests.kube.test_kubespawner import User, hub_config, hub_kubeconfig, server_pod  # noqa: F401 (autouse)
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+REQUEST = {"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+           "connection": {"key": "k" * 64, "shell_port": 50001, "iopub_port": 50002, "stdin_port": 50003,
+                          "control_port": 50004, "hb_port": 50005},
+           "secret_env": {"GPUPOOL_TOKEN": "user-token"}, "uid": 1000, "gid": 100}
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+async def test_the_default_profile_is_a_cpu_server_that_only_its_own_kernel_pods_admit(
+        api: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, _ = hub_config(monkeypatch, namespace)
+    profiles = c.KubeSpawner.profile_list
+    default = [p for p in profiles if p.get("default")]
+    assert [p["display_name"] for p in default] == ["CPU server + GPU kernels from the pool"]
+    assert "kubespawner_override" not in default[0]  # the server itself asks for no GPU
+    assert {p["slug"] for p in profiles} == {"cpu", "quarter-gpu", "one-gpu"}  # whole-server GPUs stay
+
+    pods = {}
+    for name in ("alice", "erin@example.com"):
+        _, pod = await server_pod(c, User(name, ["vision"]), "cpu")
+        pods[name] = pod
+        api.create_namespaced_pod(namespace, api.api_client.sanitize_for_serialization(pod), dry_run="All")
+        assert "nvidia.com/gpu" not in (pod.spec.containers[0].resources.limits or {})
+    kernel = {"metadata": {"name": "gpupool-j-000001-1", "namespace": namespace, "uid": "u1",
+                           "labels": {"gpupool.io/job": "j-000001"}}}
+    for owner in pods:
+        policy = kernel_network_policy(kernel, owner, REQUEST)
+        admitted = policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+        assert [u for u, pod in pods.items() if matches(admitted, pod.metadata.labels)] == [owner]
+        assert sorted(p["port"] for p in policy["spec"]["ingress"][0]["ports"]) == list(range(50001, 50006))
+        created = client.NetworkingV1Api(api.api_client).create_namespaced_network_policy(
+            namespace, {**policy, "metadata": {**policy["metadata"], "ownerReferences": []}}, dry_run="All")
+        assert created.spec.pod_selector.match_labels == policy["spec"]["podSelector"]["matchLabels"]
+
+
+def test_the_deny_by_default_policy_selects_every_kernel_pod_and_admits_nothing() -> None:
+    (deny,) = documents("kernel-network-policy.yaml")
+    launch = Launch("j-000007", 1, [], "", "alice", "vision", assignment={"node": "n1", "gpus": []})
+    pod = kernel_pod_manifest(launch, "alice", REQUEST, PodSettings("gpupool", "python:3.12-slim"))
+    assert deny["metadata"]["namespace"] == pod["metadata"]["namespace"] == "gpupool"
+    assert matches(deny["spec"]["podSelector"]["matchLabels"], pod["metadata"]["labels"])
+    assert deny["spec"]["policyTypes"] == ["Ingress"] and deny["spec"]["ingress"] == []
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"] == {"runAsUser": 1000, "runAsNonRoot": True, "runAsGroup": 100, "fsGroup": 100}
+    text = str(pod)
+    assert "k" * 64 not in text and "user-token" not in text  # the secrets are in the Secret only
+
+
+async def test_the_deploy_rbac_is_enough_to_make_a_kernel_pod(api: Any, gpu_nodes: Any, kubeconfig: Path,
+                                                              tmp_path: Path) -> None:
+    """The scheduler as rbac.yaml's ServiceAccount makes a kernel's pod, its Secret and its NetworkPolicy."""
+    gpu_nodes(1, gpus=4)
+    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
+
+    def rbac_in_effect() -> bool:
+        try:
+            as_sa.list_namespaced_pod("gpupool")
+        except client.ApiException:
+            return False
+        return True
+
+    wait(rbac_in_effect, what="the roles in effect")
+    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+        core.set_project(ADMIN, "vision", {"build_quota": 1})
+        share, _ = await core.submit(ADMIN, {"project": "vision", "kind": "build", "gpu_fraction": 0.25,
+                                             "kernel_pod": REQUEST})
+        assert share["state"] == "running", share
+        name = await wait_for(lambda: (core.get_job(ADMIN, share["id"]).get("kernel_pod") or {}).get("name"),
+                              what="the kernel pod")
+        pod = await wait_for(lambda: next((p for p in api.list_namespaced_pod("gpupool").items
+                                           if p.metadata.name == name and p.spec.node_name), None),
+                             what="the kernel pod bound by the service account")
+        secret = api.read_namespaced_secret(f"{name}-kernel", "gpupool")
+        assert secret.metadata.owner_references[0].uid == pod.metadata.uid
+        policy = client.NetworkingV1Api(api.api_client).read_namespaced_network_policy(f"{name}-kernel", "gpupool")
+        assert policy.metadata.owner_references[0].uid == pod.metadata.uid
+        await core.cancel(ADMIN, share["id"])
+        await wait_for(lambda: all(p.metadata.deletion_timestamp is not None
+                                   for p in api.list_namespaced_pod("gpupool").items if p.metadata.name == name),
+                       what="the kernel pod's deletion by the service account")
+    finally:
+        await core.stop()
+        leave_nothing(api, tmp_path)
+
+
+def leave_nothing(api: Any, tmp_path: Path) -> None:
+    """The shared namespace gpupool as before: no kubelet here ends the pod, no controller collects what it
+    owned, and test_deploy dry-runs rbac.yaml's objects (which must not exist yet)."""
+    net, rbac = client.NetworkingV1Api(api.api_client), client.RbacAuthorizationV1Api(api.api_client)
+    for pod in api.list_namespaced_pod("gpupool", label_selector="gpupool.io/component=kernel").items:
+        api.delete_namespaced_pod(pod.metadata.name, "gpupool", grace_period_seconds=0)
+        for delete in (api.delete_namespaced_secret, net.delete_namespaced_network_policy):
+            try:
+                delete(f"{pod.metadata.name}-kernel", "gpupool")
+            except client.ApiException:
+                pass
+    deleters = {"ServiceAccount": lambda d: api.delete_namespaced_service_account(d["metadata"]["name"], "gpupool"),
+                "Role": lambda d: rbac.delete_namespaced_role(d["metadata"]["name"], "gpupool"),
+                "RoleBinding": lambda d: rbac.delete_namespaced_role_binding(d["metadata"]["name"], "gpupool"),
+                "ClusterRole": lambda d: rbac.delete_cluster_role(d["metadata"]["name"]),
+                "ClusterRoleBinding": lambda d: rbac.delete_cluster_role_binding(d["metadata"]["name"])}
+    for doc in documents("rbac.yaml"):
+        try:
+            deleters[doc["kind"]](doc)
+        except client.ApiException:
+            pass
