@@ -56,6 +56,7 @@ from gpupool.service.store import Store
 from gpupool.service.tokens import TokenStore, load_or_create_admin_token
 from gpupool.service.usage import DecayedUsage
 from gpupool.service.use_history import MAX_GAP_S, UseHistory
+from gpupool.service.use_metrics import JobUseGauges
 from gpupool.service.use_series import build_series
 from gpupool.service.watchdog import Watchdog
 
@@ -127,6 +128,7 @@ class SchedulerCore:
         self.use_history = UseHistory(store, fine_keep_s=config.use_fine_keep_s, coarse_keep_s=config.use_coarse_keep_s,
                                       max_gap_s=max(MAX_GAP_S, 3 * config.tick_s))
         self.jobs_api.recent = RecentUse(self.use_history)
+        self.registry.register(JobUseGauges(lambda: self.book.live.values(), self.jobs_api.recent))
         self.idle = IdleWatch(self.book, self.attempts, metrics, max_gap_s=max(MAX_GAP_S, 3 * config.tick_s),
                               foreign=foreign)
         self.jobs_api.idle = self.idle

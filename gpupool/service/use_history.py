@@ -9,6 +9,10 @@ job (``res`` 300) by SQL, so the roll-up survives a restart (the store keeps
 how far it got). Old rows go by age: 10 s rows after ``fine_keep_s``, 5 min
 rows after ``coarse_keep_s``.
 
+Each bucket also gets one row for job number ``SAMPLED`` (0, no job's): the
+seconds sampled in it, so a mean over a bucket divides by the time that was
+sampled, not by its length.
+
 Why per job and not per project: the jobs table already holds each job's
 project, user and kind, so a row is seven integers, and every view (per
 project, user, job; build and train apart) is a GROUP BY over one range.
@@ -34,6 +38,10 @@ MAX_GAP_S = 60.0
 The core passes ``max(MAX_GAP_S, 3 * tick_s)``, so a long tick still counts."""
 
 _ROLLED = "gpu_use_rolled"
+SAMPLED = 0
+"""The job number of each bucket's clock row: ``alloc`` is the milliseconds sampled in it (job numbers start at
+1). A bucket takes each interval between two samples by its middle, so with a 5 s tick a 10 s bucket may hold
+5 or 15 s; a mean over time divides by this, not by the bucket's length (gpupool.service.use_series)."""
 
 
 @dataclass
@@ -80,6 +88,7 @@ class UseHistory:
         for num, u in uses.items():
             tot = self._open.setdefault((bucket, num), Totals())
             tot.add(u.alloc * dt, u.measured * dt, u.used * dt, u.memory)
+        self._open.setdefault((bucket, SAMPLED), Totals()).add(dt * 1000.0, 0.0, 0.0, 0)
         return dt
 
     def flush(self, now: float, everything: bool = False) -> None:

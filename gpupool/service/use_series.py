@@ -13,10 +13,13 @@ joined to the jobs table for each job's project, user and kind.
   series has at most ``MAX_POINTS`` points; without one, the smallest of
   ``STEPS`` that fits. Buckets start at multiples of ``step`` (Unix time; the
   range starts with the bucket holding ``since``); the last one may be
-  shorter, ending at ``until``. A bucket takes each sampled interval by its
-  middle, so a 10 s bucket may hold a few tenths of a second more or less.
-- **Values** are mean GPUs over each bucket's sampled seconds: ``allocated``
-  (held), ``measured`` (held where use could be measured) and ``used``. What
+  shorter, ending at ``until``.
+- **Values** are mean GPUs over the seconds sampled in each bucket (the
+  history's clock rows, ``SAMPLED``; the bucket's length for rows from before
+  them): ``allocated`` (held), ``measured`` (held where use could be measured)
+  and ``used``. A bucket takes each interval between two samples by its
+  middle, so with a 5 s tick a 10 s bucket holds 5, 10 or 15 s of samples;
+  dividing by its length would draw a steady job as a saw. What
   was held but not measured (``allocated - measured``) is unknown, not idle;
   idle is ``measured - used``.
 - **Who sees what**: as the report. An admin everything; a user the projects
@@ -36,7 +39,7 @@ from typing import Any
 from gpupool.service.actor import Actor
 from gpupool.service.membership import is_member
 from gpupool.service.store import ProjectRecord, Store
-from gpupool.service.use_history import UseHistory
+from gpupool.service.use_history import SAMPLED, UseHistory
 from gpupool.wire.errors import InvalidRequest
 
 BY = ("project", "user", "job")
@@ -103,7 +106,11 @@ def build_series(actor: Actor, history: UseHistory, store: Store, projects: Mapp
         cell[1] += measured
         cell[2] += used
 
+    sampled: dict[int, float] = {}  # bucket -> milliseconds sampled in it (the history's clock rows)
     for r, lo, hi in parts:
+        for row in store.query("SELECT (t / ?) * ?, SUM(alloc) FROM gpu_use WHERE res = ? AND job = ? AND t >= ? "
+                               "AND t < ? GROUP BY 1", [bucket, bucket, r, SAMPLED, max(lo, first), min(hi, until)]):
+            sampled[int(row[0])] = sampled.get(int(row[0]), 0.0) + float(row[1])
         for row in store.query(
                 f"SELECT (g.t / ?) * ?, {column}, j.kind, SUM(g.alloc), SUM(g.measured), SUM(g.used) "
                 f"FROM gpu_use g JOIN jobs j ON j.num = g.job WHERE g.res = ? AND g.t >= ? AND g.t < ?{where} "
@@ -113,14 +120,19 @@ def build_series(actor: Actor, history: UseHistory, store: Store, projects: Mapp
     if pending:
         info = _jobs(store, sorted({num for _, num, _ in pending}))
         for t, num, v in pending:
-            if num in info and (actor.admin or by == "project" or info[num]["user"] == actor.user):
+            if num == SAMPLED:
+                b = t // bucket * bucket
+                sampled[b] = sampled.get(b, 0.0) + v.alloc
+            elif num in info and (actor.admin or by == "project" or info[num]["user"] == actor.user):
                 add(info[num][by], info[num]["kind"], t // bucket * bucket, v.alloc, v.measured, v.used)
 
     if not actor.admin and by == "project":
         sums = {k: v for k, v in sums.items()
                 if k[0] in projects and is_member(projects[k[0]].members, actor.user, actor.groups)}
     starts = list(range(first, until, bucket))
-    series = [_one(by, key, kind, cells, starts, until, bucket) for (key, kind), cells in _capped(sums)]
+    seconds = [sampled[t] / 1000.0 if sampled.get(t, 0.0) > 0 else max(1.0, min(t + bucket, until) - t)
+               for t in starts]
+    series = [_one(by, key, kind, cells, starts, seconds) for (key, kind), cells in _capped(sums)]
     return {"since": float(first), "until": float(max(until, first)), "step": bucket, "by": by, "series": series}
 
 
@@ -139,16 +151,15 @@ def _capped(sums: dict[tuple[str, str], dict[int, list[float]]]) -> list[tuple[t
     return sorted(keep.items())
 
 
-def _one(by: str, key: str, kind: str, cells: dict[int, list[float]], starts: list[int], until: float,
-         step: int) -> dict[str, Any]:
-    """One series' wire shape: mean GPUs over each bucket (the last one: its part before ``until``)."""
+def _one(by: str, key: str, kind: str, cells: dict[int, list[float]], starts: list[int],
+         seconds: list[float]) -> dict[str, Any]:
+    """One series' wire shape: mean GPUs over the seconds sampled in each bucket."""
     out: dict[str, Any] = {by if by != "job" else "job_id": key, "kind": kind, "t": starts,
                            "allocated": [], "measured": [], "used": []}
-    for t in starts:
-        seconds = max(1.0, min(t + step, until) - t)
+    for t, span in zip(starts, seconds, strict=True):
         c = cells.get(t, (0.0, 0.0, 0.0))
         for i, name in enumerate(("allocated", "measured", "used")):
-            out[name].append(round(c[i] / 1000.0 / seconds, 4))
+            out[name].append(round(c[i] / 1000.0 / span, 4))
     return out
 
 

@@ -162,7 +162,7 @@ def test_the_report_matches_a_hand_computed_case_then_after_a_restart_and_the_ro
     later = start + 2 * 86400
     h.flush(later)
     res = dict(s.query("SELECT res, COUNT(*) FROM gpu_use GROUP BY res").__iter__())
-    assert res == {300: 3}  # one 5 min row per job, no 10 s row left
+    assert res == {300: 4}  # one 5 min row per job and one of the seconds sampled, no 10 s row left
     _check(build_report(admin, h, s, projects, start - 60, "project", later), EXPECTED)
     s.close()
 
@@ -191,7 +191,8 @@ def test_a_user_sees_their_own_jobs_and_their_projects_totals(tmp_path):
 
 
 def test_history_stays_bounded_by_its_resolutions(tmp_path):
-    """Three days of one job sampled every 10 s keep one day of 10 s rows and every 5 min row."""
+    """Three days of one job sampled every 10 s keep one day of 10 s rows and every 5 min row (each bucket's
+    row of the seconds sampled in it too)."""
     s = _store(tmp_path)
     h = UseHistory(s)
     start = 1_000_000_200.0
@@ -201,7 +202,7 @@ def test_history_stays_bounded_by_its_resolutions(tmp_path):
         if i % 30 == 0:
             h.flush(t)
     counts = dict(s.query("SELECT res, COUNT(*) FROM gpu_use GROUP BY res").__iter__())
-    assert 8640 <= counts[10] <= 8640 + 60 and counts[300] == 3 * 288
+    assert 2 * 8640 <= counts[10] <= 2 * (8640 + 60) and counts[300] == 2 * 3 * 288
     end = start + 3 * 86400 + 5
     total = h.totals(start - 1, end)[1]
     assert total.alloc == pytest.approx(1000 * 3 * 86400) and total.used == pytest.approx(500 * 3 * 86400)

@@ -101,6 +101,21 @@ def test_the_series_matches_a_hand_computed_case(tmp_path):
     assert vision["allocated"][-1] == 1.0 and vision["used"][-1] == 0.5
 
 
+def test_a_steady_job_is_drawn_flat_whatever_the_samples_that_fall_in_each_bucket(tmp_path):
+    """Samples every 6 s: the 10 s buckets get 12, 6 and 12 s of them (each interval goes by its middle). A mean
+    over the bucket's length would draw 1.2, 0.6, 1.2 GPUs; over the seconds sampled it is the GPU held."""
+    s = _store(tmp_path)
+    h = UseHistory(s)
+    for i in range(6):
+        h.add(START + 6 * i, {1: JobUse(1000, 1000, 250.0, 0)})
+    h.flush(START + 30)
+    reply = build_series(ADMIN, h, s, {}, since=START, step=10, by="job", now=START + 31)
+    assert reply["until"] == START + 30
+    job, = reply["series"]
+    assert job["t"] == [START, START + 10, START + 20]
+    assert job["allocated"] == [1.0, 1.0, 1.0] and job["used"] == [0.25, 0.25, 0.25]
+
+
 def test_a_user_sees_the_series_of_their_projects_and_their_own_jobs(tmp_path):
     s, h = _driven(tmp_path)
     projects = {p.name: p for p in s.projects()}
@@ -138,8 +153,9 @@ def test_the_series_stays_small_and_reads_the_5_min_rows_after_the_roll_up(tmp_p
     assert reply["step"] == 600 and len(reply["t"] if "t" in reply else reply["series"][0]["t"]) <= 360
     vision = _by_key(reply)[("vision", "train")]
     i = vision["t"].index(int(START))
-    assert vision["allocated"][i] == pytest.approx(120 / 600) and vision["used"][i] == pytest.approx(60 / 600)
-    assert sum(vision["allocated"]) == pytest.approx(120 / 600)  # nothing anywhere else
+    # a mean over the 120 s sampled in the bucket, not its 600 s (the rest of it is unknown, not "nothing held")
+    assert vision["allocated"][i] == pytest.approx(1.0) and vision["used"][i] == pytest.approx(0.5)
+    assert sum(vision["allocated"]) == pytest.approx(1.0)  # nothing anywhere else
     s.close()
 
 
@@ -193,3 +209,51 @@ async def test_a_running_job_shows_its_recent_use_and_its_project_series(make_co
     assert core.report_series(Actor("carol"), since=time.time() - 60)["series"] == []  # not a member of vision
     done = await core.cancel(ALICE, job["id"])
     assert core.get_job(ALICE, done["id"])["recent_use"] is None or done["state"] != "cancelled"
+
+
+# ------------------------------------------------------------------ Prometheus, per job
+def test_the_per_job_gauges_are_the_running_jobs_last_minute_with_the_rest_summed(tmp_path):
+    from gpupool.service.use_metrics import JobUseGauges
+
+    s, h = _driven(tmp_path)
+    jobs = [_job(1, "vision", "alice", "train", [("GPU-0", 1000)]), _job(2, "vision", "bob", "build", [("GPU-1", 250)]),
+            _job(3, "nlp", "bob", "train", [("GPU-1", 500)]), _job(4, "nlp", "bob", "train", [("GPU-2", 1000)],
+                                                                  state="queued")]
+    recent = RecentUse(h, clock=lambda: START + 90, max_age_s=0)
+
+    def scrape(limit: int) -> dict[tuple[str, ...], float]:
+        family, = JobUseGauges(lambda: jobs, recent, limit).collect()
+        return {tuple(x.labels[k] for k in ("job", "project", "user", "kind", "what")): x.value for x in family.samples}
+
+    got = scrape(10)
+    # the window [30 s, 90 s): job 1 busy its first half; job 2 at 40 % of its quarter; job 3 held half a GPU
+    # where nothing could be measured: none of it measured, none used (unknown, which a dashboard shows apart)
+    assert got == {("j-000001", "vision", "alice", "train", "allocated"): 1.0,
+                   ("j-000001", "vision", "alice", "train", "measured"): 1.0,
+                   ("j-000001", "vision", "alice", "train", "used"): 0.5,
+                   ("j-000002", "vision", "bob", "build", "allocated"): 0.25,
+                   ("j-000002", "vision", "bob", "build", "measured"): 0.25,
+                   ("j-000002", "vision", "bob", "build", "used"): 0.1,
+                   ("j-000003", "nlp", "bob", "train", "allocated"): 0.5,
+                   ("j-000003", "nlp", "bob", "train", "measured"): 0.0,
+                   ("j-000003", "nlp", "bob", "train", "used"): 0.0}  # the queued job 4 has none
+    capped = scrape(1)  # job 1 holds most; the others are summed per kind
+    assert {k for k in capped if k[0] != "(other)"} == {k for k in got if k[0] == "j-000001"}
+    assert capped[("(other)", "(other)", "(other)", "train", "allocated")] == 0.5
+    assert capped[("(other)", "(other)", "(other)", "build", "used")] == 0.1
+    assert len(capped) == 9
+
+
+async def test_metrics_show_a_running_jobs_series_until_it_ends(make_core):
+    core = await make_core(simulate="2xA100-80GB")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    job, _ = await core.submit(ALICE, {"project": "vision", "gpus": 1, "command": [PY, "-c", HALF_BUSY]})
+    labels = {"job": job["id"], "project": "vision", "user": "alice", "kind": "train"}
+    deadline = time.monotonic() + 20
+    while not core.registry.get_sample_value("gpupool_job_gpus", {**labels, "what": "used"}):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    assert core.registry.get_sample_value("gpupool_job_gpus", {**labels, "what": "allocated"}) == 1.0
+    assert core.registry.get_sample_value("gpupool_job_gpus", {**labels, "what": "measured"}) == 1.0
+    await core.cancel(ALICE, job["id"])
+    assert core.registry.get_sample_value("gpupool_job_gpus", {**labels, "what": "allocated"}) is None
