@@ -73,6 +73,44 @@ export interface IJob {
   /** A promoted gang: every replica's output notebook in rank order (rank 0's is `output_notebook`). */
   replica_output_notebooks?: string[];
   run_dir?: string | null;
+  /** A running job's use over the last minute; null when not running or not sampled yet (absent: older scheduler). */
+  recent_use?: IRecentUse | null;
+  /** When its share became idle by use past its project's window (ISO time); null or absent when it is not. */
+  idle_since?: string | null;
+  /** With idle_since: what its project's rule does about it (cull, pause or flag). */
+  idle_action?: string | null;
+}
+
+/** A running job's use over its last `window_s` seconds (the scheduler's Job.recent_use). */
+export interface IRecentUse {
+  window_s: number;
+  /** The busy part of its share where measured (0..1); null when nothing was measured: unknown, not idle. */
+  busy: number | null;
+  /** The part of what it holds whose use could be measured (0..1). */
+  measured: number;
+  peak_memory: number;
+}
+
+/** One project's (user's, job's) allocated vs used GPUs over time, build or train. */
+export interface IUseSeries {
+  project?: string;
+  user?: string;
+  job_id?: string;
+  kind: 'build' | 'train';
+  /** Each bucket's start (Unix seconds); the values below are mean GPUs over the bucket. */
+  t: number[];
+  allocated: number[];
+  /** Of `allocated`, the GPUs whose use was measured (the rest is unknown, not idle). */
+  measured: number[];
+  used: number[];
+}
+
+export interface IUseSeriesReply {
+  since: number;
+  until: number;
+  step: number;
+  by: 'project' | 'user' | 'job';
+  series: IUseSeries[];
 }
 
 export interface IAllocation {
@@ -310,6 +348,8 @@ export const api = {
     requestAPI<{ samples: IHistorySample[] }>(
       since === undefined ? 'history' : `history?since=${since}`
     ),
+  use: (since: number, step?: number) =>
+    requestAPI<IUseSeriesReply>(`use?since=${since}` + (step === undefined ? '' : `&step=${step}`)),
   setProject: (name: string, fields: IProjectUpdate) =>
     requestAPI<IProject>(`projects/${encodeURIComponent(name)}`, jsonInit('PUT', fields))
 };

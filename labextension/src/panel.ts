@@ -1,6 +1,6 @@
 /**
  * The GPU Pool sidebar: pool GPUs and their shares, projects against their
- * quotas, the pool over time, the queue (with pause/resume/cancel on the
+ * quotas, allocated vs used per project (useview.ts), the pool over time, the queue (with pause/resume/cancel on the
  * user's own jobs) and one job's detail with its live log and output
  * notebook.
  *
@@ -21,6 +21,8 @@ import { poolView } from './poolview';
 import { projectsView } from './projectsview';
 import { editProject } from './quota';
 import { gangWhere } from './replicas';
+import { describeUse } from './statusbar';
+import { UseView } from './useview';
 
 const REFRESH_MS = 5000;
 const HISTORY_MS = 15000;
@@ -65,6 +67,7 @@ export class GpuPoolPanel extends Widget {
   private _projectsBody = h('div', { class: 'jp-gpupool-projects' });
   private _chartBody = h('div', { class: 'jp-gpupool-history' }, h('p', { class: 'jp-gpupool-empty' }, 'Loading the pool\u2019s history…'));
   private _queueBody = h('div', { class: 'jp-gpupool-queue' });
+  private _use = new UseView();
   private _detailSection = h('section', { class: 'jp-gpupool-detail', 'aria-label': 'Job detail', hidden: true });
   private _detailBody = h('div', { class: 'jp-gpupool-detail-body' });
   private _logPre = h('pre', { class: 'jp-gpupool-log', tabindex: 0, 'aria-label': 'Job log' });
@@ -116,7 +119,10 @@ export class GpuPoolPanel extends Widget {
       },
       'Refresh'
     );
-    refresh.addEventListener('click', () => void this.refresh(true));
+    refresh.addEventListener('click', () => {
+      void this.refresh(true);
+      void this._use.refresh();
+    });
 
     this.node.append(
       h('header', { class: 'jp-gpupool-header' }, h('h2', {}, 'GPU Pool'), refresh),
@@ -124,6 +130,7 @@ export class GpuPoolPanel extends Widget {
       this._summary,
       section('GPUs', this._poolBody),
       section('Projects', this._projectsBody),
+      section('Allocated vs used', this._use.node),
       section('Pool over time', this._chartBody),
       section('Queue', h('div', {}, queueFilters, this._queueBody)),
       this._detailSection
@@ -233,6 +240,7 @@ export class GpuPoolPanel extends Widget {
     if (!this._status) {
       await this.refresh();
     }
+    void this._use.refresh();
     try {
       const reply = await api.history(Date.now() / 1000 - HISTORY_WINDOW_S);
       const capacity = this._capacity();
@@ -259,6 +267,7 @@ export class GpuPoolPanel extends Widget {
     );
     this._renderSection('pool', [status.pool, names], () => this._renderPool(status));
     this._renderSection('projects', [status.projects, status.admin], () => this._renderProjects(status));
+    this._use.setJobs(this._jobs, names);
     this._renderQueue();
   }
 
@@ -416,7 +425,11 @@ export class GpuPoolPanel extends Widget {
         { class: 'jp-gpupool-help' },
         `${job.id} · ${job.project} · ${job.user} · ${job.kind === 'build' ? 'kernel ' : ''}${formatRequest(job.request)}` +
           gangWhere(job) +
-          (job.priority ? ` · prio ${job.priority}` : '')
+          (job.priority ? ` · prio ${job.priority}` : '') +
+          (job.state === 'running' ? ` · ${describeUse(job).short}` : ''),
+        job.state === 'running' && job.idle_since
+          ? h('span', { class: 'jp-gpupool-flag', title: `Idle by use since ${job.idle_since}` }, ' \u26A0 idle')
+          : null
       ),
       this._actions(job)
     );

@@ -1,5 +1,11 @@
 /**
- * Status bar item: the GPU share and GPU memory of the current kernel.
+ * Status bar item: the GPU share of the current kernel and how busy it kept it lately.
+ *
+ * "GPU ¼ · 37 % busy": the share, then the part of it the kernel's processes
+ * kept busy over the last minute (the scheduler's `recent_use`, a mean of its
+ * samples; see docs/jupyter.md). "no use data" when nothing could be measured
+ * (a GPU without per-process accounting) or no sample came yet: unknown is
+ * never shown as 0 % (idle). GPU memory is in the tooltip.
  *
  * The current widget's kernel id is matched against GET /gpupool/api/kernels
  * (the user's GPU kernels with their build jobs). A kernel without a GPU
@@ -9,9 +15,9 @@ import { ISessionContext } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { api, IKernelShare } from './api';
+import { api, IJob, IKernelShare } from './api';
 import { EventStream } from './events';
-import { formatBytes, formatGpus, jobMemoryLimit, jobShare } from './format';
+import { formatBytes, formatClock, formatDuration, formatGpus, jobMemoryLimit, jobShare } from './format';
 
 const REFRESH_MS = 5000;
 
@@ -121,17 +127,56 @@ export class KernelShareStatus extends Widget {
           ? `${formatBytes(limit)} limit`
           : '';
     const waiting = job.state === 'queued' ? ' (waiting)' : job.state !== 'running' ? ` (${job.state})` : '';
-    const text = `GPU ${gpus}${memory ? ' · ' + memory : ''}${waiting}`;
+    const use = job.state === 'running' ? describeUse(job) : null;
+    const idle = job.state === 'running' && job.idle_since ? ' · idle' : '';
+    const text = `GPU ${gpus}${use ? ' · ' + use.short : ''}${idle}${waiting}`;
     const where = (job.assignment?.gpus ?? []).map(g => `GPU ${g.index} (${g.model})`).join(', ');
     const tip =
       `Kernel on ${gpus} GPU${where ? ' of ' + where : ''}, job ${job.id}, project ${job.project}. ` +
+      (use ? use.long + ' ' : '') +
+      (job.idle_since ? `Idle by use since ${formatIso(job.idle_since)}. ` : '') +
       (typeof used === 'number'
         ? `GPU memory ${formatBytes(used)} used of ${formatBytes(limit)}.`
-        : 'GPU memory use is not measured here.') +
+        : memory
+          ? `GPU memory: ${memory}.`
+          : 'GPU memory use is not measured here.') +
       ' Click to open the GPU Pool panel.';
     this.node.textContent = text;
     this.node.title = tip;
     this.node.setAttribute('aria-label', tip);
     this.node.dataset.jobId = job.id;
+    this.node.dataset.busy = use && use.percent !== null ? String(use.percent) : '';
   }
+}
+
+/**
+ * The running job's recent use in words: `short` for the bar ("37 % busy", "no use data"), `long` for the
+ * tooltip, `percent` (null when unknown).
+ */
+export function describeUse(job: IJob): { short: string; long: string; percent: number | null } {
+  const use = job.recent_use;
+  if (!use) {
+    return { short: 'no use data', long: 'No use data yet: the scheduler has not sampled this share.', percent: null };
+  }
+  const minute = use.window_s === 60 ? 'the last minute' : `the last ${formatDuration(use.window_s)}`;
+  if (use.busy === null) {
+    return {
+      short: 'no use data',
+      long: `Its GPU use cannot be measured here (no per-process readings), so it is unknown over ${minute}, not idle.`,
+      percent: null
+    };
+  }
+  const percent = Math.round(use.busy * 100);
+  const partly = use.measured < 0.999 ? ` (measured on ${Math.round(use.measured * 100)} % of the share)` : '';
+  return {
+    short: `${percent} % busy`,
+    long: `Its processes kept ${percent} % of the share busy over ${minute}${partly}.`,
+    percent
+  };
+}
+
+/** An ISO time as the local clock time. */
+function formatIso(iso: string): string {
+  const t = Date.parse(iso);
+  return Number.isNaN(t) ? iso : formatClock(t / 1000);
 }
