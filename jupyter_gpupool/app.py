@@ -124,7 +124,7 @@ class GPUPool(ExtensionApp):
         "many seconds, whatever their GPU use; 0 = never (the default: cull_idle_by_use decides).",
     )
     idle_grace = Float(
-        300.0, config=True, help="A GPU kernel is never shut down as idle in its first idle_grace seconds."
+        300.0, config=True, help="idle_timeout never shuts a GPU kernel down in its first idle_grace seconds."
     )
     stop_kernels_without_share = Bool(
         True,
