@@ -168,7 +168,7 @@ class IdleWatch:
         return {"idle_since": iso(st.since), "idle_action": st.action}
 
     def flagged(self) -> int:
-        """How many running jobs are flagged idle now (the status's queue counts)."""
+        """How many running jobs are flagged idle now (the status's ``idle_running``)."""
         return sum(1 for st in self._jobs.values() if st.since is not None)
 
     # ---------------------------------------------------------------- the tick
@@ -218,7 +218,7 @@ class IdleWatch:
             del self._jobs[job_id]  # ended, paused, or holds no GPU now: its next run counts afresh
 
     def _flag(self, rec: JobRecord, st: _Stretch, rule: IdleRule) -> None:
-        first = st.since is None
+        """Flag the job (or flag it again under a rule whose action changed): its event, and a pause if the rule says."""
         st.since, st.action = st.start, rule.action
         assert st.since is not None
         base = (f"{_who(rec)} used under {rule.below_percent:g} % of its GPU share for "
@@ -232,9 +232,8 @@ class IdleWatch:
             reason = f"{base}: paused to give its GPUs back; resume it with: gpupool resume {rec.id}"
         else:
             reason = f"{base}: flagged idle"
-        if first or rule.action == "pause":
-            self.book.emit("idle", job_id=rec.id, name=rec.name, user=rec.user, project=rec.project, kind=rec.kind,
-                           state=rec.state, idle_since=iso(st.since), action=rule.action, reason=reason)
+        self.book.emit("idle", job_id=rec.id, name=rec.name, user=rec.user, project=rec.project, kind=rec.kind,
+                       state=rec.state, idle_since=iso(st.since), action=rule.action, reason=reason)
         if rule.action == "pause" and rec.kind == "train" and rec.stop_intent is None and pausable:
             self.metrics.pauses.labels("idle").inc()
             self.attempts.begin_stop(rec, "pause", reason)
