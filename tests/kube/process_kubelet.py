@@ -15,9 +15,11 @@ container runtime would, on this machine:
   file with the volume's ``defaultMode``), and since a process cannot have the
   container's mount namespace, the mount path in the command is replaced by
   that folder;
-* ``restartPolicy: Always``: a container that exits is started again at once
-  (``restartCount`` + 1, the end in ``lastState``); otherwise its exit is
-  reported as the container's end and the pod's phase;
+* ``restartPolicy: Always``: a container that exits is shown ended (not
+  ready) at once and started again (``restartCount`` + 1, the end in
+  ``lastState``): at once the first time, then after a doubling back-off
+  while it keeps exiting within 10 s (a kubelet's CrashLoopBackOff, shorter);
+  otherwise its exit is reported as the container's end and the pod's phase;
 * a deleted pod's process group gets SIGTERM, SIGKILL after the grace period
   (at most ``max_grace_s``), then the pod is removed.
 
@@ -173,7 +175,11 @@ class ProcessKubelet:
             if mine.backoff_until == 0.0:  # as a kubelet backs off a crashing container (CrashLoopBackOff)
                 quick = time.monotonic() - mine.started_mono < 10
                 mine.crashes = mine.crashes + 1 if quick else 0
-                mine.backoff_until = time.monotonic() + (min(0.2 * 2 ** mine.crashes, 5.0) if quick else 0.0)
+                wait_s = min(0.2 * 2 ** (mine.crashes - 1), 5.0) if mine.crashes > 1 else 0.0
+                mine.backoff_until = time.monotonic() + wait_s
+                self._report(pod, mine, {"terminated": {  # the end is seen at once, the restart follows
+                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": mine.started_at, "finishedAt": now_text()}}, phase="Running", ready=False)
             if time.monotonic() < mine.backoff_until:
                 return
             mine.backoff_until = 0.0
