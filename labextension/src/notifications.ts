@@ -171,6 +171,11 @@ export class JobNotifier {
       return;
     }
     const since = clock(event.idle_since);
+    if (warned && event.action !== 'cull') {
+      // The admin's rule no longer culls it: the standing warning no longer applies.
+      this._idleKernels.delete(id);
+      Notification.dismiss(warned.notification);
+    }
     if (event.kind === 'build' && event.action === 'cull') {
       if (warned) {
         return;

@@ -51,7 +51,6 @@ test.describe('idle GPU kernels', () => {
   });
 
   test('an idle ¼ GPU kernel is warned, then shut down, in Lab notifications', async ({ page }) => {
-    await setKernelIdleRule(page.request, { build: { window_s: 2 } });
     await page
       .locator('.jp-Launcher-section')
       .filter({ has: page.locator('.jp-Launcher-sectionTitle', { hasText: 'Notebook' }) })
@@ -63,6 +62,9 @@ test.describe('idle GPU kernels', () => {
     await page.notebook.setCell(0, 'code', 'import gpupool\nprint(gpupool.sim_use(busy=0.0))');
     await page.notebook.runCell(0);
     await expect(page.locator('.jp-OutputArea-output').first()).toContainText('True');
+    // The admin's 2 s window, once the cell has run: Galata's runCell waits for a status bar item whose
+    // text is "Idle", and an idle share's status bar item says "idle" too.
+    await setKernelIdleRule(page.request, { build: { window_s: 2 } });
 
     const warning = page.locator('.Toastify__toast', { hasText: 'its GPU share has been idle since' });
     await expect(warning).toBeVisible({ timeout: 30000 });
