@@ -1,9 +1,13 @@
-"""Test helpers for the Kubernetes backend: GPU nodes, and a stand-in kubelet (there is none in ../shared/kube).
+"""Test helpers for the Kubernetes backend: GPU nodes, and a stand-in kubelet (scripts/kube runs none).
 
-The API server is real; only the kubelet's part is played here: it reports
-bound pods as running, finishes them with an exit code when a test says so,
-and, as a kubelet does, answers a graceful deletion by ending the container
-(the checkpoint signal's exit code) and removing the pod.
+The API server and its controllers are real; only the kubelet's part is
+played here. Every node made by :func:`make_gpu_node` gets its heartbeat (its
+Lease in ``kube-node-lease``, renewed as a kubelet does), so the
+node-lifecycle controller keeps it Ready and untainted for as long as it
+exists. :class:`Kubelet` reports bound pods as running, finishes them with an
+exit code when a test says so, and, as a kubelet does, answers a graceful
+deletion by ending the container (the checkpoint signal's exit code) and
+removing the pod.
 """
 
 from __future__ import annotations
@@ -36,10 +40,84 @@ def make_gpu_node(api: client.CoreV1Api, name: str, gpus: int = 8, *, product: s
               "kubernetes.io/hostname": name}
     if pool is not None:
         labels["gpupool.io/pool"] = pool
-    api.create_node({"apiVersion": "v1", "kind": "Node",
-                     "metadata": {"name": name, "labels": labels, "annotations": annotations or {}}})
+    node = api.create_node({"apiVersion": "v1", "kind": "Node",
+                            "metadata": {"name": name, "labels": labels, "annotations": annotations or {}}})
     set_node_status(api, name, gpus, ready)
+    HEARTBEATS.beat(api, name, node.metadata.uid)
     api.patch_node(name, {"spec": {"taints": []}})  # admission added node.kubernetes.io/not-ready
+
+
+class NodeHeartbeats:
+    """Renews the Lease of every node a test made, as each node's kubelet would (every 5 s here).
+
+    The node-lifecycle controller takes a node whose Lease is older than its
+    grace period (50 s by default) for lost: it marks it Unknown, taints it unreachable
+    and evicts its pods. The Lease is owned by its Node, so the garbage
+    collector deletes it with the node; a node that is gone drops out of the
+    loop. One daemon thread for the whole test session.
+    """
+
+    PERIOD_S = 5.0
+    DURATION_S = 40
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[client.CoordinationV1Api, str]] = {}  # name -> (api, node uid)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def beat(self, api: client.CoreV1Api, node: str, uid: str) -> None:
+        """Renew ``node``'s Lease now (creating it) and from now on, until the node is deleted."""
+        coord = client.CoordinationV1Api(api.api_client)
+        self._renew(coord, node, uid)
+        with self._lock:
+            self._nodes[node] = (coord, uid)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="test-node-heartbeats")
+                self._thread.start()
+
+    def _renew(self, coord: client.CoordinationV1Api, node: str, uid: str) -> bool:
+        """Renew (or create) the Lease; False once the node is gone."""
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        try:
+            coord.patch_namespaced_lease(node, "kube-node-lease", {"spec": {"renewTime": now}})
+            return True
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        try:
+            coord.create_namespaced_lease("kube-node-lease", {
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": node, "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]},
+                "spec": {"holderIdentity": node, "leaseDurationSeconds": self.DURATION_S, "renewTime": now}})
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return True
+            if e.status == 404 or e.status == 422:
+                return False
+            raise
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.PERIOD_S)
+            with self._lock:
+                nodes = list(self._nodes.items())
+            for name, (coord, uid) in nodes:
+                try:
+                    alive = client.CoreV1Api(coord.api_client).read_node(name).metadata.uid == uid
+                    if alive:
+                        alive = self._renew(coord, name, uid)
+                except ApiException as e:
+                    alive = e.status != 404
+                except Exception:  # the API server is gone (end of the session): stop beating
+                    alive = False
+                if not alive:
+                    with self._lock:
+                        self._nodes.pop(name, None)
+
+
+HEARTBEATS = NodeHeartbeats()
 
 
 def set_node_status(api: client.CoreV1Api, name: str, gpus: int = 8, ready: bool = True) -> None:

@@ -1,8 +1,13 @@
-"""A real kube-apiserver + etcd for the Kubernetes backend's tests (../shared/kube), one per session.
+"""A real Kubernetes control plane for the Kubernetes backend's tests, one per session.
 
-When ../shared/kube is not there at all these tests skip, saying so. When it
-is there but the API server cannot be built or started, they fail: CI runs
-``../shared/kube/setup`` first (scripts/test), so a broken setup is loud.
+``scripts/kube/start`` runs etcd, kube-apiserver and kube-controller-manager
+(v1.37, built once by ``scripts/kube/setup`` and cached): controllers act, so
+namespaces really delete, owners' pods are garbage-collected and a node
+without a heartbeat is tainted (tests/kube/cluster.py beats for the nodes the
+tests make). ``GPUPOOL_KUBE_DIR`` points at another kit with the same
+``start DIR`` / ``stop DIR`` commands (e.g. an older API server). When the
+cluster cannot be built or started the tests fail, loudly: CI runs the setup
+first (scripts/test).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 import pytest
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", Path(__file__).resolve().parents[2] / "scripts" / "kube"))
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +40,19 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         subprocess.run([str(KUBE / "stop"), str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def start_components(kubeconfig: Path, *names: str) -> None:
+    """Start more of the session's cluster on demand: ``kube-scheduler``, ``kwok`` or ``jobset``.
+
+    Each runs until the session ends (``stop`` ends them with the rest). KWOK
+    plays only the nodes annotated ``kwok.x-k8s.io/node: fake``; kube-scheduler
+    binds every pod of ``schedulerName: default-scheduler`` (the default), so
+    start it only where no other test in the session leaves such pods unbound.
+    """
+    r = subprocess.run([str(KUBE / "start"), str(kubeconfig.parent), *names], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"could not start {' '.join(names)} ({KUBE}/start):\n{r.stderr[-3000:]}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def api(kubeconfig: Path) -> Any:
     from kubernetes import client, config
@@ -44,7 +62,7 @@ def api(kubeconfig: Path) -> Any:
 
 @pytest.fixture
 def namespace(api: Any) -> str:
-    """A fresh namespace per test (a deleted one stays Terminating here: no controllers)."""
+    """A fresh namespace per test."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return name

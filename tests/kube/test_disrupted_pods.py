@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.disruption import disruption
@@ -98,8 +99,15 @@ async def test_a_pod_deleted_by_someone_else_requeues_its_job_to_resume(
 
 async def test_an_eviction_requeues_its_job_to_resume(api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path,
                                                       tmp_path: Path) -> None:
-    """The ``pods/eviction`` subresource (a drain, a descheduler): policy/v1beta1 on this v1.20 API server."""
+    """The ``pods/eviction`` subresource (a drain, a descheduler).
+
+    From Kubernetes 1.26 the API server marks the evicted pod with a
+    ``DisruptionTarget`` condition (reason ``EvictionByEvictionAPI``) before
+    deleting it, so gpupool can say it was an eviction; before (v1.20) the
+    pod was only deleted.
+    """
     gpu_nodes(1, gpus=8)
+    minor = int("".join(c for c in client.VersionApi(api.api_client).get_code().minor if c.isdigit()))
     core = await _core(tmp_path, kubeconfig, namespace)
     try:
         job, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "train.py"]})
@@ -107,13 +115,14 @@ async def test_an_eviction_requeues_its_job_to_resume(api: Any, namespace: str, 
         with Kubelet(api, namespace) as kubelet:
             await wait_for(lambda: first in kubelet.started, what="the pod running")
             resp = api.create_namespaced_pod_eviction(first, namespace, {
-                "apiVersion": "policy/v1beta1", "kind": "Eviction",
+                "apiVersion": "policy/v1" if minor >= 22 else "policy/v1beta1", "kind": "Eviction",
                 "metadata": {"name": first, "namespace": namespace}}, _preload_content=False)
             assert resp.status == 201
             await _resumed(core, kubelet, api, namespace, job["id"], (f"gpupool-{job['id']}-2",))
             states = _states(core, job["id"])
             assert [s for s, _ in states] == ["queued", "running", "paused", "running"], states
-            assert "was deleted by someone else" in states[2][1]
+            assert (f"its pod {first} was evicted through the Eviction API (a drain or a descheduler)" if minor >= 26
+                    else "was deleted by someone else") in states[2][1]
     finally:
         await core.stop()
 
