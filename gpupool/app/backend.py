@@ -44,7 +44,8 @@ def kube_settings(config: ServiceConfig) -> KubeSettings:
         jobs_dir=config.jobs_dir, kubeconfig=config.kubeconfig, namespace=config.namespace, image=config.image,
         kube_scheduler_name=config.kube_scheduler_name, pause_grace_s=config.pause_grace_s,
         kube_workdir_pvc=config.kube_workdir_pvc, kube_start_timeout_s=config.kube_start_timeout_s,
-        kube_pod_namespaces=config.kube_pod_namespaces)
+        kube_pod_namespaces=config.kube_pod_namespaces, kube_kernel_home_claim=config.kube_kernel_home_claim,
+        kube_kernel_home_path=config.kube_kernel_home_path)
 
 
 def make_backend(config: ServiceConfig, inventory: Inventory | None = None,

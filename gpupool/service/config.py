@@ -44,6 +44,22 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_data_dir("gpupool", appauthor=False))
 
 
+
+def check_kernel_home(claim: str, path: str, backend: str) -> None:
+    """kube_kernel_home_claim / _path: a claim-name template with at most {user} in it, an absolute path."""
+    if backend != "kubernetes":
+        raise InvalidRequest("kube_kernel_home_claim is for the kubernetes backend (GPU kernels as pods)")
+    try:
+        example = str(claim).format(user="alice")
+    except (KeyError, IndexError, ValueError) as e:
+        raise InvalidRequest(f"kube_kernel_home_claim may hold {{user}} and nothing else in braces, not "
+                             f"{claim!r} ({e})") from None
+    if not _DNS_LABEL.fullmatch(example):
+        raise InvalidRequest(f"kube_kernel_home_claim must name a PersistentVolumeClaim (lower case letters, "
+                             f"digits and '-'), not {claim!r}")
+    if not (isinstance(path, str) and path.startswith("/")):
+        raise InvalidRequest(f"kube_kernel_home_path must be an absolute path, not {path!r}")
+
 @dataclass
 class ServiceConfig:
     """All settings of one scheduler service.
@@ -124,6 +140,10 @@ class ServiceConfig:
     image: str = "python:3.12-slim"  # a job pod's image when its spec names none
     kube_scheduler_name: str = "gpupool"  # spec.schedulerName of our pods (and of kubectl pods we bind)
     kube_workdir_pvc: str | None = None  # a PVC mounted at each job's working directory (checkpoints survive)
+    # GPU kernels as pods (docs/kubernetes.md): the user's home, a PersistentVolumeClaim named by this template
+    # ("{user}": the share's user, e.g. "home-{user}" on ReadWriteMany storage), mounted at kube_kernel_home_path.
+    kube_kernel_home_claim: str | None = None
+    kube_kernel_home_path: str = "/home/jovyan"
     # A job pod whose container cannot start (its image cannot be pulled, a missing ConfigMap or Secret) fails
     # its job after this many seconds of trying, freeing its GPUs; an invalid image name fails it at once.
     kube_start_timeout_s: float = 300.0
@@ -223,6 +243,8 @@ class ServiceConfig:
             raise InvalidRequest("kube_pool_placement and kube_project_placement are for the kubernetes backend "
                                  "(its nodes have the labels and taints they name)")
         check_placement_settings(self.kube_pool_placement, self.kube_project_placement)
+        if self.kube_kernel_home_claim is not None:
+            check_kernel_home(self.kube_kernel_home_claim, self.kube_kernel_home_path, self.backend)
         check_lease(self.kube_lease_name, self.kube_lease_namespace or self.namespace, self.kube_lease_duration_s,
                     self.kube_renew_deadline_s, self.kube_retry_period_s)
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from gpupool.app.backend import build_core
 from gpupool.backends.base import Launch
-from gpupool.backends.kubernetes.kernel_pods import kernel_network_policy, kernel_pod_manifest
+from gpupool.backends.kubernetes.kernel_pods import KernelHome, kernel_network_policy, kernel_pod_manifest
 from gpupool.backends.kubernetes.pods import PodSettings
 from gpupool.service.actor import Actor
 from tests.kube.cluster import wait
@@ -133,3 +133,36 @@ def leave_nothing(api: Any, tmp_path: Path) -> None:
             deleters[doc["kind"]](doc)
         except client.ApiException:
             pass
+
+
+def test_the_users_home_claim_is_mounted_in_the_kernel_pod_when_the_admin_names_one(api: Any,
+                                                                                    namespace: str) -> None:
+    launch = Launch("j-000008", 1, [], "", "alice", "vision", assignment={"node": "n1", "gpus": []})
+    settings = PodSettings(namespace, "python:3.12-slim")
+    pod = kernel_pod_manifest(launch, "alice", {**REQUEST, "workdir": "/home/jovyan/work"}, settings,
+                              KernelHome.of("home-{user}", "/home/jovyan"))
+    spec, container = pod["spec"], pod["spec"]["containers"][0]
+    assert {"name": "home", "persistentVolumeClaim": {"claimName": "home-alice"}} in spec["volumes"]
+    assert {"name": "home", "mountPath": "/home/jovyan"} in container["volumeMounts"]
+    assert container["workingDir"] == "/home/jovyan/work"
+    made = api.create_namespaced_pod(namespace, pod, dry_run="All")  # the API server takes it as is
+    assert made.spec.volumes[-1].persistent_volume_claim.claim_name == "home-alice"
+    assert KernelHome.of(None, "/home/jovyan") is None
+    plain = kernel_pod_manifest(launch, "alice", REQUEST, settings)
+    assert [v["name"] for v in plain["spec"]["volumes"]] == ["kernel-connection"]
+
+
+@pytest.mark.parametrize("claim, path, why", [
+    ("claim-{username}", "/home/jovyan", "may hold {user} and nothing else"),
+    ("Claim_{user}", "/home/jovyan", "must name a PersistentVolumeClaim"),
+    ("home-{user}", "home", "must be an absolute path"),
+])
+def test_a_bad_home_claim_setting_is_refused_saying_why(tmp_path: Path, claim: str, path: str, why: str) -> None:
+    from gpupool.service.config import ServiceConfig
+    from gpupool.wire.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=why):
+        ServiceConfig(state_dir=tmp_path, backend="kubernetes", kube_kernel_home_claim=claim,
+                      kube_kernel_home_path=path)
+    with pytest.raises(InvalidRequest, match="for the kubernetes backend"):
+        ServiceConfig(state_dir=tmp_path, kube_kernel_home_claim="home-{user}")

@@ -33,7 +33,7 @@ from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.health import Health
-from gpupool.backends.kubernetes.kernel_pods import KernelPodRunner
+from gpupool.backends.kubernetes.kernel_pods import KernelHome, KernelPodRunner
 from gpupool.backends.kubernetes.leader import Leadership
 from gpupool.backends.kubernetes.nodes import PoolNode, read_node
 from gpupool.backends.kubernetes.objects import Obj
@@ -62,6 +62,8 @@ class KubeSettings:
     kube_workdir_pvc: str | None = None
     kube_start_timeout_s: float = 300.0
     kube_pod_namespaces: dict[str, list[str]] | None = None
+    kube_kernel_home_claim: str | None = None  # GPU kernels as pods: the user's home claim ("{user}" in it)
+    kube_kernel_home_path: str = "/home/jovyan"
 
 
 class KubeBackend:
@@ -108,7 +110,8 @@ class KubeBackend:
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
         self.executor = KubeExecutor(self.pod_executor, self.kubectl)
-        self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls)
+        self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls,
+                                           KernelHome.of(config.kube_kernel_home_claim, config.kube_kernel_home_path))
         """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
         self.node_watch.start()
         self.pod_executor.start()

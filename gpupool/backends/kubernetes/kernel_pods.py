@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
@@ -77,9 +78,28 @@ def connection_file(request: dict[str, Any]) -> str:
     return json.dumps(c, sort_keys=True)
 
 
-def kernel_pod_manifest(launch: Launch, user: str, request: dict[str, Any], settings: PodSettings) -> Obj:
+@dataclass(frozen=True)
+class KernelHome:
+    """The user's home in kernel pods (the admin's kube_kernel_home_claim and _path): a claim per user."""
+
+    claim: str  # a PersistentVolumeClaim name template: "{user}" is the share's user
+    path: str
+
+    @staticmethod
+    def of(claim: str | None, path: str) -> KernelHome | None:
+        return KernelHome(claim, path) if claim else None
+
+    def volume(self, user: str) -> tuple[Obj, Obj]:
+        """(the pod's volume, the container's mount)."""
+        return ({"name": "home", "persistentVolumeClaim": {"claimName": self.claim.format(user=user)}},
+                {"name": "home", "mountPath": self.path})
+
+
+def kernel_pod_manifest(launch: Launch, user: str, request: dict[str, Any], settings: PodSettings,
+                        home: KernelHome | None = None) -> Obj:
     """The kernel's pod: a job pod of the share (labels, GPU environment, placement), run as ``uid``, the
-    connection file mounted from its Secret, the secret variables read from it, and no API token."""
+    connection file mounted from its Secret, the secret variables read from it, no API token, and the
+    user's home claim when the admin names one."""
     plain = Launch(launch.job_id, launch.attempt, pod_argv(list(request["argv"])), request.get("workdir") or "",
                    launch.user, launch.project, dict(request.get("env") or {}), launch.gpu_env, launch.assignment,
                    image=request.get("image") or "", placement=launch.placement)
@@ -109,6 +129,10 @@ def kernel_pod_manifest(launch: Launch, user: str, request: dict[str, Any], sett
     env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": f"env.{k}"}}}
             for k in sorted(request.get("secret_env") or {})]
     container["env"] = env
+    if home is not None:
+        volume, mount = home.volume(user)
+        spec["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
     return manifest
 
 
@@ -169,8 +193,10 @@ class KernelPodRunner:
     """The Kubernetes backend's :class:`gpupool.backends.base.KernelPods`: requests in memory, pods by the
     :class:`PodExecutor` (watched, stopped and recovered as any attempt's)."""
 
-    def __init__(self, executor: PodExecutor, settings: PodSettings, calls: Calls) -> None:
+    def __init__(self, executor: PodExecutor, settings: PodSettings, calls: Calls,
+                 home: KernelHome | None = None) -> None:
         self.executor = executor
+        self.home = home
         self.settings = settings
         self.calls = calls
         self._lock = threading.Lock()
@@ -198,7 +224,7 @@ class KernelPodRunner:
             raise RuntimeError("the scheduler restarted before the pod was made and no longer has the kernel's "
                                "connection; start the kernel again")
         user, request = held
-        manifest = kernel_pod_manifest(launch, user, request, self.settings)
+        manifest = kernel_pod_manifest(launch, user, request, self.settings, self.home)
         name = pod_name(launch.job_id, launch.attempt)
         with self._lock:
             self._pods[launch.job_id] = name
