@@ -15,9 +15,9 @@ from typing import Any
 from gpupool.service.membership import GROUP_RE
 from gpupool.wire.errors import InvalidRequest
 
-QUOTA_FIELDS = frozenset({"build_quota", "train_guarantee", "train_limit", "weight"})
-"""What a project made from a Hub group (or a personal one) may be created with; its members come from
-the Hub, so they are not settable here."""
+QUOTA_FIELDS = frozenset({"build_quota", "train_guarantee", "train_limit", "weight", "idle"})
+"""What a project made from a Hub group (or a personal one) may be created with (its quotas and its idle
+rules, docs/policy.md "Idle GPUs"); its members come from the Hub, so they are not settable here."""
 
 
 def _check_fields(name: str, value: Any, allow_none: bool) -> None:
@@ -25,12 +25,12 @@ def _check_fields(name: str, value: Any, allow_none: bool) -> None:
         return
     if not isinstance(value, dict):
         raise InvalidRequest(f"{name} must be an object of project fields (build_quota, train_guarantee, "
-                             f"train_limit, weight){' or null' if allow_none else ''}, not {value!r}")
+                             f"train_limit, weight, idle){' or null' if allow_none else ''}, not {value!r}")
     unknown = sorted(set(value) - QUOTA_FIELDS)
     if unknown:
         raise InvalidRequest(f"{name}: unknown field(s) {', '.join(map(str, unknown))}; a project made from the "
-                             "Hub takes build_quota, train_guarantee, train_limit and weight (its members are the "
-                             "Hub's)")
+                             "Hub takes build_quota, train_guarantee, train_limit, weight and idle (its members are "
+                             "the Hub's)")
 
 
 def check_hub_settings(config: Any) -> None:

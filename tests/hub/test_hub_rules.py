@@ -118,3 +118,20 @@ async def test_a_group_project_whose_configured_quota_does_not_fit_is_made_witho
         assert (vision["name"], vision["members"], vision["build_quota"]) == ("vision", ["@vision"], 0)
     finally:
         await core.stop()
+
+
+async def test_a_group_project_is_made_with_the_configured_idle_rules(tmp_path) -> None:
+    """An admin who sets idle rules for the Hub's group projects finds them on each project made."""
+    from gpupool.app.backend import build_core
+
+    rules = {"train": {"action": "flag", "window_s": 7200}}
+    core = build_core(ServiceConfig(state_dir=tmp_path, simulate="A100-80GB", hub=True,
+                                       hub_api_url="http://127.0.0.1:9/hub/api",  # never asked here
+                                       hub_group_project={"build_quota": 1, "idle": rules}))
+    try:
+        core.hub.ensure(core.hub.map.group_projects(["vision"]))
+        (vision,) = core.list_projects()
+        assert vision["idle"]["train"] == {"below_percent": 5.0, "window_s": 7200.0, "action": "flag"}
+        assert vision["idle"]["build"]["action"] == "cull"  # the default stays
+    finally:
+        await core.stop()
