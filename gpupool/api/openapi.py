@@ -138,7 +138,7 @@ def _paths() -> dict[str, Any]:
                                                  "(who sees what: as the report)"), errors=(400, 401),
             params=[_query("since", {"type": "number"}, "Unix time the series starts at (default an hour ago)"),
                     _query("step", {"type": "number", "exclusiveMinimum": 0},
-                           "Seconds per bucket (rounded up to the rows' resolution, at most 360 buckets)"),
+                           "Seconds per bucket (rounded up to the rows' resolution; the range at most 360 steps)"),
                     _query("by", {"type": "string", "enum": ["project", "user", "job"]},
                            "A series per project (default), user or job")])},
         "/api/v1/tokens": {"post": _op("Create token", _json(_ref("Token"), "The new token"), status="201",

@@ -45,6 +45,7 @@ from gpupool.wire.errors import InvalidRequest
 BY = ("project", "user", "job")
 DEFAULT_RANGE_S = 3600.0
 MAX_POINTS = 360
+"""Buckets the range's span is cut into at most; a series has one more when the range starts mid-bucket."""
 MAX_SERIES = 50
 MAX_STEP_S = 366 * 86400
 OTHER = "(other)"
