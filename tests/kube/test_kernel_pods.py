@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.jupyter.server_process import TOKEN as SERVER_TOKEN
-from tests.jupyter.server_process import ServerProcess, start_server
+from tests.jupyter.server_process import ServerProcess, free_port, start_server
 from tests.jupyter.server_process import api as jupyter
 from tests.kube.cluster import wait
 from tests.kube.kernel_channels import KernelChannels
@@ -289,3 +289,46 @@ async def test_a_kernel_pod_that_does_not_start_in_time_fails_its_start_and_free
         assert jupyter(server.port, "/api/kernels")[1] == []
     finally:
         server.stop()
+
+
+async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at_shutdown(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """gpupool serve restarted under a running kernel: the pod is adopted (not swept as a stray), the
+    kernel keeps its state and its share, and its shutdown still deletes the pod."""
+    gpu_nodes(1, gpus=4)
+    port = free_port()
+    (tmp_path / "pool").mkdir()
+    args = ("--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+            "--port", str(port))
+    proc, url = serve(tmp_path / "pool", *args)
+    try:
+        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
+        gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
+        pool = Pool(url, "", {"alice": gpupool(url, "tokens", "create", "alice")["token"]})
+        server = lab(tmp_path, pool, "alice")
+        try:
+            with ProcessKubelet(api, namespace) as kubelet:
+                code, kernel = start_kernel(server)
+                assert code == 201, kernel
+                share = share_of(pool, json.loads((await run(server, kernel["id"], "y = 7\n" + PROBE)).output))
+                name = share["kernel_pod"]["name"]
+                pid = kubelet.pid(name)
+                proc.terminate()
+                assert proc.wait(30) == 0
+                proc, again_url = serve(tmp_path / "pool", *args)
+                assert again_url == url
+                wait(lambda: gpupool(url, "describe", share["id"]).get("kernel_pod", {}).get("ready"),
+                     what="the share and its pod found again")
+                await asyncio.sleep(2)  # past the restarted scheduler's sweep of pods no attempt holds
+                out = await run(server, kernel["id"], "print(y, flush=True)")
+                assert out.output.strip() == "7" and kubelet.pid(name) == pid
+                assert api.read_namespaced_pod(name, namespace).metadata.deletion_timestamp is None
+                assert gpupool(url, "describe", share["id"])["state"] == "running"
+                assert jupyter(server.port, f"/api/kernels/{kernel['id']}", "DELETE")[0] == 204
+                wait(lambda: pod_gone(api, namespace, name), what="the kernel pod deleted")
+                assert gpupool(url, "describe", share["id"])["state"] == "cancelled"
+        finally:
+            server.stop()
+    finally:
+        proc.terminate()
+        proc.wait(20)
