@@ -20,6 +20,7 @@ import asyncio
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,10 +121,13 @@ class PodKernel:
             self.ended = self.ended or "its pod is gone"
         return job
 
-    async def wait_listening(self, client: Any, deadline: float, after_restarts: int = -1) -> dict[str, Any]:
+    async def wait_listening(self, client: Any, deadline: float, after_restarts: int = -1,
+                             on_wait: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Wait until the pod runs its kernel (has an address, is ready, restarted more than
-        ``after_restarts`` times); the pod as the Job shows it. ``TimeoutError`` with the pod's own words."""
+        ``after_restarts`` times); the pod as the Job shows it. ``TimeoutError`` with the pod's own words.
+        ``on_wait(message)``: each new reason the pod gives for not running yet (the server's log says it)."""
         pod: dict[str, Any] = {}
+        said = ""
         while True:
             job = await self.refresh(client)
             if self.ended:
@@ -134,6 +138,9 @@ class PodKernel:
                 return pod
             if time.monotonic() > deadline:
                 raise TimeoutError(pod.get("message") or "its pod did not start")
+            if on_wait is not None and pod.get("message") and pod["message"] != said:
+                said = str(pod["message"])
+                on_wait(said)
             await asyncio.sleep(POLL_S)
 
     async def exited(self, client: Any) -> bool:

@@ -237,6 +237,9 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Wait for a queued share to be granted; give it back if it takes too long."""
         deadline = time.monotonic() + timeout
         delay = 0.05
+        if job["state"] == "queued":
+            self.log.info("gpupool: kernel %s waits for a GPU share (%s s at most): %s", self.kernel_id,
+                          f"{timeout:g}", job.get("reason") or "queued")
         while job["state"] == "queued" and time.monotonic() < deadline:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -328,7 +331,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
                                          path=self._notebook_path(env_in), lease_s=leases.lease_length(job)))
             else:
                 after = self.pod.restarts  # a restart: the same share and pod, a fresh kernel process
-            await self.pod.wait_listening(client, deadline, after)
+            await self.pod.wait_listening(client, deadline, after, lambda why: self.log.info(
+                "gpupool: kernel %s waits for its pod (%s s at most): %s", self.kernel_id, f"{timeout:g}", why))
         except TimeoutError as err:
             await self._start_failed(conn)
             raise GpuShareUnavailable(504, f"The kernel's pod did not start within {timeout:g} s: {err}") from err

@@ -223,7 +223,7 @@ async def test_interrupt_restart_keep_the_share_and_pod_and_culling_deletes_the_
         server.stop()
 
 
-async def test_an_idle_gpu_kernel_pod_is_culled_and_a_killed_server_loses_its_pods_with_the_lease(
+async def test_an_idle_gpu_kernel_pod_is_culled(
         api: Any, namespace: str, pool: Pool, tmp_path: Path) -> None:
     server = lab(tmp_path, pool, "alice", idle_timeout=2.0, idle_grace=0.0)
     try:
@@ -277,6 +277,7 @@ async def test_a_kernel_pod_that_does_not_start_in_time_fails_its_start_and_free
         assert code == 504, refused
         assert time.monotonic() - started < 30
         assert refused["message"].startswith("The kernel's pod did not start within 3 s:"), refused
+        assert "waits for its pod (3 s at most): the kernel's container is starting" in server.text()
         jobs = gpupool(pool.url, "list", "--all")
         mine = [j for j in jobs if j["kind"] == "build" and j["user"] == "alice"]
         assert [j["state"] for j in mine] == ["cancelled"]
@@ -327,6 +328,43 @@ async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at
                 assert jupyter(server.port, f"/api/kernels/{kernel['id']}", "DELETE")[0] == 204
                 wait(lambda: pod_gone(api, namespace, name), what="the kernel pod deleted")
                 assert gpupool(url, "describe", share["id"])["state"] == "cancelled"
+        finally:
+            server.stop()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+async def test_the_pod_of_a_killed_jupyter_server_goes_when_its_lease_runs_out(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """Nothing renews the share of a kernel whose server was killed: the scheduler cancels it when its lease
+    runs out and deletes its pod, as it frees a local kernel's share."""
+    gpu_nodes(1, gpus=4)
+    (tmp_path / "pool").mkdir()
+    fast = tmp_path / "pool" / "lease.json"
+    fast.write_text(json.dumps({"poll_s": 0.05, "tick_s": 0.2, "min_runtime_s": 0, "resume_backoff_s": 0,
+                                "pause_grace_s": 2, "run_jobs_as": "service", "lease_s": 3}))
+    proc, url = serve(tmp_path / "pool", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
+                      "--namespace", namespace, "--config", str(fast))
+    try:
+        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
+        gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
+        pool = Pool(url, "", {"alice": gpupool(url, "tokens", "create", "alice")["token"]})
+        server = lab(tmp_path, pool, "alice", lease_seconds=3.0)
+        try:
+            with ProcessKubelet(api, namespace) as kubelet:
+                code, kernel = start_kernel(server)
+                assert code == 201, kernel
+                share = share_of(pool, json.loads((await run(server, kernel["id"], PROBE)).output))
+                name = share["kernel_pod"]["name"]
+                time.sleep(4)  # longer than the lease: the live server renews it
+                assert gpupool(url, "describe", share["id"])["state"] == "running"
+                server.kill()
+                done = wait(lambda: (j := gpupool(url, "describe", share["id"]))["state"] == "cancelled" and j,
+                            timeout=30, what="the share's lease run out")
+                assert "lease" in done["reason"]
+                wait(lambda: pod_gone(api, namespace, name), what="the kernel pod deleted")
+                assert name in kubelet.deleted
         finally:
             server.stop()
     finally:
