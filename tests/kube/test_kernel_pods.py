@@ -83,6 +83,26 @@ def share_of(pool: Pool, env: dict[str, str]) -> dict[str, Any]:
     return gpupool(pool.url, "describe", env["GPUPOOL_JOB_ID"])  # type: ignore[no-any-return]
 
 
+def kernel_answers(connection_file: Path, ip: str, key: str, timeout: float = 3.0) -> bool:
+    """Whether the kernel at ``ip`` (the ports of ``connection_file``) answers a kernel_info_request signed
+    with ``key``: ipykernel drops a message whose signature it cannot verify."""
+    from jupyter_client import BlockingKernelClient
+
+    info = json.loads(connection_file.read_text())
+    kc = BlockingKernelClient()
+    kc.load_connection_info({**info, "ip": ip, "key": key})
+    kc.start_channels()
+    try:
+        msg_id = kc.kernel_info()
+        try:
+            reply = kc.get_shell_msg(timeout=timeout)
+        except Exception:  # queue.Empty: no answer
+            return False
+        return bool(reply["parent_header"].get("msg_id") == msg_id)
+    finally:
+        kc.stop_channels()
+
+
 def pod_gone(api: Any, namespace: str, name: str) -> bool:
     try:
         api.read_namespaced_pod(name, namespace)
@@ -145,6 +165,11 @@ async def test_a_quarter_gpu_kernel_is_a_pod_of_its_own_and_shutdown_deletes_it(
                 json.loads(runtime_file.read_text())[f"{c}_port"] for c in ("shell", "iopub", "stdin", "control",
                                                                             "hb"))
             assert [(o.kind, o.uid) for o in policy.metadata.owner_references] == [("Pod", pod.metadata.uid)]
+
+            # A stranger who reaches the pod's ports without the key gets nothing; the key gets an answer.
+            ip = share["kernel_pod"]["ip"]
+            assert not kernel_answers(runtime_file, ip, "not-the-key")
+            assert kernel_answers(runtime_file, ip, key)
 
             # Shut down: the share is free at once, the pod deleted and its process gone.
             assert jupyter(server.port, f"/api/kernels/{kernel['id']}", "DELETE")[0] == 204
