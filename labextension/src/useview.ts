@@ -203,7 +203,7 @@ export function useChart(project: string, sums: ISums, step: number, color: stri
   const plotH = HEIGHT - PAD.top - PAD.bottom;
   const x = (t: number): number => PAD.left + ((t - t0) / Math.max(t1 - t0, 1)) * plotW;
   const y = (gpus: number): number => PAD.top + plotH - (Math.min(gpus, yMax) / yMax) * plotH;
-  const svg = s('svg', { class: 'jp-gpupool-chart jp-gpupool-use-chart', viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: 'img' });
+  const svg = s('svg', { class: 'jp-gpupool-use-chart', viewBox: `0 0 ${WIDTH} ${HEIGHT}`, role: 'img' });
   for (const frac of [0, 1]) {
     const gy = PAD.top + plotH - frac * plotH;
     svg.appendChild(s('line', { x1: PAD.left, x2: WIDTH - PAD.right, y1: gy, y2: gy, class: 'jp-gpupool-grid' }));
