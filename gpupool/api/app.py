@@ -19,6 +19,7 @@ import tornado.web
 from gpupool.api import handlers as h
 from gpupool.api.base import NotFoundHandler
 from gpupool.api.events import EventsHandler
+from gpupool.api.node_use import NodeUseHandler
 
 log = logging.getLogger("gpupool.api")
 
@@ -44,6 +45,7 @@ ROUTES: list[tuple[str, type[tornado.web.RequestHandler]]] = [
     (r"/api/v1/report", h.ReportHandler),
     (r"/api/v1/report/series", h.ReportSeriesHandler),
     (r"/api/v1/tokens", h.TokensHandler),
+    (r"/api/v1/nodes/" + SEGMENT.format("node") + r"/use", NodeUseHandler),
 ]
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import tornado.web
 
 from gpupool.api import auth
-from gpupool.wire.errors import GpupoolError, InvalidRequest, Unauthorized
+from gpupool.wire.errors import Forbidden, GpupoolError, InvalidRequest, Unauthorized
 from gpupool.wire.limits import decode_json
 from gpupool.wire.schemas import validate
 
@@ -48,6 +48,7 @@ class ApiHandler(tornado.web.RequestHandler):
     """JSON handler bound to the scheduler core, authenticated unless ``public``."""
 
     public = False
+    node_agents = False  # whether a node agent's token may call it (only the GPU use report: api/node_use.py)
 
     def initialize(self, core: Any) -> None:
         self.core = core
@@ -63,6 +64,9 @@ class ApiHandler(tornado.web.RequestHandler):
         self._counted = True
         if not self.public:
             self.actor = await auth.authenticate(self.core, self.request.headers.get("Authorization"))
+            if getattr(self.actor, "node_agent", False) and not self.node_agents:
+                raise Forbidden("a node agent's token may only report its node's GPU use "
+                                "(POST /api/v1/nodes/{node}/use)")
 
     def on_finish(self) -> None:
         self._uncount()

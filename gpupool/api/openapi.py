@@ -143,6 +143,11 @@ def _paths() -> dict[str, Any]:
                            "A series per project (default), user or job")])},
         "/api/v1/tokens": {"post": _op("Create token", _json(_ref("Token"), "The new token"), status="201",
                                        errors=(400, 401, 403), body="TokenRequest")},
+        "/api/v1/nodes/{node}/use": {"parameters": [_path_param("node", "The reporting agent's node", 253)],
+                                     "post": _op(
+            "Report node GPU use", _json({"type": "object"}, "The report was taken (what it held, and for how "
+                                         "long it counts)"), errors=(400, 401, 403, 404), body="NodeUse",
+            tag="node agents")},
     }
 
 

@@ -50,6 +50,7 @@ from gpupool.service.periodic import PeriodicWork
 from gpupool.service.pool_state import PoolState
 from gpupool.service.recent_use import RecentUse
 from gpupool.service.report import build_report
+from gpupool.service.reported_use import ReportedUse, load_node_agent_token
 from gpupool.service.standing import Standing
 from gpupool.service.state_dir import lock_state_dir, prepare_state_dir
 from gpupool.service.store import Store
@@ -112,6 +113,12 @@ class SchedulerCore:
         saved_t, saved = store.load_usage()
         self.book = JobBook(store, DecayedUsage(config.usage_half_life_s, saved, saved_t), self.life)
         self.pool_state = PoolState(config, self.backend)
+        pod_jobs = getattr(self.backend, "pod_jobs", None)  # a backend whose jobs are pods (Kubernetes)
+        self.reported_use = ReportedUse(load_node_agent_token(self.state_dir), lambda: self.pool_state.nodes,
+                                        pod_jobs if callable(pod_jobs) else None)
+        """GPU use the node agents report (POST /api/v1/nodes/{node}/use), merged into each tick's sample."""
+        if self.reported_use.enabled:
+            self.pool_state.reported = self.reported_use.sample
         metrics.follow(lambda: (self.book.live.values(), self.pool_state.gpus))  # read at each scrape, not per cycle
         watchdog = Watchdog(config.watchdog if not self.simulated else "off", config.watchdog_grace_s)
         foreign = self.backend.foreign_pods if isinstance(self.backend, AdoptsForeignPods) else None
@@ -279,7 +286,11 @@ class SchedulerCore:
         return self.jobs_api.create_token(actor, user)
 
     def authenticate(self, token: str | None) -> Actor | None:
-        return self.jobs_api.authenticate(token)
+        return self.reported_use.authenticate(token) or self.jobs_api.authenticate(token)
+
+    def report_node_use(self, actor: Actor, node: str, body: Any) -> dict[str, Any]:
+        """A node agent's GPU use on its node, per pod (gpupool.service.reported_use)."""
+        return self.reported_use.record(actor, node, body)
 
     def events_since(self, seq: int) -> list[dict[str, Any]]:
         """Events after ``seq`` (at most 1000), oldest first."""

@@ -12,8 +12,11 @@ kernel whose processes keep 20 % of the SMs busy uses 200 of its 250
 milli-GPU; one that bursts to 60 % uses its 250 (idle 0), because the report
 answers "how much of what was allocated was used", not who borrowed what.
 A job on a GPU that cannot measure processes (NVML without per-process
-accounting, a cluster node without an agent yet) is *unmeasured* there:
-counted as allocated, never as idle.
+accounting, a cluster node whose agent has not reported lately) is
+*unmeasured* there: counted as allocated, never as idle. On a cluster the
+sample's "processes" are pods a node agent reported, already mapped to
+their jobs (``owners``: gpupool.service.reported_use); ``owner`` is not
+asked about them.
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ def job_use(sample: Mapping[str, GpuSample], running: Iterable[JobRecord], owner
     owners: dict[int, str | None] = {}
     for gid, s in sample.items():
         pids = set(s.processes) | set(s.process_util or {})
+        known: dict[int, str] | None = getattr(s, "owners", None)  # pods a node agent reported, jobs attached
         for pid in pids:
             if pid not in owners:
-                owners[pid] = owner(pid)
+                owners[pid] = known.get(pid) if known is not None else owner(pid)
             jid = owners[pid]
             if jid is None or jid not in ids:
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ class PoolState:
         self._limits: PoolLimits | None = None
         self.sim_use_dir: Path | None = self._sim_use_dir() if self.simulated else None
         """Where jobs on simulated GPUs report their use (``GPUPOOL_SIM_USE_DIR``; gpupool.inventory.sim_use)."""
+        self.reported: Callable[[], dict[str, GpuSample]] | None = None
+        """GPU use measured elsewhere and sent to the API (a cluster's node agents: gpupool.service.reported_use)."""
 
     def _sim_use_dir(self) -> Path | None:
         """``<state dir>/sim-use``: private, or (jobs running as their owners' accounts) open to all, sticky."""
@@ -93,6 +96,8 @@ class PoolState:
             self.sample = self.backend.sample()
             if self.sim_use_dir is not None:  # simulated GPUs: what the jobs report of themselves
                 self.sample = {**sim_use.read(self.sim_use_dir, self.gpus), **self.sample}
+            if self.reported is not None:
+                self.sample = {**self.sample, **self.reported()}
         except Exception:
             log.exception("GPU sampling failed")
             self.sample = {}

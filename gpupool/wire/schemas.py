@@ -452,11 +452,38 @@ REPORT_SERIES: dict[str, Any] = {
                 "used": {**_GPUS_OVER_TIME, "description": "Mean GPUs used (idle: measured - used)"}}}}},
 }
 
+MAX_NODE_GPUS = 64  # GPUs in one node agent's report
+MAX_NODE_PODS = 1024  # pods on one GPU in one report
+POD_UID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$"
+_PERCENT = {"type": "number", "minimum": 0, "maximum": 100}
+NODE_USE: dict[str, Any] = {
+    "type": "object", "required": ["gpus"], "additionalProperties": False,
+    "description": "What a node agent measured on its node's GPUs over its last interval, per pod",
+    "properties": {
+        "interval_s": {"type": "number", "minimum": 0.1, "maximum": 3600,
+                       "description": "Seconds between the agent's reports: the report is stale after 3 of them"},
+        "gpus": {"type": "array", "maxItems": MAX_NODE_GPUS, "items": {
+            "type": "object", "required": ["id", "measured", "pods"], "additionalProperties": False,
+            "properties": {
+                "id": _str(256, min_length=1, plain=True),
+                "index": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS},
+                "utilization": {**_PERCENT, "nullable": True, "description": "The whole GPU's utilisation"},
+                "memory_used": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_MEMORY, "nullable": True},
+                "measured": {"type": "boolean", "description": "Whether per-process use could be read on this "
+                                                              "GPU (false: its pods are unmeasured, not idle)"},
+                "pods": {"type": "array", "maxItems": MAX_NODE_PODS, "items": {
+                    "type": "object", "required": ["uid", "sm", "memory"], "additionalProperties": False,
+                    "properties": {
+                        "uid": {"type": "string", "pattern": POD_UID_PATTERN, "maxLength": 36},
+                        "sm": {**_PERCENT, "description": "Percent of the GPU's SMs its processes kept busy"},
+                        "memory": {"type": "integer", "minimum": 0, "maximum": MAX_GPU_MEMORY}}}}}}}},
+}
+
 COMPONENTS: dict[str, dict[str, Any]] = {
     "JobSpec": JOB_SPEC, "ProjectFields": PROJECT_FIELDS, "TokenRequest": TOKEN_REQUEST,
     "Error": ERROR, "Job": JOB, "Project": PROJECT, "Pool": POOL, "Status": STATUS,
     "Event": EVENT, "Events": EVENTS, "Logs": LOGS, "WhoAmI": WHOAMI, "Token": TOKEN,
-    "History": HISTORY, "Report": REPORT, "ReportSeries": REPORT_SERIES,
+    "History": HISTORY, "Report": REPORT, "ReportSeries": REPORT_SERIES, "NodeUse": NODE_USE,
 }
 
 

@@ -66,7 +66,8 @@ def test_route_walk_found_every_endpoint():
     assert "/api/v1/jobs/x1/pause" in paths and "/api/v1/jobs/x1/logs" in paths and "/metrics" in paths
     assert ("DELETE", "/api/v1/projects/x1") in ROUTES and ("GET", "/api/v1/report") in ROUTES
     assert ("GET", "/api/v1/report/series") in ROUTES
-    assert len(ROUTES) == 22
+    assert ("POST", "/api/v1/nodes/x1/use") in ROUTES
+    assert len(ROUTES) == 23
 
 
 @pytest.mark.parametrize(("method", "path"), [r for r in ROUTES if r[1] not in PUBLIC] + UNKNOWN)

@@ -35,6 +35,7 @@ from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.health import Health
 from gpupool.backends.kubernetes.kernel_pods import KernelHome, KernelPodRunner
 from gpupool.backends.kubernetes.leader import Leadership
+from gpupool.backends.kubernetes.node_use import pod_jobs
 from gpupool.backends.kubernetes.nodes import PoolNode, read_node
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.objects import name as name_of
@@ -173,8 +174,13 @@ class KubeBackend:
         return workdir
 
     def sample(self) -> dict[str, GpuSample]:
-        """Utilisation is not read from the cluster (yet): the node agent would be its source."""
+        """Nothing read here: each node's agent measures its GPUs and reports to the scheduler's API
+        (gpupool.service.reported_use turns those reports into samples, by :meth:`pod_jobs`)."""
         return {}
+
+    def pod_jobs(self) -> dict[str, str]:
+        """Pod UID -> job id of the pods gpupool runs or adopted: what a node agent's per-pod report names."""
+        return pod_jobs(self.pod_executor, self.kubectl)
 
     def health(self) -> dict[str, Any]:
         """The API server's state and why GPU nodes are out of the pool, for ``GET /status``."""
