@@ -4,7 +4,7 @@ The chart a team lead shows their manager: for each step of a range, the mean
 GPUs a project held, the part of them that was measured and the part used.
 It is the report (gpupool.service.report) cut into time buckets, read from
 the same ``gpu_use`` rows by one GROUP BY per resolution (no table of its own),
-joined to the jobs table for each job's project, user and kind.
+then each job's project, user and kind from the jobs table.
 
 - **Range and step.** ``since`` defaults to an hour ago; the series ends at
   the last 10 s boundary the samples have passed (``until``: everything before
@@ -50,7 +50,6 @@ MAX_SERIES = 50
 MAX_STEP_S = 366 * 86400
 OTHER = "(other)"
 STEPS = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400)
-_COLUMN = {"project": "j.project", "user": "j.user", "job": "j.id"}
 
 
 def _number(value: Any, what: str) -> float | None:
@@ -95,37 +94,38 @@ def build_series(actor: Actor, history: UseHistory, store: Store, projects: Mapp
     first = int(start // bucket) * bucket  # the range starts with its bucket
     parts = history.ranges(first, clock)
 
-    where, args = "", []
-    if not actor.admin and by != "project":
-        where, args = " AND j.user = ?", [actor.user]
-    column = _COLUMN[by]
-    sums: dict[tuple[str, str], dict[int, list[float]]] = {}  # (key, kind) -> bucket -> [alloc, measured, used]
+    # one scan per resolution, summed per bucket and job (each bucket's clock row among them), then each job's
+    # project, user and kind from one read of the jobs table: cheaper than joining every row to it
+    per_job: dict[tuple[int, int], list[float]] = {}  # (bucket, job num) -> [alloc, measured, used]
 
-    def add(key: str, kind: str, t: int, alloc: float, measured: float, used: float) -> None:
-        cell = sums.setdefault((key, kind), {}).setdefault(t, [0.0, 0.0, 0.0])
+    def add(t: int, num: int, alloc: float, measured: float, used: float) -> None:
+        cell = per_job.setdefault((t, num), [0.0, 0.0, 0.0])
         cell[0] += alloc
         cell[1] += measured
         cell[2] += used
 
-    sampled: dict[int, float] = {}  # bucket -> milliseconds sampled in it (the history's clock rows)
     for r, lo, hi in parts:
-        for row in store.query("SELECT (t / ?) * ?, SUM(alloc) FROM gpu_use WHERE res = ? AND job = ? AND t >= ? "
-                               "AND t < ? GROUP BY 1", [bucket, bucket, r, SAMPLED, max(lo, first), min(hi, until)]):
-            sampled[int(row[0])] = sampled.get(int(row[0]), 0.0) + float(row[1])
-        for row in store.query(
-                f"SELECT (g.t / ?) * ?, {column}, j.kind, SUM(g.alloc), SUM(g.measured), SUM(g.used) "
-                f"FROM gpu_use g JOIN jobs j ON j.num = g.job WHERE g.res = ? AND g.t >= ? AND g.t < ?{where} "
-                f"GROUP BY 1, 2, 3", [bucket, bucket, r, max(lo, first), min(hi, until), *args]):
-            add(str(row[1]), str(row[2]), int(row[0]), float(row[3]), float(row[4]), float(row[5]))
-    pending = [(t, num, v) for t, num, v in history.unwritten() if first <= t < until]
-    if pending:
-        info = _jobs(store, sorted({num for _, num, _ in pending}))
-        for t, num, v in pending:
-            if num == SAMPLED:
-                b = t // bucket * bucket
-                sampled[b] = sampled.get(b, 0.0) + v.alloc
-            elif num in info and (actor.admin or by == "project" or info[num]["user"] == actor.user):
-                add(info[num][by], info[num]["kind"], t // bucket * bucket, v.alloc, v.measured, v.used)
+        for row in store.query("SELECT (t / ?) * ?, job, SUM(alloc), SUM(measured), SUM(used) FROM gpu_use "
+                               "WHERE res = ? AND t >= ? AND t < ? GROUP BY 1, 2",
+                               [bucket, bucket, r, max(lo, first), min(hi, until)]):
+            add(int(row[0]), int(row[1]), float(row[2]), float(row[3]), float(row[4]))
+    for t, num, v in history.unwritten():
+        if first <= t < until:
+            add(t // bucket * bucket, num, v.alloc, v.measured, v.used)
+
+    info = _jobs(store, sorted({num for _, num in per_job if num != SAMPLED}))
+    sampled: dict[int, float] = {}  # bucket -> milliseconds sampled in it (the history's clock rows)
+    sums: dict[tuple[str, str], dict[int, list[float]]] = {}  # (key, kind) -> bucket -> [alloc, measured, used]
+    for (t, num), c in per_job.items():
+        if num == SAMPLED:
+            sampled[t] = sampled.get(t, 0.0) + c[0]
+            continue
+        job = info.get(num)
+        if job is None or not (actor.admin or by == "project" or job["user"] == actor.user):
+            continue  # a job the store no longer has, or another user's
+        cell = sums.setdefault((job[by], job["kind"]), {}).setdefault(t, [0.0, 0.0, 0.0])
+        for k in range(3):
+            cell[k] += c[k]
 
     if not actor.admin and by == "project":
         sums = {k: v for k, v in sums.items()
@@ -165,7 +165,7 @@ def _one(by: str, key: str, kind: str, cells: dict[int, list[float]], starts: li
 
 
 def _jobs(store: Store, nums: list[int]) -> dict[int, dict[str, str]]:
-    """num -> {"project", "user", "job", "kind"} for the jobs of the buckets not written yet."""
+    """num -> {"project", "user", "job", "kind"} (in chunks: SQLite's parameter limit)."""
     out: dict[int, dict[str, str]] = {}
     for i in range(0, len(nums), 500):
         part = nums[i:i + 500]
