@@ -10,7 +10,9 @@ simulated GPUs), maps each process to its pod by cgroup and sends
   or ``<state dir>/node_agent_token``; the DaemonSet mounts the same Secret).
   Its actor can do nothing else (the API refuses it every other endpoint);
 - **what a report may say**: only its own node's GPUs (a GPU of another node
-  is a 403, an unknown one a 400), on a node in the pool (else 404);
+  is a 403), on a node in the pool (else 404); a GPU the pool does not know
+  (yet: the node's annotation reaches the scheduler's watch a moment after
+  the agent writes it) is left out and named in the answer's ``unknown_gpus``;
 - **what it becomes**: each tick's :meth:`ReportedUse.sample` gives, per GPU
   of a node whose report is fresh, a :class:`~gpupool.inventory.GpuSample`
   whose "processes" are the pods (one made-up negative pid each) with their
@@ -142,13 +144,14 @@ class ReportedUse:
         if node not in set(where.values()) and node not in {n.name for n in self._nodes()}:
             raise NotFound(f"node {node!r} is not in the pool (not a GPU node, cordoned, or not ready)")
         gpus = []
+        unknown = []
         pods = 0
         for g in report["gpus"]:
             gid = str(g["id"])
             owner = where.get(gid)
-            if owner is None:
-                raise InvalidRequest(f"GPU {gid!r} is not one of node {node!r}'s GPUs as its gpupool.io/gpus "
-                                     "annotation lists them (is the annotation current?)")
+            if owner is None:  # not in the pool (yet): the node's new annotation reaches the scheduler a moment later
+                unknown.append(gid)
+                continue
             if owner != node:
                 raise Forbidden(f"GPU {gid!r} is on node {owner!r}: an agent reports only its own node's GPUs")
             entries = tuple((str(p["uid"]), float(p["sm"]), int(p["memory"])) for p in g["pods"])
@@ -162,7 +165,7 @@ class ReportedUse:
         interval = float(report.get("interval_s") or DEFAULT_INTERVAL_S)
         fresh = max(MIN_FRESH_S, STALE_INTERVALS * interval)
         self._reports[node] = _NodeReport(self._clock(), fresh, tuple(gpus))
-        return {"node": node, "gpus": len(gpus), "pods": pods, "fresh_s": fresh}
+        return {"node": node, "gpus": len(gpus), "pods": pods, "fresh_s": fresh, "unknown_gpus": unknown}
 
     def sample(self) -> dict[str, GpuSample]:
         """Per GPU of each node with a fresh report: its reading, its pods as processes owned by their jobs.

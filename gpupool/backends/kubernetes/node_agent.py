@@ -19,6 +19,11 @@ not answer is retried with backoff for as long as it takes (a DaemonSet pod
 that crashes would only be restarted into the same wait); an answer that will
 not change by waiting (the node does not exist, RBAC refuses) ends the agent
 with a clear message and a non-zero exit, so ``kubectl get pods`` shows it.
+
+With ``--scheduler URL`` it also reports the GPUs' use per pod to the
+scheduler every ``--use-interval`` seconds (:mod:`.node_use`: NVML or the
+simulation hook, pids mapped to pods by cgroup under ``--proc-root``), with
+the node-agent token (``$GPUPOOL_NODE_AGENT_TOKEN`` or ``--token-file``).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ EXIT_FATAL = 1  # the node is missing, RBAC refuses, no GPUs can be read: waitin
 EXIT_USAGE = 2
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+REPORT_JOIN_S = 12.0  # a report in flight when the agent stops: its request's timeout, and a little
 
 
 class Fatal(Exception):
@@ -91,6 +97,8 @@ class NodeAgent:
         self.read = read
         self.interval_s = interval_s
         self.stopping = threading.Event()
+        self.checked = threading.Event()
+        """Set once the node's annotation is known to be current: use reports name GPUs the scheduler knows."""
         self.patches = 0
 
     def check(self) -> bool:
@@ -152,6 +160,7 @@ class NodeAgent:
                 delay = min(delay * 2, BACKOFF_MAX_S)
                 continue
             delay = BACKOFF_START_S
+            self.checked.set()
             if once:
                 return EXIT_OK
             self.stopping.wait(self.interval_s)
@@ -171,7 +180,21 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--simulate", metavar="SPEC", help="simulated GPUs instead of NVML, e.g. 4xA100-80GB")
     p.add_argument("--interval", type=float, default=60.0, metavar="SECONDS",
                    help="seconds between checks (default 60); the node is patched only on a change")
-    p.add_argument("--once", action="store_true", help="check and patch once, then exit")
+    p.add_argument("--once", action="store_true", help="check and patch once (and report use once), then exit")
+    p.add_argument("--scheduler", metavar="URL", default=os.environ.get("GPUPOOL_SCHEDULER_URL"),
+                   help="also report the GPUs' use per pod to this scheduler (default: $GPUPOOL_SCHEDULER_URL; "
+                        "unset: no reports)")
+    p.add_argument("--token-file", metavar="PATH", default=os.environ.get("GPUPOOL_NODE_AGENT_TOKEN_FILE"),
+                   help="file holding the node agent token (default: $GPUPOOL_NODE_AGENT_TOKEN_FILE, "
+                        "else $GPUPOOL_NODE_AGENT_TOKEN)")
+    p.add_argument("--use-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds between use reports (default 10)")
+    p.add_argument("--proc-root", default="/proc", metavar="PATH",
+                   help="where the node's processes are seen, to map GPU processes to pods by cgroup "
+                        "(default /proc: the DaemonSet runs with hostPID)")
+    p.add_argument("--sim-use-dir", metavar="DIR", default=os.environ.get("GPUPOOL_SIM_USE_DIR"),
+                   help="with --simulate: the folder simulated pods' gpupool.sim_use reports are in "
+                        "(default: $GPUPOOL_SIM_USE_DIR)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -203,4 +226,62 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: agent.stopping.set())
     log.info("node %s: checking every %g s (%s)", args.node, args.interval,
              f"simulated {args.simulate}" if args.simulate else "NVML")
-    return agent.run(once=args.once)
+    if not args.scheduler:
+        return agent.run(once=args.once)
+    return _run_with_reports(agent, args)
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                return f.read().strip() or None
+        except OSError as e:
+            raise Fatal(f"cannot read the node agent token from {args.token_file}: {e.strerror}") from e
+    return os.environ.get("GPUPOOL_NODE_AGENT_TOKEN", "").strip() or None
+
+
+def _run_with_reports(agent: NodeAgent, args: argparse.Namespace) -> int:
+    """The annotation loop here, the use reports in a thread beside it: both end with the agent."""
+    from gpupool.backends.kubernetes.node_use import UseReporter, use_source
+
+    if not args.use_interval > 0:
+        sys.stderr.write("gpupool: error: --use-interval must be above 0 seconds\n")
+        return EXIT_USAGE
+    try:
+        token = _token(args)
+        if token is None:
+            sys.stderr.write("gpupool: error: --scheduler needs the node agent token: --token-file PATH or "
+                             "$GPUPOOL_NODE_AGENT_TOKEN\n")
+            return EXIT_USAGE
+        if not args.simulate:
+            read_gpus(None, args.node)  # NVML missing is fatal here too, with its message
+        gpus, sample, close = use_source(args.simulate, args.node, args.sim_use_dir)
+    except Fatal as e:
+        log.error("%s", e)
+        return EXIT_FATAL
+    reporter = UseReporter(args.scheduler, args.node, token, gpus, sample, args.proc_root, args.use_interval,
+                           agent.stopping)
+    log.info("node %s: reporting GPU use per pod to %s every %g s", args.node, args.scheduler, args.use_interval)
+    try:
+        if args.once:
+            code = agent.run(once=True)
+            reporter.report_once()
+            return code
+        def report_when_annotated() -> None:
+            while not agent.checked.wait(0.2):
+                if agent.stopping.is_set():
+                    return
+            reporter.run()
+
+        thread = threading.Thread(target=report_when_annotated, name="gpupool-use-reports", daemon=True)
+        thread.start()
+        code = agent.run()
+        agent.stopping.set()
+        thread.join(timeout=REPORT_JOIN_S)
+        return code
+    except Exception as e:  # --once: a refused or failed report is the command's answer
+        log.error("node %s: %s", args.node, e)
+        return EXIT_FATAL
+    finally:
+        close()

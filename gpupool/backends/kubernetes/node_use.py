@@ -41,6 +41,7 @@ from gpupool.inventory.cgroups import pod_uid_of_pid
 log = logging.getLogger("gpupool.node-agent")
 
 REQUEST_TIMEOUT_S = 10.0
+UNKNOWN_GPUS_WARN_AFTER = 5  # reports in a row naming GPUs the scheduler does not know before the agent says so
 
 
 # ------------------------------------------------------------------ scheduler side
@@ -123,6 +124,7 @@ class UseReporter:
         self.stopping = stopping
         self.reports = 0
         self._last_problem = ""
+        self._unknown_for = 0  # reports in a row the scheduler answered with GPUs it does not know
 
     def body(self) -> dict[str, Any]:
         """This moment's report: the sample per pod (a /proc read per GPU process)."""
@@ -157,14 +159,23 @@ class UseReporter:
                     log.info("node %s: GPU use reports are taken again", self.node)
                 self._last_problem = ""
                 log.debug("node %s: reported use: %s", self.node, answer)
+                self._unknown_gpus(answer.get("unknown_gpus") or [])
             except ReportRefused as e:
-                self._problem(f"the scheduler refused the GPU use report ({e}); "
-                              "check --scheduler and the node agent token")
+                hint = "; check --scheduler and the node agent token" if e.status in (401, 403) else ""
+                self._problem(f"the scheduler refused the GPU use report ({e}){hint}")
             except (OSError, ValueError) as e:  # URLError, timeouts, a reply that is not JSON
                 self._problem(f"could not report GPU use to {self.url}: {e}")
             except Exception:  # a sampling bug must not end the agent's annotation work
                 log.exception("node %s: sampling GPU use failed", self.node)
             self.stopping.wait(self.interval_s)
+
+    def _unknown_gpus(self, unknown: list[str]) -> None:
+        """GPUs the scheduler does not know: normal for a moment after the annotation changes; said if it lasts."""
+        self._unknown_for = self._unknown_for + 1 if unknown else 0
+        if self._unknown_for == UNKNOWN_GPUS_WARN_AFTER:
+            log.warning("node %s: the scheduler does not know GPUs %s of this node (is its gpupool.io/gpus "
+                        "annotation current, is the node in the pool?); their pods are unmeasured", self.node,
+                        ", ".join(unknown))
 
     def _problem(self, text: str) -> None:
         if text != self._last_problem:

@@ -1,0 +1,169 @@
+"""GPU use on Kubernetes: the node agent (a real `gpupool node-agent` process) reports a running pod's use,
+and the scheduler's job shows it, is flagged idle by its project's rule, and is unmeasured once the agent stops.
+
+What is real: the API server, the scheduler's core and HTTP API, the agent
+process (simulated GPUs, annotating its node and reporting), the pod the
+scheduler made and bound, and the pod's "process": a real process that
+drives the documented simulation hook (``gpupool.sim_use``), whose cgroup
+file under the agent's ``--proc-root`` names the pod as a kubelet's
+systemd driver would. No kubelet runs containers here, so that one file is
+what stands for the container runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.netutil import bind_sockets
+
+from gpupool.api.app import make_app
+from gpupool.service.actor import Actor
+from tests.kube.cluster import Kubelet, pod_env
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+TOKEN = "test-node-agent-token-0123456789"
+CID = "0f3a9c1e" * 8
+
+# A pod's process: says how busy its share is whenever told (a line on stdin), as a training loop would.
+POD_PROCESS = r"""
+import sys
+import gpupool
+for line in sys.stdin:
+    assert gpupool.sim_use(busy=float(line), memory=3 << 30), "the hook must be on"
+    print("ok", flush=True)
+"""
+
+
+def pod_cgroup(proc_root: Path, pid: int, uid: str) -> None:
+    """What the kernel shows for a container's process under the systemd driver (cgroup v2)."""
+    (proc_root / str(pid)).mkdir(parents=True)
+    (proc_root / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid.replace('-', '_')}.slice/"
+        f"cri-containerd-{CID}.scope\n")
+
+
+async def test_the_agent_reports_a_pods_use_and_the_job_shows_it_then_goes_idle(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        monkeypatch: Any) -> None:
+    (node,) = gpu_nodes(1, gpus=2)
+    monkeypatch.setenv("GPUPOOL_NODE_AGENT_TOKEN", TOKEN)
+    core = await make_core()
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(make_app(core))
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    proc_root, sim_dir = tmp_path / "proc", tmp_path / "sim-use"
+    proc_root.mkdir()
+    sim_dir.mkdir()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", node,
+         "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url, "--token-file", str(tmp_path / "token"),
+         "--use-interval", "0.3", "--proc-root", str(proc_root), "--sim-use-dir", str(sim_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    work: subprocess.Popen[str] | None = None
+    try:
+        await wait_for(lambda: any(g["id"].startswith("GPU-") for n in core.pool()["nodes"] for g in n["gpus"]),
+                       what="the agent's GPUs in the pool")
+        await wait_for(lambda: node in core.reported_use.freshness(), what="the agent's first report")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 2,
+                                           "idle": {"train": {"action": "flag", "window_s": 2, "below_percent": 10}}})
+        job, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "train.py"]})
+        with Kubelet(api, namespace) as kubelet:
+            name = f"gpupool-{job['id']}-1"
+            await wait_for(lambda: name in kubelet.started, what="the pod running")
+            pod = api.read_namespaced_pod(name, namespace)
+            gpu_ids = pod_env(pod)["NVIDIA_VISIBLE_DEVICES"]  # the GPUs' UUIDs, as the device plugin sees them
+            assert gpu_ids.startswith("GPU-")
+            work = subprocess.Popen([sys.executable, "-c", POD_PROCESS], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True,
+                                    env={**os.environ, "GPUPOOL_SIMULATED": "1", "GPUPOOL_SIM_USE_DIR": str(sim_dir),
+                                         "CUDA_VISIBLE_DEVICES": gpu_ids, "GPUPOOL_GPU_FRACTION": "1"})
+            pod_cgroup(proc_root, work.pid, pod.metadata.uid)
+
+            def busy(value: float) -> None:
+                assert work is not None and work.stdin is not None and work.stdout is not None
+                work.stdin.write(f"{value}\n")
+                work.stdin.flush()
+                assert work.stdout.readline().strip() == "ok"
+
+            busy(0.7)
+
+            def gpu_in_pool() -> dict[str, Any]:
+                (entry,) = [g for n in core.pool()["nodes"] for g in n["gpus"] if g["id"] == gpu_ids]
+                return entry
+
+            # the Pool view shows the reported GPU's use, as NVML's would show
+            shown = await wait_for(lambda: gpu_in_pool().get("utilization") == 70.0 and gpu_in_pool(),
+                                   what="the GPU's reported utilisation in the pool")
+            assert shown["memory_used"] == 3 << 30
+            # the job's recent use: its last minute (seconds measured idle before the hook spoke, and seconds
+            # unmeasured before the scheduler knew the node's GPUs, which are not counted as idle)
+            seen = await wait_for(lambda: ((j := core.get_job(ADMIN, job["id"])).get("recent_use") or {}).get(
+                "busy", 0) > 0.5 and j, what="the job's recent use from the agent's reports")
+            use = seen["recent_use"]
+            assert use["busy"] <= 0.7 + 1e-6 and use["measured"] > 0, use
+            assert use["peak_memory"] == 3 << 30
+            assert seen["idle_since"] is None
+
+            busy(0.0)  # the work went quiet: flagged after the project's 2 s window
+            flagged = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["idle_since"] and j,
+                                     timeout=30, what="the job flagged idle")
+            assert flagged["idle_action"] == "flag" and flagged["state"] == "running"
+            rows = core.report(ADMIN, by="job")["rows"]
+            (row,) = [r for r in rows if r["job_id"] == job["id"]]
+            assert row["used_gpu_hours"] > 0 and row["idle_gpu_hours"] > 0 and row["unmeasured_gpu_hours"] < \
+                row["allocated_gpu_hours"]
+
+            # the agent stops: its last report goes stale and the job is unmeasured, not idle
+            agent.send_signal(signal.SIGTERM)
+            _, err = agent.communicate(timeout=20)
+            assert agent.returncode == 0, err
+            await wait_for(lambda: node not in core.reported_use.freshness() and
+                           (core.get_job(ADMIN, job["id"]).get("recent_use") or {}).get("measured", 1) < 0.5,
+                           timeout=30, what="the job unmeasured once the agent is silent")
+            assert "refused" not in err and "could not report" not in err, err
+    finally:
+        if work is not None:
+            work.kill()
+            work.wait()
+        if agent.poll() is None:
+            agent.kill()
+            agent.communicate()
+        server.stop()
+
+
+async def test_an_agent_with_a_wrong_token_says_so_and_keeps_annotating(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        monkeypatch: Any) -> None:
+    (node,) = gpu_nodes(1, gpus=2)
+    monkeypatch.setenv("GPUPOOL_NODE_AGENT_TOKEN", TOKEN)
+    core = await make_core()
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(make_app(core))
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", node,
+         "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url, "--use-interval", "0.3"],
+        env={**os.environ, "GPUPOOL_NODE_AGENT_TOKEN": "not-the-token-at-all-0000"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        await wait_for(lambda: any(g["id"].startswith("GPU-") for n in core.pool()["nodes"] for g in n["gpus"]),
+                       what="the agent's GPUs in the pool (its annotation still written)")
+        await asyncio.sleep(1.5)
+        assert core.reported_use.freshness() == {}
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        _, err = agent.communicate(timeout=20)
+        server.stop()
+    assert agent.returncode == 0, err
+    assert err.count("the scheduler refused the GPU use report (HTTP 401: invalid token)") == 1, err
