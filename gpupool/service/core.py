@@ -114,8 +114,10 @@ class SchedulerCore:
         self.book = JobBook(store, DecayedUsage(config.usage_half_life_s, saved, saved_t), self.life)
         self.pool_state = PoolState(config, self.backend)
         pod_jobs = getattr(self.backend, "pod_jobs", None)  # a backend whose jobs are pods (Kubernetes)
+        node_of_token = getattr(self.backend, "node_agent_node", None)  # agents' own tokens (Kubernetes)
         self.reported_use = ReportedUse(load_node_agent_token(self.state_dir), lambda: self.pool_state.nodes,
-                                        pod_jobs if callable(pod_jobs) else None)
+                                        pod_jobs if callable(pod_jobs) else None,
+                                        node_of_token=node_of_token if callable(node_of_token) else None)
         """GPU use the node agents report (POST /api/v1/nodes/{node}/use), merged into each tick's sample."""
         if self.reported_use.enabled:
             self.pool_state.reported = self.reported_use.sample
@@ -287,6 +289,10 @@ class SchedulerCore:
 
     def authenticate(self, token: str | None) -> Actor | None:
         return self.reported_use.authenticate(token) or self.jobs_api.authenticate(token)
+
+    async def node_agent(self, token: str) -> Actor | None:
+        """The node agent holding ``token``, its own service account token (bound to its node), or None."""
+        return await self.reported_use.authenticate_own(token)
 
     def report_node_use(self, actor: Actor, node: str, body: Any) -> dict[str, Any]:
         """A node agent's GPU use on its node, per pod (gpupool.service.reported_use)."""

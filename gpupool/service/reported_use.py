@@ -6,9 +6,13 @@ simulated GPUs), maps each process to its pod by cgroup and sends
 ``POST /api/v1/nodes/{node}/use`` every ``interval_s`` (docs/design.md,
 "Node agents report GPU use"). This module is that endpoint's core side:
 
-- **who may report**: only the node-agent token (``$GPUPOOL_NODE_AGENT_TOKEN``
-  or ``<state dir>/node_agent_token``; the DaemonSet mounts the same Secret).
-  Its actor can do nothing else (the API refuses it every other endpoint);
+- **who may report**: an agent's own token, which the backend binds to the
+  node its pod runs on (Kubernetes: the pod's projected service account
+  token, checked by a TokenReview): that agent may report for that node
+  only; or the shared node-agent token (``$GPUPOOL_NODE_AGENT_TOKEN`` or
+  ``<state dir>/node_agent_token``), for clusters that cannot bind tokens to
+  nodes, which proves only "an agent". Either actor can do nothing else (the
+  API refuses it every other endpoint);
 - **what a report may say**: only its own node's GPUs (a GPU of another node
   is a 403), on a node in the pool (else 404); a GPU the pool does not know
   (yet: the node's annotation reaches the scheduler's watch a moment after
@@ -27,6 +31,7 @@ simulated GPUs), maps each process to its pod by cgroup and sends
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -54,9 +59,10 @@ DEFAULT_INTERVAL_S = 10.0
 
 @dataclass(frozen=True)
 class NodeAgentActor(Actor):
-    """A node agent: may report GPU use (for a node of the pool), nothing else."""
+    """A node agent: may report GPU use, nothing else; for ``node`` only when its token proves one."""
 
     node_agent: bool = True
+    node: str | None = None  # the node its service account token is bound to; None: the shared token
 
 
 @dataclass(frozen=True)
@@ -106,9 +112,12 @@ class ReportedUse:
 
     def __init__(self, token: str | None, nodes: Callable[[], tuple[Node, ...]],
                  pod_jobs: Callable[[], Mapping[str, str]] | None,
-                 clock: Callable[[], float] = time.time) -> None:
-        """``nodes``: the pool's nodes now; ``pod_jobs``: pod UID -> job id (None: a backend without pods)."""
+                 clock: Callable[[], float] = time.time,
+                 node_of_token: Callable[[str], str | None] | None = None) -> None:
+        """``nodes``: the pool's nodes now; ``pod_jobs``: pod UID -> job id (None: a backend without pods);
+        ``node_of_token``: the node whose agent holds a token (the backend's TokenReview; blocking)."""
         self._token = token.encode() if token else None
+        self._node_of_token = node_of_token
         self._nodes = nodes
         self._pod_jobs = pod_jobs
         self._clock = clock
@@ -118,7 +127,18 @@ class ReportedUse:
 
     @property
     def enabled(self) -> bool:
-        return self._token is not None
+        """Whether any agent can report: the shared token is set, or the backend checks agents' own tokens."""
+        return self._token is not None or self._node_of_token is not None
+
+    async def authenticate_own(self, token: str) -> Actor | None:
+        """The agent of the node a token is bound to (its service account token); None if it is not one.
+
+        The check may ask the API server (cached there), so it runs in a thread, never on the loop.
+        """
+        if self._node_of_token is None or not token or len(token) > 16384:
+            return None
+        node = await asyncio.to_thread(self._node_of_token, token)
+        return NodeAgentActor(user=f"gpupool:node-agent:{node}", node=node) if node else None
 
     def authenticate(self, token: str | None) -> Actor | None:
         """The node-agent actor for the node-agent token; None for any other token (a constant-time check)."""
@@ -139,6 +159,9 @@ class ReportedUse:
         """Keep node ``node``'s report (the ``NodeUse`` wire shape); what was taken, for the agent's log."""
         if not getattr(actor, "node_agent", False):
             raise Forbidden("only a node agent's token may report GPU use (docs/kubernetes.md, \"The node agent\")")
+        bound = getattr(actor, "node", None)
+        if bound is not None and bound != node:
+            raise Forbidden(f"this agent's token is bound to node {bound!r}: it may report only that node's GPU use")
         report = validate("NodeUse", body, "GPU use report")
         where = self._node_of_gpu()
         if node not in set(where.values()) and node not in {n.name for n in self._nodes()}:

@@ -142,7 +142,8 @@ def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
 # gang's headless Service; events; the leader election's Lease). Nothing more: no `get` of a pod or a node, which it
 # never reads one by one.
 SCHEDULER_RIGHTS = {
-    "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"}},
+    "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"},
+                                ("authentication.k8s.io", "tokenreviews"): {"create"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete"}, ("", "pods/binding"): {"create"},
                                ("", "pods/log"): {"get"}, ("", "configmaps"): {"create", "delete"},
                                ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"},
@@ -182,5 +183,5 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
                             ("`services`", "create, list, delete"), ("`events`", "create"),
                             ("`secrets`", "create, delete"), ("`networkpolicies`", "create, delete"),
-                            ("`leases`", "get, create, update")):
+                            ("`leases`", "get, create, update"), ("`tokenreviews`", "create")):
         assert f"{resource}: {verbs}" in least, (resource, verbs, least)

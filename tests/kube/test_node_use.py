@@ -167,3 +167,68 @@ async def test_an_agent_with_a_wrong_token_says_so_and_keeps_annotating(
         server.stop()
     assert agent.returncode == 0, err
     assert err.count("the scheduler refused the GPU use report (HTTP 401: invalid token)") == 1, err
+
+
+def bound_token(api: Any, namespace: str, account: str, pod: Any, audiences: list[str]) -> str:
+    """What the kubelet projects into the agent's pod: a token of its service account bound to that pod."""
+    from kubernetes import client
+
+    spec = client.V1TokenRequestSpec(audiences=audiences, expiration_seconds=600, bound_object_ref=client.V1BoundObjectReference(
+        kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid))
+    return str(api.create_namespaced_service_account_token(account, namespace,
+                                                           client.AuthenticationV1TokenRequest(spec=spec)).status.token)
+
+
+async def test_an_agents_own_service_account_token_lets_it_report_for_its_node_only(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        monkeypatch: Any) -> None:
+    """No shared secret: the agent's pod token, checked by a TokenReview, names the node it runs on."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    n1, n2 = gpu_nodes(2, gpus=2)
+    monkeypatch.delenv("GPUPOOL_NODE_AGENT_TOKEN", raising=False)
+    core = await make_core()
+    for account in ("gpupool-node-agent", "someone-else"):
+        api.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    pod, other_pod = (api.create_namespaced_pod(namespace, {
+        "metadata": {"name": f"pod-of-{account}"},
+        "spec": {"nodeName": n1, "serviceAccountName": account,
+                 "containers": [{"name": "agent", "image": "registry.example/gpupool:latest"}]}})
+        for account in ("gpupool-node-agent", "someone-else"))
+    own = bound_token(api, namespace, "gpupool-node-agent", pod, ["gpupool"])
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(make_app(core))
+    server.add_sockets(sockets)
+    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    (tmp_path / "token").write_text(own)
+    try:
+        # the agent, as the DaemonSet runs it, with its projected token: annotates, then reports once
+        done = await asyncio.to_thread(subprocess.run, [
+            sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", n1,
+            "--simulate", "2xA100-80GB", "--once", "--scheduler", url, "--token-file", str(tmp_path / "token")],
+            capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert n1 in core.reported_use.freshness()
+
+        async def post(node: str, token: str) -> tuple[int, str]:
+            reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/nodes/{node}/use", method="POST",
+                                                  raise_error=False, body='{"gpus": []}',
+                                                  headers={"Authorization": f"Bearer {token}"})
+            return reply.code, reply.body.decode()
+
+        assert (await post(n1, own))[0] == 200
+        status, text = await post(n2, own)  # the same token, for the other node
+        assert status == 403 and f"bound to node '{n1}'" in text, text
+        assert core.backend.node_tokens.reviews == 1  # one TokenReview, then its answer is kept a while
+        # a token for the API server (its default audience), another account's, and a forged one: 401
+        for token in (bound_token(api, namespace, "gpupool-node-agent", pod, []),
+                      bound_token(api, namespace, "someone-else", other_pod, ["gpupool"]),
+                      own[:-4] + "AAAA"):
+            status, text = await post(n1, token)
+            assert status == 401, text
+        # and the agent's token reads nothing
+        reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/jobs", raise_error=False,
+                                              headers={"Authorization": f"Bearer {own}"})
+        assert reply.code == 401  # not a user's token: only the report endpoint asks the cluster about it
+    finally:
+        server.stop()

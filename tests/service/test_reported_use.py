@@ -144,6 +144,25 @@ def test_bad_and_foreign_reports_are_refused_with_a_message(ingest: ReportedUse)
     assert ingest.sample() == {}  # nothing refused was kept
 
 
+async def test_an_agents_own_token_binds_it_to_its_node(clock: Clock) -> None:
+    """The backend says which node a token's agent runs on (a TokenReview on Kubernetes): that node only."""
+    checked: list[str] = []
+
+    def node_of(token: str) -> str | None:
+        checked.append(token)
+        return "n1" if token == "pod-token-of-n1" else None
+
+    ingest = ReportedUse(None, nodes, lambda: {}, clock=clock, node_of_token=node_of)
+    assert ingest.enabled and ingest.authenticate("pod-token-of-n1") is None  # not the shared token
+    actor = await ingest.authenticate_own("pod-token-of-n1")
+    assert actor is not None and getattr(actor, "node", None) == "n1"
+    assert await ingest.authenticate_own("someone-elses") is None
+    assert ingest.record(actor, "n1", report(gpu("GPU-n1-0")))["gpus"] == 1
+    with pytest.raises(Forbidden, match="bound to node 'n1'"):
+        ingest.record(actor, "n2", report(gpu("GPU-n2-0")))
+    assert checked == ["pod-token-of-n1", "someone-elses"]
+
+
 def test_only_the_node_agent_token_is_a_node_agent(ingest: ReportedUse) -> None:
     actor = ingest.authenticate(TOKEN)
     assert actor is not None and getattr(actor, "node_agent", False)

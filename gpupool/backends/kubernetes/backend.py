@@ -35,7 +35,7 @@ from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.health import Health
 from gpupool.backends.kubernetes.kernel_pods import KernelHome, KernelPodRunner
 from gpupool.backends.kubernetes.leader import Leadership
-from gpupool.backends.kubernetes.node_use import pod_jobs
+from gpupool.backends.kubernetes.node_use import NodeTokens, pod_jobs
 from gpupool.backends.kubernetes.nodes import PoolNode, read_node
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.objects import name as name_of
@@ -114,6 +114,8 @@ class KubeBackend:
         self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls,
                                            KernelHome.of(config.kube_kernel_home_claim, config.kube_kernel_home_path))
         """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
+        self.node_tokens = NodeTokens(self.api.api_client, config.namespace)
+        """Node agents' own service account tokens -> their nodes (their GPU use reports)."""
         self.node_watch.start()
         self.pod_executor.start()
         self.kubectl.start()
@@ -177,6 +179,10 @@ class KubeBackend:
         """Nothing read here: each node's agent measures its GPUs and reports to the scheduler's API
         (gpupool.service.reported_use turns those reports into samples, by :meth:`pod_jobs`)."""
         return {}
+
+    def node_agent_node(self, token: str) -> str | None:
+        """The node whose agent holds ``token`` (its pod's service account token; a TokenReview, cached)."""
+        return self.node_tokens.node_of(token)
 
     def pod_jobs(self) -> dict[str, str]:
         """Pod UID -> job id of the pods gpupool runs or adopted: what a node agent's per-pod report names."""

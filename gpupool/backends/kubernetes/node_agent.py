@@ -185,8 +185,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="also report the GPUs' use per pod to this scheduler (default: $GPUPOOL_SCHEDULER_URL; "
                         "unset: no reports)")
     p.add_argument("--token-file", metavar="PATH", default=os.environ.get("GPUPOOL_NODE_AGENT_TOKEN_FILE"),
-                   help="file holding the node agent token (default: $GPUPOOL_NODE_AGENT_TOKEN_FILE, "
-                        "else $GPUPOOL_NODE_AGENT_TOKEN)")
+                   help="file holding the token for use reports, read for each report: the pod's projected "
+                        "service account token (audience gpupool), or the shared node agent token (default: "
+                        "$GPUPOOL_NODE_AGENT_TOKEN_FILE, else the token $GPUPOOL_NODE_AGENT_TOKEN)")
     p.add_argument("--use-interval", type=float, default=10.0, metavar="SECONDS",
                    help="seconds between use reports (default 10)")
     p.add_argument("--proc-root", default="/proc", metavar="PATH",
@@ -231,14 +232,21 @@ def main(args: argparse.Namespace) -> int:
     return _run_with_reports(agent, args)
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                return f.read().strip() or None
-        except OSError as e:
-            raise Fatal(f"cannot read the node agent token from {args.token_file}: {e.strerror}") from e
-    return os.environ.get("GPUPOOL_NODE_AGENT_TOKEN", "").strip() or None
+def _token(args: argparse.Namespace) -> Callable[[], str] | None:
+    """How to get the token for each report: the file read afresh each time (a projected service account
+    token is rotated by the kubelet), else ``$GPUPOOL_NODE_AGENT_TOKEN``; None when there is none."""
+    path = args.token_file
+    if path:
+        def read() -> str:
+            try:
+                with open(path) as f:
+                    return f.read().strip()
+            except OSError as e:
+                raise Fatal(f"cannot read the node agent token from {path}: {e.strerror}") from e
+
+        return read if read() else None
+    token = os.environ.get("GPUPOOL_NODE_AGENT_TOKEN", "").strip()
+    return (lambda: token) if token else None
 
 
 def _run_with_reports(agent: NodeAgent, args: argparse.Namespace) -> int:
@@ -251,8 +259,8 @@ def _run_with_reports(agent: NodeAgent, args: argparse.Namespace) -> int:
     try:
         token = _token(args)
         if token is None:
-            sys.stderr.write("gpupool: error: --scheduler needs the node agent token: --token-file PATH or "
-                             "$GPUPOOL_NODE_AGENT_TOKEN\n")
+            sys.stderr.write("gpupool: error: --scheduler needs a token: --token-file PATH (the pod's projected "
+                             "service account token, or the shared node agent token) or $GPUPOOL_NODE_AGENT_TOKEN\n")
             return EXIT_USAGE
         if not args.simulate:
             read_gpus(None, args.node)  # NVML missing is fatal here too, with its message

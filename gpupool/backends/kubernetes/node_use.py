@@ -6,7 +6,9 @@ same inventory code the local backend uses (NVML's per-process SM
 utilisation and memory; on simulated GPUs the processes' own
 ``gpupool.sim_use`` reports), maps each pid to its pod by cgroup
 (:mod:`gpupool.inventory.cgroups`), sums per pod and GPU, and sends
-``POST /api/v1/nodes/{node}/use`` with the node-agent token. Processes in
+``POST /api/v1/nodes/{node}/use`` with its token (its pod's projected
+service account token, re-read for each report, or the shared node-agent
+token). Processes in
 no pod (the host's, a container outside Kubernetes) are left out: the
 scheduler could not name their owner anyway. A GPU that cannot measure
 processes is sent with ``measured: false``, so its pods stay *unmeasured*,
@@ -19,7 +21,8 @@ retried too: reporting never stops the agent's annotation work.
 
 Scheduler side: :func:`pod_jobs`, pod UID -> job id for the pods this
 backend created (job, gang replica and kernel pods carry the job label) or
-adopted (kubectl pods), which :mod:`gpupool.service.reported_use` reads.
+adopted (kubectl pods), which :mod:`gpupool.service.reported_use` reads; and
+:class:`NodeTokens`, which node an agent's own token is bound to.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ from gpupool.inventory.cgroups import pod_uid_of_pid
 log = logging.getLogger("gpupool.node-agent")
 
 REQUEST_TIMEOUT_S = 10.0
+NODE_AGENT_ACCOUNT = "gpupool-node-agent"  # the DaemonSet's service account (deploy/kubernetes/node-agent-rbac.yaml)
+TOKEN_AUDIENCE = "gpupool"  # the audience of the agent's projected token: not usable against the API server
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+MAX_REVIEWS_KEPT = 4096
 UNKNOWN_GPUS_WARN_AFTER = 5  # reports in a row naming GPUs the scheduler does not know before the agent says so
 
 
@@ -63,6 +70,73 @@ def pod_jobs(executor: Any, kubectl: Any) -> dict[str, str]:
     with kubectl._lock:
         out.update(kubectl._job_of_uid)
     return out
+
+
+class NodeTokens:
+    """Node agents' own service account tokens, checked by a TokenReview: which node's agent sends one.
+
+    The DaemonSet's pods get a projected token (audience ``gpupool``) that the
+    kubelet binds to the pod, and the API server to the pod's node: a
+    TokenReview of it answers the service account and, in ``extra``,
+    ``authentication.kubernetes.io/node-name`` (Kubernetes 1.30 and later).
+    So an agent can only speak for the node it runs on, which the shared
+    token cannot prove. An answer is kept ``ttl_s`` (a report every 10 s
+    must not cost an API call each); the API server not answering is
+    :class:`~gpupool.wire.errors.Unavailable` (a 503: try again), not a refusal.
+    """
+
+    def __init__(self, api_client: Any, namespace: str, service_account: str = NODE_AGENT_ACCOUNT,
+                 audience: str = TOKEN_AUDIENCE, ttl_s: float = 60.0) -> None:
+        from kubernetes import client
+
+        self.api = client.AuthenticationV1Api(api_client)
+        self.username = f"system:serviceaccount:{namespace}:{service_account}"
+        self.audience = audience
+        self.ttl_s = ttl_s
+        self.reviews = 0
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[str | None, float]] = {}  # sha256 of the token -> (node or None, until)
+
+    def node_of(self, token: str) -> str | None:
+        """The node whose agent holds ``token``; None when it is not such a token (blocking: a thread's call)."""
+        import hashlib
+        import time
+
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        from gpupool.wire.errors import Unavailable
+
+        key = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._seen.get(key)
+            if hit is not None and hit[1] > now:
+                return hit[0]
+        try:
+            review = self.api.create_token_review(
+                client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self.audience])))
+        except ApiException as e:
+            if e.status in (400, 422):  # a token the API server cannot even parse: not an agent's
+                return None
+            raise Unavailable(f"cannot check the node agent's token with the API server (HTTP {e.status})") from e
+        except OSError as e:
+            raise Unavailable(f"cannot check the node agent's token with the API server: {e}") from e
+        self.reviews += 1
+        node = self._node(review.status)
+        with self._lock:
+            if len(self._seen) > MAX_REVIEWS_KEPT:
+                self._seen = {k: v for k, v in self._seen.items() if v[1] > now}
+            self._seen[key] = (node, now + self.ttl_s)
+        return node
+
+    def _node(self, status: Any) -> str | None:
+        if status is None or not status.authenticated or status.user is None:
+            return None
+        if status.user.username != self.username or self.audience not in (status.audiences or []):
+            return None
+        names = (status.user.extra or {}).get(NODE_NAME_EXTRA) or []
+        return str(names[0]) if names else None
 
 
 # ------------------------------------------------------------------ agent side
@@ -111,7 +185,7 @@ class ReportRefused(Exception):
 class UseReporter:
     """Samples this node's GPU use per pod and posts it to the scheduler every ``interval_s``."""
 
-    def __init__(self, scheduler_url: str, node: str, token: str, gpus: list[GpuInfo],
+    def __init__(self, scheduler_url: str, node: str, token: Callable[[], str], gpus: list[GpuInfo],
                  sample: Callable[[], Mapping[str, GpuSample]], proc_root: str, interval_s: float,
                  stopping: threading.Event) -> None:
         self.url = f"{scheduler_url.rstrip('/')}/api/v1/nodes/{urllib.parse.quote(node, safe='')}/use"
@@ -135,7 +209,7 @@ class UseReporter:
         """Sample and post once; the scheduler's answer. Raises :class:`ReportRefused` on a 4xx, OSError else."""
         data = json.dumps(self.body(), separators=(",", ":")).encode()
         req = urllib.request.Request(self.url, data=data, method="POST", headers={
-            "Authorization": f"token {self.token}", "Content-Type": "application/json"})
+            "Authorization": f"Bearer {self.token()}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
                 answer: dict[str, Any] = json.loads(resp.read() or b"{}")
