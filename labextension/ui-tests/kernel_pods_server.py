@@ -1,7 +1,7 @@
 """A JupyterLab whose GPU kernels are pods on a (test) cluster, for tests/kernel_pods.spec.ts (issue 25).
 
 It starts what the pytest suite's tests/kube/test_kernel_pods.py starts: a real
-kube-apiserver + etcd (../shared/kube), one GPU node, ``gpupool serve --backend
+Kubernetes control plane (scripts/kube), one GPU node, ``gpupool serve --backend
 kubernetes`` on it, the stand-in kubelet that runs kernel pods as local
 processes on loopback addresses of their own (tests/kube/process_kubelet.py),
 and a real JupyterLab with the gpupool extension whose scheduler is that
@@ -36,7 +36,7 @@ from tests.jupyter.server_process import free_port  # noqa: E402
 from tests.kube.cluster import make_gpu_node  # noqa: E402
 from tests.kube.process_kubelet import ProcessKubelet  # noqa: E402
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT / "scripts" / "kube"))
 ADMIN_TOKEN = "ui-kernel-pods-admin"
 LAB_TOKEN = "ui-kernel-pods-lab"
 NAMESPACE = "ui-kernels"

@@ -1,7 +1,7 @@
 /**
  * A ¼ GPU kernel on the cluster backend, in a browser (issue 25): the kernel is a pod of its own.
  *
- * kernel_pods_server.py starts a real kube-apiserver (../shared/kube), one GPU
+ * kernel_pods_server.py starts a real Kubernetes control plane (scripts/kube), one GPU
  * node, `gpupool serve --backend kubernetes`, the tests' stand-in kubelet that
  * runs kernel pods as local processes on loopback addresses of their own, and
  * a JupyterLab whose scheduler is that service. The user opens a "Python 3
@@ -18,7 +18,7 @@ import * as readline from 'readline';
 
 const SHOTS = process.env.GPUPOOL_SCREENSHOTS_DIR || path.resolve(__dirname, '..', 'screenshots');
 const VENV_PYTHON = path.resolve(__dirname, '..', '..', '..', '.venv', 'bin', 'python');
-const KUBE = process.env.GPUPOOL_KUBE_DIR || path.resolve(__dirname, '..', '..', '..', '..', 'shared', 'kube');
+const KUBE = process.env.GPUPOOL_KUBE_DIR || path.resolve(__dirname, '..', '..', '..', 'scripts', 'kube');
 
 interface ILab {
   url: string;
