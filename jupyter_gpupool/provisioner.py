@@ -185,6 +185,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     job: dict[str, Any] | None = None
     pod: PodKernel | None = None  # the kernel's pod, where the scheduler runs kernels as pods (kernel_pod.py)
+    _pod_starting = False  # a (re)start of the kernel's pod is under way: no poll judges it meanwhile
     _watcher: asyncio.Task[None] | None = None
     _release: asyncio.Task[None] | None = None  # a give-back started from a restarter callback (kept referenced)
 
@@ -312,6 +313,7 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         env_in = dict(kwargs.get("env") or os.environ)
         timeout = conn.settings.kernel_start_timeout
         deadline = time.monotonic() + timeout
+        self._pod_starting = True
         try:
             client = await conn.client()
             if self.pod is None or self.pod.ended or self.job is None:
@@ -342,6 +344,8 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         except BaseException:
             await self._start_failed(conn)
             raise
+        finally:
+            self._pod_starting = False
         if km is not None:
             km.kernel_spec.interrupt_mode = "message"  # no signal reaches a pod: interrupt_request on control
         self.connection_info = cast(KernelConnectionInfo, self.pod.connection_info())
@@ -453,7 +457,10 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def _poll_pod(self, pod: PodKernel) -> int | None:
         """A kernel pod's answer to poll: gone for good (1); during a shutdown or restart, whether the kernel
         process asked to end has ended (0: its container restarted it); else alive (None), even when the
-        kubelet has just restarted a crashed kernel in place (that restart is taken as the one seen)."""
+        kubelet has just restarted a crashed kernel in place (that restart is taken as the one seen), and
+        while a (re)start of the pod is under way (a restart that takes a new share)."""
+        if self._pod_starting:
+            return None  # the watcher's poll while Jupyter restarts the kernel: the start decides
         try:
             client = await self._pool_client()
             if getattr(self.parent, "shutting_down", False):

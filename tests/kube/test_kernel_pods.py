@@ -396,3 +396,31 @@ async def test_the_pod_of_a_killed_jupyter_server_goes_when_its_lease_runs_out(
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+async def test_a_kernel_pod_deleted_from_outside_ends_its_share_and_jupyter_restarts_the_kernel_in_a_new_one(
+        api: Any, namespace: str, pool: Pool, tmp_path: Path) -> None:
+    server = lab(tmp_path, pool, "alice")
+    try:
+        with ProcessKubelet(api, namespace) as kubelet:
+            code, kernel = start_kernel(server)
+            assert code == 201, kernel
+            first = share_of(pool, json.loads((await run(server, kernel["id"], PROBE)).output))
+            api.delete_namespaced_pod(first["kernel_pod"]["name"], namespace, grace_period_seconds=0)
+            ended = wait(lambda: (j := gpupool(pool.url, "describe", first["id"]))["state"] == "cancelled" and j,
+                         what="the share ended with its pod")
+            assert "kernel pod" in ended["reason"], ended["reason"]
+
+            def new_share() -> dict[str, Any] | None:
+                for j in gpupool(pool.url, "list"):
+                    if j["labels"].get("kernel_id") == kernel["id"] and j["state"] == "running" and \
+                            j["id"] != first["id"]:
+                        return j  # type: ignore[no-any-return]
+                return None
+
+            second = wait(new_share, timeout=60, what="Jupyter's restart of the kernel in a new share")
+            out = await run(server, kernel["id"], PROBE)
+            assert json.loads(out.output)["GPUPOOL_JOB_ID"] == second["id"]
+            assert len(kubelet.started) == 2
+    finally:
+        server.stop()
