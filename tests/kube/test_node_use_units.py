@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from gpupool.backends.kubernetes.node_use import node_report
@@ -45,3 +46,26 @@ def test_processes_are_summed_per_pod_and_host_processes_left_out(tmp_path: Path
     assert (g2["measured"], g2["pods"], g2["memory_used"]) == (False, [], None)
     assert sorted(asked) == [101, 102, 201, 301]  # each pid's cgroup read once, whatever its GPUs
     assert body["interval_s"] == 10.0
+
+
+def _agent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    kubeconfig = tmp_path / "kubeconfig"  # a cluster that is never reached: these fail before any call
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]"
+                          "\nusers: [{name: u, user: {token: x}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]"
+                          "\ncurrent-context: c\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_NODE_AGENT_TOKEN")}
+    return subprocess.run([sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig),
+                           "--node", "n1", "--simulate", "2xA100-80GB", "--scheduler", "http://127.0.0.1:1", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_reporting_without_a_token_or_with_an_unreadable_one_is_said_and_exits(tmp_path: Path) -> None:
+    done = _agent(tmp_path)
+    assert done.returncode == 2 and "--scheduler needs a token" in done.stderr, done.stderr
+    done = _agent(tmp_path, "--token-file", str(tmp_path / "missing"))
+    assert done.returncode == 1 and "cannot read the node agent token" in done.stderr, done.stderr
+    done = _agent(tmp_path, "--use-interval", "0")
+    assert done.returncode == 2 and "--use-interval must be above 0" in done.stderr, done.stderr

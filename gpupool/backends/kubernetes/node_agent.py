@@ -237,14 +237,14 @@ def _token(args: argparse.Namespace) -> Callable[[], str] | None:
     token is rotated by the kubelet), else ``$GPUPOOL_NODE_AGENT_TOKEN``; None when there is none."""
     path = args.token_file
     if path:
-        def read() -> str:
-            try:
-                with open(path) as f:
-                    return f.read().strip()
-            except OSError as e:
-                raise Fatal(f"cannot read the node agent token from {path}: {e.strerror}") from e
+        def read() -> str:  # an OSError later (the file gone for a moment) is a report not sent, said once
+            with open(path) as f:
+                return f.read().strip()
 
-        return read if read() else None
+        try:
+            return read if read() else None
+        except OSError as e:
+            raise Fatal(f"cannot read the node agent token from {path}: {e.strerror}") from e
     token = os.environ.get("GPUPOOL_NODE_AGENT_TOKEN", "").strip()
     return (lambda: token) if token else None
 
