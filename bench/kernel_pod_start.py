@@ -5,7 +5,7 @@ kernel's; its share back in the pool <= 2 s after shutdown.
 
     .venv/bin/python bench/kernel_pod_start.py [--rounds 8]
 
-Starts its own kube-apiserver + etcd (../shared/kube, as tests/kube does), one
+Starts its own Kubernetes control plane (scripts/kube, as tests/kube does), one
 GPU node, a real ``gpupool serve --backend kubernetes`` process and a real
 ``jupyter server`` with the gpupool extension pointing at it (GPUPOOL_URL),
 and the stand-in kubelet of tests/kube/process_kubelet.py, which runs each
@@ -56,7 +56,7 @@ from tests.kube.cluster import make_gpu_node  # noqa: E402
 from tests.kube.kernel_channels import KernelChannels  # noqa: E402
 from tests.kube.process_kubelet import ProcessKubelet  # noqa: E402
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT / "scripts" / "kube"))
 ADMIN_TOKEN = "bench-kernel-pods"
 QUARTER = "gpupool-python3-0.25"
 
