@@ -272,3 +272,37 @@ async def test_the_schedulers_deploy_account_may_check_an_agents_token(api: Any,
         assert refused.value.status == 403
     finally:
         api.delete_namespaced_pod(pod.metadata.name, "gpupool", body=client.V1DeleteOptions(grace_period_seconds=0))
+
+
+async def test_a_kubectl_pods_reported_use_is_its_jobs(api: Any, namespace: str, gpu_nodes: Any,
+                                                      make_core: Any) -> None:
+    """A pod a user made with kubectl (schedulerName: gpupool), adopted as a job: its UID maps to that job."""
+    from gpupool.service.reported_use import NodeAgentActor
+    from tests.kube.test_kubectl_pods import jobs_of, kubectl_pod
+
+    gpu_nodes(1, gpus=4)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    with Kubelet(api, namespace):
+        pod = kubectl_pod(api, namespace, "notebook-train", annotations={"gpupool.io/gpu-fraction": "0.25"})
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "notebook-train")
+                                         if j["state"] == "running"], what="the pod's job running")
+        node, (share,) = job["assignment"]["node"], job["assignment"]["gpus"]
+        agent = NodeAgentActor(user="gpupool:node-agent", node=node)
+
+        async def agent_reports() -> None:  # 20 % of the whole GPU's SMs: 0.8 of a quarter share
+            while True:
+                core.report_node_use(agent, node, {"interval_s": 0.3, "gpus": [
+                    {"id": share["id"], "measured": True, "utilization": 20.0, "memory_used": 1 << 30,
+                     "pods": [{"uid": pod.metadata.uid, "sm": 20.0, "memory": 1 << 30}]}]})
+                await asyncio.sleep(0.3)
+
+        reporting = asyncio.create_task(agent_reports())
+        try:
+            use = await wait_for(lambda: (core.get_job(ADMIN, job["id"]).get("recent_use") or {}).get("busy"),
+                                 what="the kubectl pod's job's recent use")
+            assert abs(use - 0.8) < 0.01, use
+            assert core.backend.pod_jobs()[pod.metadata.uid] == job["id"]
+        finally:
+            reporting.cancel()
