@@ -158,13 +158,13 @@ class ReportedUse:
     def record(self, actor: Actor, node: str, body: Any) -> dict[str, Any]:
         """Keep node ``node``'s report (the ``NodeUse`` wire shape); what was taken, for the agent's log."""
         if not getattr(actor, "node_agent", False):
-            raise Forbidden("only a node agent's token may report GPU use (docs/kubernetes.md, \"The node agent\")")
+            raise Forbidden("only a node agent's token may report GPU use (docs/kubernetes.md, \"GPU use per pod\")")
         bound = getattr(actor, "node", None)
         if bound is not None and bound != node:
             raise Forbidden(f"this agent's token is bound to node {bound!r}: it may report only that node's GPU use")
         report = validate("NodeUse", body, "GPU use report")
         where = self._node_of_gpu()
-        if node not in set(where.values()) and node not in {n.name for n in self._nodes()}:
+        if not any(n.name == node for n in self._nodes()):
             raise NotFound(f"node {node!r} is not in the pool (not a GPU node, cordoned, or not ready)")
         gpus = []
         unknown = []
