@@ -166,3 +166,28 @@ def test_a_bad_home_claim_setting_is_refused_saying_why(tmp_path: Path, claim: s
                       kube_kernel_home_path=path)
     with pytest.raises(InvalidRequest, match="for the kubernetes backend"):
         ServiceConfig(state_dir=tmp_path, kube_kernel_home_claim="home-{user}")
+
+
+def test_z2jh_values_let_a_server_reach_its_kernel_pods_and_the_scheduler() -> None:
+    """Where z2jh's user-server policy applies (it allows no private address), values.yaml's extra egress
+    rules select the kernel pods gpupool makes and the scheduler's pods on its port."""
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "jupyterhub" / "values.yaml")
+                            .read_text())
+    egress = values["singleuser"]["networkPolicy"]["egress"]
+    launch = Launch("j-000009", 1, [], "", "alice", "vision", assignment={"node": "n1", "gpus": []})
+    kernel = kernel_pod_manifest(launch, "alice", REQUEST, PodSettings("gpupool", "python:3.12-slim"))
+    (scheduler,) = [d for d in yaml.safe_load_all(
+        (Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "scheduler.yaml").read_text())
+        if d and d["kind"] == "Deployment"]
+
+    def admitted(labels: dict[str, str], namespace: str) -> list[dict[str, Any]]:
+        return [rule for rule in egress for peer in rule["to"]
+                if matches(peer["namespaceSelector"]["matchLabels"], {"kubernetes.io/metadata.name": namespace})
+                and matches(peer["podSelector"]["matchLabels"], labels)]
+
+    assert admitted(kernel["metadata"]["labels"], kernel["metadata"]["namespace"])
+    (rule,) = admitted(scheduler["spec"]["template"]["metadata"]["labels"], scheduler["metadata"]["namespace"])
+    assert rule["ports"] == [{"port": 8765, "protocol": "TCP"}]
+    assert not admitted({"app.kubernetes.io/name": "something-else"}, "gpupool")
