@@ -26,16 +26,8 @@ from traitlets import Float, Unicode
 from gpupool.wire.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
 from jupyter_gpupool import leases
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
-from jupyter_gpupool.kernel_pod import (
-    POLL_S,
-    STATE_MAX_AGE_S,
-    PodKernel,
-    connection,
-    free_ports,
-    pod_env,
-    pod_image,
-    runs_kernel_pods,
-)
+from jupyter_gpupool.kernel_pod import PodKernel, connection, free_ports, pod_env, pod_image, runs_kernel_pods
+from jupyter_gpupool.kernel_pod_provisioner import KernelPodProcess
 
 WATCH_INTERVAL_S = 1.0  # how often a GPU kernel's process is checked: a dead kernel's share returns this soon
 
@@ -174,8 +166,9 @@ def server_root(provisioner: Any) -> str | None:
     return str(root) if root else None
 
 
-class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
-    """A local kernel that runs on a GPU share granted by the gpupool scheduler."""
+class GPUPoolProvisioner(KernelPodProcess, LocalProvisioner):  # type: ignore[misc]
+    """A local kernel that runs on a GPU share granted by the gpupool scheduler (or, where the scheduler runs
+    kernels as pods, a kernel pod: :class:`~jupyter_gpupool.kernel_pod_provisioner.KernelPodProcess`)."""
 
     gpu_fraction = Float(0.25, config=True, help="GPU share of the kernel (below 1), or whole GPUs (1, 2...).")
     gpu_model = Unicode("", config=True, help="GPU model to ask for ('' = any).")
@@ -184,8 +177,6 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
                     "('' = the Jupyter server's own image, else the scheduler's default).")
 
     job: dict[str, Any] | None = None
-    pod: PodKernel | None = None  # the kernel's pod, where the scheduler runs kernels as pods (kernel_pod.py)
-    _pod_starting = False  # a (re)start of the kernel's pod is under way: no poll judges it meanwhile
     _watcher: asyncio.Task[None] | None = None
     _release: asyncio.Task[None] | None = None  # a give-back started from a restarter callback (kept referenced)
 
@@ -351,48 +342,6 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.connection_info = cast(KernelConnectionInfo, self.pod.connection_info())
         return await KernelProvisionerBase.pre_launch(self, cmd=list(self.kernel_spec.argv), **kwargs)
 
-    @property
-    def has_process(self) -> bool:
-        """A kernel pod counts as the kernel's process while its share and pod live."""
-        if self.pod is not None:
-            return not self.pod.ended
-        return self.process is not None
-
-    async def _pool_client(self) -> Any:
-        conn = current() or connection_from_env()
-        if conn is None or conn.closed:
-            raise GpuShareUnavailable(503, "the gpupool extension has stopped")
-        return await conn.client()
-
-    async def wait(self) -> int | None:
-        """A kernel pod: until its kernel process ended (the container restarted it, or the pod is gone)."""
-        if self.pod is None:
-            return await super().wait()
-        client = await self._pool_client()
-        while not await self.pod.exited(client):
-            await asyncio.sleep(POLL_S)
-        return 0
-
-    async def send_signal(self, signum: int) -> None:
-        """No signal reaches a pod's process from here (interrupts go as messages: ``interrupt_mode``)."""
-        if self.pod is None:
-            await super().send_signal(signum)
-        elif signum:
-            self.log.info("gpupool: signal %s not sent to kernel %s: it runs in a pod", signum, self.kernel_id)
-
-    async def kill(self, restart: bool = False) -> None:
-        """A kernel pod that will not end when asked: its share is given back, so its pod is deleted; a
-        restart then makes a fresh pod (with a new share)."""
-        if self.pod is None:
-            return await super().kill(restart)
-        self.pod.ended = self.pod.ended or "stopped by the Jupyter server"
-        await self._give_back()
-
-    async def terminate(self, restart: bool = False) -> None:
-        if self.pod is None:
-            return await super().terminate(restart)
-        await self.kill(restart)
-
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         """Launch; a kernel that fails to launch gives its share back at once (not at lease expiry).
 
@@ -453,28 +402,6 @@ class GPUPoolProvisioner(LocalProvisioner):  # type: ignore[misc]
                              "back to the pool", self.kernel_id, status, self.job.get("id"))
             await self._give_back()
         return status
-
-    async def _poll_pod(self, pod: PodKernel) -> int | None:
-        """A kernel pod's answer to poll: gone for good (1); during a shutdown or restart, whether the kernel
-        process asked to end has ended (0: its container restarted it); else alive (None), even when the
-        kubelet has just restarted a crashed kernel in place (that restart is taken as the one seen), and
-        while a (re)start of the pod is under way (a restart that takes a new share)."""
-        if self._pod_starting:
-            return None  # the watcher's poll while Jupyter restarts the kernel: the start decides
-        try:
-            client = await self._pool_client()
-            if getattr(self.parent, "shutting_down", False):
-                return 0 if await pod.exited(client) else None
-            job = await pod.refresh(client, STATE_MAX_AGE_S)
-        except GpupoolError as err:
-            self.log.warning("gpupool: cannot see kernel %s's pod: %s", self.kernel_id, err)
-            return None
-        if pod.ended:
-            return 1
-        now = job.get("kernel_pod") or {}
-        if now.get("ready"):
-            pod.restarts = max(pod.restarts, int(now.get("restarts") or 0))
-        return None
 
     def _dead_for_good(self) -> bool:
         """Whether a kernel whose process is gone stays gone (no shutdown or auto-restart under way).
