@@ -137,7 +137,7 @@ def _paths() -> dict[str, Any]:
                                                  "per bucket, per project, user or job, build and train apart "
                                                  "(who sees what: as the report)"), errors=(400, 401),
             params=[_query("since", {"type": "number"}, "Unix time the series starts at (default an hour ago)"),
-                    _query("step", {"type": "number", "exclusiveMinimum": 0},
+                    _query("step", {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 366 * 86400},
                            "Seconds per bucket (rounded up to the rows' resolution; the range at most 360 steps)"),
                     _query("by", {"type": "string", "enum": ["project", "user", "job"]},
                            "A series per project (default), user or job")])},
