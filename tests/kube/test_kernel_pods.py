@@ -166,6 +166,10 @@ async def test_a_quarter_gpu_kernel_is_a_pod_of_its_own_and_shutdown_deletes_it(
                                                                             "hb"))
             assert [(o.kind, o.uid) for o in policy.metadata.owner_references] == [("Pod", pod.metadata.uid)]
 
+            # %gpupool in the pod reaches the scheduler as the user (the token from the Secret): its own share.
+            listed = await run(server, kernel["id"], "%load_ext jupyter_gpupool\n%gpupool list")
+            assert listed.status == "ok" and share["id"] in listed.output, listed.output
+
             # A stranger who reaches the pod's ports without the key gets nothing; the key gets an answer.
             ip = share["kernel_pod"]["ip"]
             assert not kernel_answers(runtime_file, ip, "not-the-key")
