@@ -21,7 +21,7 @@ import { poolView } from './poolview';
 import { projectsView } from './projectsview';
 import { editProject } from './quota';
 import { gangWhere } from './replicas';
-import { describeUse } from './statusbar';
+import { describeUse } from './usefigures';
 import { UseView } from './useview';
 
 const REFRESH_MS = 5000;

@@ -15,9 +15,10 @@ import { ISessionContext } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { api, IJob, IKernelShare } from './api';
+import { api, IKernelShare } from './api';
 import { EventStream } from './events';
-import { formatBytes, formatClock, formatDuration, formatGpus, jobMemoryLimit, jobShare } from './format';
+import { formatBytes, formatClock, formatGpus, jobMemoryLimit, jobShare } from './format';
+import { describeUse } from './usefigures';
 
 const REFRESH_MS = 5000;
 
@@ -147,32 +148,6 @@ export class KernelShareStatus extends Widget {
     this.node.dataset.jobId = job.id;
     this.node.dataset.busy = use && use.percent !== null ? String(use.percent) : '';
   }
-}
-
-/**
- * The running job's recent use in words: `short` for the bar ("37 % busy", "no use data"), `long` for the
- * tooltip, `percent` (null when unknown).
- */
-export function describeUse(job: IJob): { short: string; long: string; percent: number | null } {
-  const use = job.recent_use;
-  if (!use) {
-    return { short: 'no use data', long: 'No use data yet: the scheduler has not sampled this share.', percent: null };
-  }
-  const minute = use.window_s === 60 ? 'the last minute' : `the last ${formatDuration(use.window_s)}`;
-  if (use.busy === null) {
-    return {
-      short: 'no use data',
-      long: `Its GPU use cannot be measured here (no per-process readings), so it is unknown over ${minute}, not idle.`,
-      percent: null
-    };
-  }
-  const percent = Math.round(use.busy * 100);
-  const partly = use.measured < 0.999 ? ` (measured on ${Math.round(use.measured * 100)} % of the share)` : '';
-  return {
-    short: `${percent} % busy`,
-    long: `Its processes kept ${percent} % of the share busy over ${minute}${partly}.`,
-    percent
-  };
 }
 
 /** An ISO time as the local clock time. */

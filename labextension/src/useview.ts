@@ -11,10 +11,11 @@
  * kernels together or apart, and under each chart the range's GPU-hours and
  * efficiency (used over measured).
  */
-import { api, describeError, IJob, IUseSeries, IUseSeriesReply } from './api';
+import { api, describeError, IJob, IUseSeriesReply } from './api';
 import { projectColor } from './chart';
 import { h, replaceChildren, s } from './dom';
 import { formatClock, formatGpus, formatRequest } from './format';
+import { ISums, Kind, projectSums, sliceSums, useTotals } from './usefigures';
 
 const WIDTH = 260;
 const HEIGHT = 84;
@@ -26,49 +27,11 @@ const RANGES: { label: string; seconds: number }[] = [
   { label: 'Last 7 days', seconds: 7 * 86400 },
   { label: 'Last 30 days', seconds: 30 * 86400 }
 ];
-type Kind = 'all' | 'train' | 'build';
 const KINDS: { value: Kind; label: string }[] = [
   { value: 'all', label: 'Training and kernels' },
   { value: 'train', label: 'Training' },
   { value: 'build', label: 'Kernels' }
 ];
-
-/** A project's figures over the shown range, each a list per bucket (mean GPUs). */
-interface ISums {
-  t: number[];
-  allocated: number[];
-  measured: number[];
-  used: number[];
-}
-
-/** Sum the series of one project over the kinds shown. */
-export function projectSums(series: IUseSeries[], project: string, kind: Kind): ISums | null {
-  const mine = series.filter(x => x.project === project && (kind === 'all' || x.kind === kind));
-  if (mine.length === 0) {
-    return null;
-  }
-  const t = mine[0].t;
-  const add = (key: 'allocated' | 'measured' | 'used'): number[] =>
-    t.map((_, i) => mine.reduce((a, x) => a + (x[key][i] ?? 0), 0));
-  return { t, allocated: add('allocated'), measured: add('measured'), used: add('used') };
-}
-
-function sliceSums(sums: ISums, from: number): ISums {
-  return {
-    t: sums.t.slice(from),
-    allocated: sums.allocated.slice(from),
-    measured: sums.measured.slice(from),
-    used: sums.used.slice(from)
-  };
-}
-
-/** GPU-hours as a short number ("0.42", "<0.01", "120"). */
-function hours(value: number): string {
-  if (value > 0 && value < 0.01) {
-    return '<0.01';
-  }
-  return String(Number(value.toFixed(value >= 100 ? 0 : 2)));
-}
 
 /** The section's own state (range, kind) and its DOM; the panel calls `refresh` and `setJobs`. */
 export class UseView {
@@ -243,16 +206,7 @@ export function useChart(project: string, sums: ISums, step: number, color: stri
       })
     );
   }
-  const total = (v: number[]): number => (v.reduce((a, b) => a + b, 0) * step) / 3600;
-  const held = total(sums.allocated);
-  const measured = total(sums.measured);
-  const usedH = total(used);
-  const efficiency = measured > 0 ? Math.round((usedH / measured) * 100) : null;
-  const unmeasured = Math.max(0, held - measured);
-  const line =
-    `${hours(held)} GPU-h held · ${hours(usedH)} used` +
-    (efficiency !== null ? ` (${efficiency} % of measured)` : '') +
-    (unmeasured > 0.005 ? ` · ${hours(unmeasured)} not measured` : '');
+  const { efficiency, line } = useTotals(sums, step);
   const label =
     `${project}: allocated vs used GPUs from ${formatClock(t0)} to ${formatClock(t1)}, at most ${formatGpus(peak)} GPU ` +
     `held. ${line}.` +
