@@ -79,6 +79,9 @@ def test_the_cluster_is_current_and_serves_the_apis_gpupool_will_need(full: clie
     assert "v1beta1" in groups["scheduling.k8s.io"]  # the Workload API
     assert "v1" in groups["batch"] and "v1alpha2" in groups["jobset.x-k8s.io"]
     assert "v1" in groups["policy"]
+    custom = client.CustomObjectsApi(full)
+    assert custom.list_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses")["items"] == []
+    assert custom.list_cluster_custom_object("scheduling.k8s.io", "v1beta1", "workloads")["items"] == []
 
 
 def test_kube_scheduler_binds_a_pod_to_a_kwok_node_and_kwok_runs_it(full: client.ApiClient, ns: str) -> None:
