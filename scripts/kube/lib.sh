@@ -1,7 +1,7 @@
 # Helpers shared by start and stop (sourced).
 
 # Every program start may run, in the order stop ends them (dependents first).
-COMPONENTS=(jobset kwok kube-scheduler kube-controller-manager kube-apiserver etcd)
+COMPONENTS=(watch jobset kwok kube-scheduler kube-controller-manager kube-apiserver etcd)
 
 # running_in DIR NAME: DIR/NAME.pid names a live NAME process started for DIR (its command line
 # mentions DIR/), so a recycled pid is never taken for ours.

@@ -31,7 +31,9 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         pytest.skip(f"no Kubernetes test kit at {KUBE} (the real API server these tests need); "
                     "set GPUPOOL_KUBE_DIR to its directory")
     d = tmp_path_factory.mktemp("kube")
-    r = subprocess.run([str(KUBE / "start"), str(d)], capture_output=True, text=True)
+    # The owner pid: a session killed before this teardown still leaves nothing running.
+    r = subprocess.run([str(KUBE / "start"), str(d)], capture_output=True, text=True,
+                       env={**os.environ, "GPUPOOL_KUBE_OWNER_PID": str(os.getpid())})
     if r.returncode != 0:
         pytest.fail(f"could not start the test API server ({KUBE}/start):\n{r.stderr[-3000:]}", pytrace=False)
     try:

@@ -36,7 +36,7 @@ def full(tmp_path_factory: pytest.TempPathFactory) -> Iterator[client.ApiClient]
     d = tmp_path_factory.mktemp("full-cluster")
     env = dict(os.environ,
                GPUPOOL_KUBE_CONTROLLER_MANAGER_ARGS=f"--node-monitor-grace-period={GRACE_S}s --node-monitor-period=1s",
-               GPUPOOL_KUBE_KWOK_ARGS="--node-lease-duration-seconds=8")
+               GPUPOOL_KUBE_KWOK_ARGS="--node-lease-duration-seconds=8", GPUPOOL_KUBE_OWNER_PID=str(os.getpid()))
     r = subprocess.run([str(KUBE / "start"), str(d), "kube-scheduler", "kwok", "jobset"],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
