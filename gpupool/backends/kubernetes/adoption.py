@@ -26,6 +26,7 @@ from gpupool.backends.base import ForeignJobHost, JobFacts
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.foreign import POD_JOB_LABEL, POD_UID_JOB_LABEL, PodRef, job_key, read_pod
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.gates import other_gates
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.wire.errors import InvalidRequest
 
@@ -114,6 +115,8 @@ class PodAdoption:
         for pod in sorted(pods.values(), key=_oldest_first):
             if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
                 continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)
+            if other_gates(pod):
+                continue  # another tool's scheduling gate: not ready for any scheduler yet (gates.py)
             if self._job_for_pod(host, ob.uid(pod)):
                 continue
             queued = self._queue_pod(host, pod) or queued

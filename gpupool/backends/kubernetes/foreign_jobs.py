@@ -48,6 +48,7 @@ from gpupool.backends.kubernetes.foreign import (
     kubectl_pod_end,
     reads_config_map,
 )
+from gpupool.backends.kubernetes.gates import PATCH_TYPE, has_our_gate, ungate_patch
 from gpupool.backends.kubernetes.gpu_env_configmap import gpu_config_map
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.names import MANAGED_BY, MANAGED_BY_LABEL
@@ -231,6 +232,7 @@ class KubectlPods:
         except Exception as e:
             raise RuntimeError(f"could not write ConfigMap {cm['metadata']['name']} for pod {ref.text}: "
                                f"{describe(e)}") from e
+        self._ungate(ref)
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=ref.name, uid=ref.uid),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
@@ -254,6 +256,19 @@ class KubectlPods:
                            f"this pod holds a share of one GPU but no container has envFrom: "
                            f"[{{configMapRef: {{name: {config_map_name(ref.name)}}}}}]: its container will see "
                            f"every GPU on node {node}, not only its share")
+
+    def _ungate(self, ref: PodRef) -> None:
+        """Remove gpupool's scheduling gate from the pod, if it has one: the API server binds no gated pod."""
+        with self._lock:
+            pod = self._pods.get(ref.uid)
+        if pod is None or not has_our_gate(pod):
+            return
+        try:
+            self.calls.retrying("start", lambda: self.api.patch_namespaced_pod(
+                ref.name, ref.namespace, ungate_patch(), _content_type=PATCH_TYPE), START_GIVE_UP_S)
+        except Exception as e:  # the job goes back to the queue; the pod keeps its gate
+            raise RuntimeError(f"could not remove scheduling gate gpupool.io/admission from pod {ref.text}: "
+                               f"{describe(e)}") from e
 
     def _write_config_map(self, cm: dict[str, Any]) -> None:
         """Create the ConfigMap; one left by an earlier try (a restart, a refused bind) is replaced."""
