@@ -84,7 +84,11 @@ def live(tmp_path_factory):
     assert status in (200, 201), build
     status, user = http("POST", serve.url + "/api/v1/tokens", token=serve.admin_token, body={"user": "fuzzer"})
     assert status == 201
+    status, pool = http("GET", serve.url + "/api/v1/pool", token=serve.admin_token)
+    assert status == 200
+    nodes = [node["name"] for node in pool["nodes"]]  # the pool's own node, and one that is not there
     serve.known = {"job_id": [job["id"], build["id"], "j-999999"], "name": ["vision", "nlp", "other"],
+                   "node": [*nodes, "no-such-node"],
                    "examples": {  # bodies the service accepts, for the fuzzer to break in one place
                        "POST /api/v1/jobs": {"project": "vision", "command": ["no-such-program", "--x"], "name": "n",
                                              "env": {"SEED": "1"}, "labels": {"a": "b"}, "client_key": "k",
