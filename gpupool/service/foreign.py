@@ -61,6 +61,7 @@ class ForeignJobs:
             id=job_id, num=num, name=js.name, project=js.project, user=user, kind=js.kind, state="queued",
             request=js.request(), priority=js.priority, submitted_at=now, reason=reason, workdir="",
             command=js.command, labels=js.labels, client_key=client_key, lease_expires_at=None,
+            replicas=js.replicas,  # a labelled batch Job's parallelism: one gang
         )).id
         self.metrics.submitted.labels(js.kind).inc()
         return job_id

@@ -19,7 +19,7 @@ watching, binding and attempts of such pods are
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from gpupool.backends.base import ForeignJobHost, JobFacts
@@ -68,6 +68,8 @@ class PodAdoption:
         Only this process makes jobs for pods, so once the store has been
         asked about a pod, memory answers for it: the store is read once per pod."""
         self._seen: Hashable = None  # what the last queueing looked at: nothing changed, nothing to do
+        self.made_elsewhere: Callable[[Obj], bool] = lambda pod: False
+        """Pods that are another adoption's (a labelled Job's pods): never queued on their own."""
 
     def stands_for(self, job: JobFacts) -> str | None:
         ref = pod_of(job)
@@ -115,6 +117,8 @@ class PodAdoption:
         for pod in sorted(pods.values(), key=_oldest_first):
             if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
                 continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)
+            if self.made_elsewhere(pod):
+                continue
             if other_gates(pod):
                 continue  # another tool's scheduling gate: not ready for any scheduler yet (gates.py)
             if self._job_for_pod(host, ob.uid(pod)):

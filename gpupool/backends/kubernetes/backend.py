@@ -27,6 +27,8 @@ from typing import Any
 from kubernetes import client
 
 from gpupool.backends.kubernetes.adoption import PodAdoption
+from gpupool.backends.kubernetes.batch_adoption import Adoptions, JobAdoption
+from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
 from gpupool.backends.kubernetes.executor import PodExecutor
@@ -106,11 +108,16 @@ class KubeBackend:
                                    config.kube_scheduler_name, self.calls, self.health_state, config.jobs_dir,
                                    self.node_lost)
         """Pods users create with kubectl (``schedulerName`` ours), their watch and their attempts."""
-        self.foreign_pods = PodAdoption(self.kubectl)
+        self.batch_jobs = BatchJobs(client.BatchV1Api(self.api.api_client), self.api, self.kubectl, self.calls,
+                                    self.health_state)
+        """batch/v1 Jobs labelled with a project, admitted as one gang each (suspend, unsuspend, bind)."""
+        pod_adoption = PodAdoption(self.kubectl)
+        pod_adoption.made_elsewhere = self.batch_jobs.owns_pod
+        self.foreign_pods = Adoptions(pod_adoption, JobAdoption(self.batch_jobs, config.kube_scheduler_name))
         """Those pods as jobs: the core queues a job for each (gpupool.backends.base.AdoptsForeignPods)."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
-        self.executor = KubeExecutor(self.pod_executor, self.kubectl)
+        self.executor = KubeExecutor(self.pod_executor, self.kubectl, self.batch_jobs)
         self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls,
                                            KernelHome.of(config.kube_kernel_home_claim, config.kube_kernel_home_path))
         """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
@@ -119,6 +126,7 @@ class KubeBackend:
         self.node_watch.start()
         self.pod_executor.start()
         self.kubectl.start()
+        self.batch_jobs.start()
         self.other_pods.start()
         if not self.node_watch.synced.wait(initial_sync_s):
             log.warning("no node list from the API server yet; starting with an empty pool")
@@ -203,6 +211,7 @@ class KubeBackend:
         self.node_watch.stop(wait_s=0.5)
         self.other_pods.close()
         self.kubectl.close()
+        self.batch_jobs.close()
         self.pod_executor.close()
         self.calls.close()
 

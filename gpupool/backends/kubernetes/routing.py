@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.backends.base import Interrupted, Launch, Recovered
+from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 
@@ -19,16 +20,19 @@ from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 class KubeExecutor:
     """Routes by job id (a :class:`gpupool.backends.base.Executor`); anything else is the PodExecutor's."""
 
-    def __init__(self, pods: PodExecutor, kubectl: KubectlPods) -> None:
+    def __init__(self, pods: PodExecutor, kubectl: KubectlPods, batch: BatchJobs | None = None) -> None:
         self.pods = pods
         self.kubectl = kubectl
+        self.batch = batch  # labelled batch/v1 Jobs' attempts
 
     @property
-    def changes(self) -> tuple[int, int]:
-        """Moves whenever an attempt of either executor may have stopped being alive (the core's scan mark)."""
-        return self.pods.changes, self.kubectl.changes
+    def changes(self) -> tuple[int, int, int]:
+        """Moves whenever an attempt of any executor may have stopped being alive (the core's scan mark)."""
+        return self.pods.changes, self.kubectl.changes, self.batch.changes if self.batch is not None else 0
 
     def _for(self, job_id: str) -> Any:
+        if self.batch is not None and self.batch.owns(job_id):
+            return self.batch
         return self.kubectl if self.kubectl.owns(job_id) else self.pods
 
     def launch(self, launch: Launch) -> Any:
@@ -53,6 +57,8 @@ class KubeExecutor:
         self._for(handle.job_id).release(handle)
 
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
+        if self.batch is not None and self.batch.owns(job_id):
+            return self.batch.recover(job_id, attempt)
         return self._for(job_id).recover(job_id, attempt, pid, pid_start)  # type: ignore[no-any-return]
 
     def recovered(self, live: set[tuple[str, int]]) -> None:

@@ -1,0 +1,213 @@
+"""batch/v1 Jobs labelled ``gpupool.io/project``, queued as gpupool jobs (the core's side of :mod:`.batch_jobs`).
+
+One gpupool job per Job (its ``client_key`` is ``batchjob:<uid>``, so a
+restart never queues it twice): kind ``train``, named ``namespace/name``,
+``parallelism`` replicas (``min(parallelism, completions)``) of the pod
+template's whole GPUs each, one all-or-nothing gang under the project's
+quota. Unlike a kubectl pod's job it *can* be paused: the Job is suspended
+and unsuspended later, so the core treats it as its own job (``stands_for``
+answers None); only queueing, cancelling and the words on the Job are here.
+
+:class:`Adoptions` puts this beside the kubectl pods' :class:`.adoption.PodAdoption`
+as the backend's one :class:`gpupool.backends.base.ForeignWork`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from gpupool.backends.base import ForeignJobHost, ForeignWork, JobFacts
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.batch_jobs import BatchJobs, JobRef, finished, post_job_event, suspended
+from gpupool.backends.kubernetes.foreign import USER_LABEL, gpus_asked
+from gpupool.backends.kubernetes.names import PROJECT_LABEL
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.pod_placement import Unsupported, rules_of_pod
+from gpupool.wire.errors import InvalidRequest
+
+BATCH_JOB_LABEL = "gpupool.io/batch-job"
+"""On the gpupool job: ``<namespace>/<name>`` of the Job it stands for."""
+BATCH_UID_LABEL = "gpupool.io/batch-job-uid"
+
+
+def job_key(uid: str) -> str:
+    return f"batchjob:{uid}"
+
+
+def ref_of(job: JobFacts) -> JobRef | None:
+    """The Job a gpupool job stands for (its labels), or None."""
+    text, uid = job.labels.get(BATCH_JOB_LABEL), job.labels.get(BATCH_UID_LABEL)
+    if not text or not uid or "/" not in text or job.client_key != job_key(uid):
+        return None
+    ns, name = text.split("/", 1)
+    return JobRef(ns, name, uid)
+
+
+def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
+    """(the job spec, its user, why it cannot be queued or "") for a Job labelled with a project."""
+    ref = JobRef(ob.namespace(job), ob.name(job), ob.uid(job))
+    labels = ob.labels(job)
+    project = labels.get(PROJECT_LABEL, "")
+    user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"
+    template = ob.spec(job).get("template") or {}
+    first: Any = (ob.containers(template) or [None])[0]
+    image = first.get("image") if first is not None else None
+    parallelism = ob.spec(job).get("parallelism")
+    parallelism = 1 if parallelism is None else int(parallelism)
+    completions = ob.spec(job).get("completions")
+    replicas = parallelism if completions is None else min(parallelism, int(completions))
+    spec: dict[str, Any] = {"project": project, "kind": "train", "name": ref.text[:200],
+                            "command": [f"(Job {ref.text}, image {image or '?'})"],
+                            "labels": {BATCH_JOB_LABEL: ref.text, BATCH_UID_LABEL: ref.uid}}
+    if (ob.spec(template).get("schedulerName") or "default-scheduler") != scheduler_name:
+        return spec, user, (f"gpupool cannot admit this Job: its pod template has no schedulerName: "
+                            f"{scheduler_name} (a suspended Job's schedulerName cannot be changed: recreate it)")
+    if replicas < 1:
+        return spec, user, "gpupool cannot admit this Job: its parallelism is 0"
+    gpus = gpus_asked(template)
+    if gpus < 1:
+        return spec, user, ("gpupool cannot admit this Job: its pod template asks for no nvidia.com/gpu "
+                            "(a Job is admitted as whole GPUs per pod)")
+    spec["gpus"] = gpus
+    if replicas > 1:
+        spec["replicas"] = replicas
+    try:
+        spec.update(rules_of_pod(template))
+    except Unsupported as e:
+        return spec, user, f"gpupool cannot admit this Job: {e}"
+    return spec, user, ""
+
+
+class JobAdoption:
+    """Jobs labelled with a project as gpupool jobs, on the core's loop."""
+
+    def __init__(self, batch: BatchJobs, scheduler_name: str) -> None:
+        self.batch = batch
+        self.scheduler_name = scheduler_name
+        self._job_ids: dict[str, str] = {}  # Job uid -> gpupool job id ("" = none)
+        self._warned: set[tuple[str, str]] = set()
+        self._seen: Hashable = None
+
+    def track(self, job: JobFacts) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self.batch.register(job.id, ref)
+            self._job_ids[ref.uid] = job.id
+
+    def _warn_once(self, ref: JobRef, reason: str, message: str) -> None:
+        if (ref.uid, message) not in self._warned:
+            self._warned.add((ref.uid, message))
+            self.batch.calls.submit(post_job_event, self.batch.api, ref, "Warning", reason, message)
+
+    def _job_for(self, host: ForeignJobHost, uid: str) -> str:
+        found = self._job_ids.get(uid)
+        if found is None:
+            found = self._job_ids[uid] = host.job_for_key(job_key(uid))
+        return found
+
+    def sync(self, host: ForeignJobHost) -> None:
+        """Queue new Jobs, suspend Jobs running unadmitted, end waiting jobs whose Job went away."""
+        b = self.batch
+        if not b.synced or not b.kubectl.synced:
+            return
+        key = (b.generation, host.fingerprint())
+        if self._seen == key:
+            return
+        self._seen = key
+        jobs = b.jobs()
+        for uid, job_id in list(self._job_ids.items()):
+            if job_id and host.waiting_job(job_id) is not None and uid not in jobs:
+                host.cancel(job_id, "its Job was deleted before gpupool admitted it")
+        queued = False
+        namespaces = b.kubectl.namespaces
+        for job in sorted(jobs.values(), key=lambda j: (ob.creation_time(j) is None, ob.name(j))):
+            ref = JobRef(ob.namespace(job), ob.name(job), ob.uid(job))
+            if finished(job) is not None or ob.being_deleted(job) or not namespaces.takes(ref.namespace):
+                continue
+            job_id = self._job_for(host, ref.uid)
+            if not suspended(job) and not (job_id and b.running(job_id)):
+                b.suspend_job(ref)  # created running (or unsuspended by someone else): gpupool admits it
+                self._warn_once(ref, "GpupoolSuspended", "gpupool suspended this Job until it admits it; "
+                                "create Jobs with spec.suspend: true so no pod starts before admission")
+            if job_id:
+                continue
+            spec, user, problem = read_job(job, self.scheduler_name)
+            if not problem and (why := namespaces.refusal(ref.namespace, spec["project"])):
+                problem = f"gpupool cannot admit this Job: {why}"
+            if not problem:
+                try:
+                    job_id = host.queue(spec, user, f"queued from Job {ref.text}", job_key(ref.uid))
+                except InvalidRequest as e:
+                    problem = f"gpupool cannot admit this Job: {e}"
+            if problem:
+                self._warn_once(ref, "GpupoolNotQueued", problem)
+                continue
+            self._job_ids[ref.uid] = job_id
+            b.register(job_id, ref)
+            queued = True
+        if queued:
+            host.request_cycle()
+
+    def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
+        ref = ref_of(job)
+        if ref is None:
+            return
+        self.batch.intents[job.id] = intent
+        word = "deleted" if intent == "cancel" else "suspended"
+        self.batch.calls.submit(post_job_event, self.batch.api, ref, "Normal", "GpupoolStopped",
+                                f"gpupool: {reason}; the Job is {word}")
+
+    def rejected(self, job: JobFacts, reason: str) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self._warn_once(ref, "GpupoolRejected", f"gpupool rejected job {job.id} for this Job: {reason}")
+
+    def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self.batch.delete_job(ref)
+
+
+class Adoptions:
+    """kubectl pods and labelled Jobs together, as the backend's one ForeignWork.
+
+    Only the pods' jobs "stand for" foreign work in the core's sense (never
+    paused); a Job's job is paused and resumed like gpupool's own.
+    """
+
+    def __init__(self, pods: ForeignWork, jobs: JobAdoption) -> None:
+        self.pods = pods
+        self.jobs = jobs
+
+    def stands_for(self, job: JobFacts) -> str | None:
+        return self.pods.stands_for(job)
+
+    def track(self, job: JobFacts) -> None:
+        self.pods.track(job)
+        self.jobs.track(job)
+
+    def sync(self, host: ForeignJobHost) -> None:
+        self.jobs.sync(host)
+        self.pods.sync(host)
+
+    def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
+        self.pods.stopping(job, intent, reason)
+        self.jobs.stopping(job, intent, reason)
+
+    def rejected(self, job: JobFacts, reason: str) -> None:
+        self.pods.rejected(job, reason)
+        self.jobs.rejected(job, reason)
+
+    def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
+        self.pods.cancelled(job, by, grace_s)
+        self.jobs.cancelled(job, by, grace_s)
+
+    def evicted_reason(self, job: JobFacts) -> str:
+        return self.pods.evicted_reason(job)
+
+    def lost_reason(self, job: JobFacts, reason: str) -> str:
+        return self.pods.lost_reason(job, reason)
+
+    def pause_refusal(self, job: JobFacts) -> str:
+        return self.pods.pause_refusal(job)

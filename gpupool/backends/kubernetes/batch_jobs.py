@@ -1,0 +1,420 @@
+"""batch/v1 Jobs labelled ``gpupool.io/project``, admitted by gpupool as one gang each (docs/kubernetes.md).
+
+A team creates its Job suspended; gpupool queues one gpupool job for it (the
+pod template's whole GPUs per replica, ``parallelism`` replicas: one
+all-or-nothing gang, :mod:`gpupool.backends.kubernetes.batch_adoption`) and
+this is that job's executor, in the way Kueue admits a Job:
+
+- **start** (admission) = one patch of the Job: ``spec.suspend: false``, the
+  chosen nodes in an annotation of the Job (found again after a restart), and
+  on the pod template the annotation ``gpupool.io/resume`` (``"1"`` from the
+  second attempt on: the resume signal a container reads through the
+  downward API as ``GPUPOOL_RESUME``). The Job controller then makes the pods
+  (template ``schedulerName: gpupool``) and gpupool binds each pending one to
+  a free replica slot of the placement, through ``pods/binding``;
+- **stop** (pause, reclaim) = ``spec.suspend: true``: the Job controller
+  deletes the pods with their grace period (SIGTERM, the checkpoint signal)
+  and clears the Job's start time; a later attempt unsuspends it again;
+- **cancel** = delete the Job (propagation Background: the garbage collector
+  deletes its pods);
+- **end** = the Job's ``Complete`` (exit code 0) or ``Failed`` (1) condition.
+
+The pods are the Job controller's: they are watched by the kubectl-pod watch
+(:class:`gpupool.backends.kubernetes.foreign_jobs.KubectlPods`, which sees every pod naming
+gpupool), never queued as kubectl pods of their own (``owns_pod``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.backends.base import Interrupted, Launch, Recovered
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.health import Health, describe
+from gpupool.backends.kubernetes.names import PROJECT_LABEL
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.watcher import ListWatch
+
+log = logging.getLogger("gpupool.backends.kubernetes")
+
+RESUME_ANNOTATION = "gpupool.io/resume"
+"""On the pod template: "1" when the attempt resumes an earlier one (read it as env GPUPOOL_RESUME)."""
+NODES_ANNOTATION = "gpupool.io/nodes"
+"""On an admitted Job: the replica slots' nodes, comma-separated (a restart binds its new pods to them)."""
+ADMITTED_ANNOTATION = "gpupool.io/admitted-as"
+"""On an admitted Job: ``<gpupool job id>/<attempt>``."""
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Which Job a gpupool job stands for: the uid tells a recreated Job of the same name apart."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class BatchHandle:
+    """An admitted attempt (the core's handle): no local process."""
+
+    job_id: str
+    attempt: int
+    name: str
+    pid: int | None = None
+    start_time: int = 0
+
+
+@dataclass
+class _Run:
+    handle: BatchHandle
+    ref: JobRef
+    slots: list[str]  # a node per replica
+    bound: dict[str, int] = field(default_factory=dict)  # pod uid -> its slot
+    start: Any = None  # the admission patch's future (None when adopted after a restart)
+    stopping: bool = False
+    stopped: bool = False
+
+
+def finished(job: Obj) -> int | None:
+    """The Job's end as an exit code: 0 once ``Complete``, 1 once ``Failed``, None while it may run."""
+    for c in ob.status(job).get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") == "Complete":
+            return 0
+        if c.get("status") == "True" and c.get("type") == "Failed":
+            return 1
+    return None
+
+
+def suspended(job: Obj) -> bool:
+    return bool(ob.spec(job).get("suspend"))
+
+
+def owner_job_uid(pod: Obj) -> str | None:
+    """The uid of the batch/v1 Job that controls this pod, or None."""
+    for ref in ob.meta(pod).get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/") and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def _active(pod: Obj) -> bool:
+    return ob.phase(pod) not in ("Succeeded", "Failed")
+
+
+def post_job_event(api: client.CoreV1Api, ref: JobRef, kind: str, reason: str, message: str) -> None:
+    """An Event on the Job (``kubectl describe job`` shows it)."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body: Any = {"apiVersion": "v1", "kind": "Event",
+                 "metadata": {"name": f"{ref.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ref.namespace},
+                 "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": ref.namespace,
+                                    "name": ref.name, "uid": ref.uid},
+                 "reason": reason, "message": message[:1024], "type": kind, "source": {"component": "gpupool"},
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    try:
+        api.create_namespaced_event(ref.namespace, body)
+    except Exception as e:
+        log.warning("could not record event %s on Job %s: %s", reason, ref.text, describe(e))
+
+
+class BatchJobs:
+    """Every Job labelled with a project (its watch), and the attempts of the gpupool jobs standing for them."""
+
+    def __init__(self, batch: client.BatchV1Api, api: client.CoreV1Api, kubectl: KubectlPods, calls: Calls,
+                 health: Health, bind_every_s: float = 0.05) -> None:
+        self.batch = batch
+        self.api = api
+        self.kubectl = kubectl
+        self.calls = calls
+        self.bind_every_s = bind_every_s
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Obj] = {}  # Job uid -> its JSON
+        self.generation = 0
+        self._refs: dict[str, JobRef] = {}  # gpupool job id -> its Job
+        self._runs: dict[str, _Run] = {}
+        self._finished: dict[tuple[str, int], int] = {}  # ends found by recovery
+        self.intents: dict[str, str] = {}  # gpupool job id -> the intent of the stop the core asked for
+        self._marks = itertools.count(1)
+        self.changes = 0
+        self._halt = threading.Event()
+        self._binder = threading.Thread(target=self._bind_loop, daemon=True, name="gpupool-batch-binder")
+        self.watch = ListWatch("batch-jobs", batch.list_job_for_all_namespaces, self._on_reset, self._on_event,
+                               health, label_selector=PROJECT_LABEL)
+
+    def start(self) -> None:
+        self.watch.start()
+        self._binder.start()
+
+    def close(self) -> None:
+        self._halt.set()
+        self.watch.stop(wait_s=0.5)
+
+    # ------------------------------------------------------------ the watch (its thread)
+    def _on_reset(self, jobs: list[Obj]) -> None:
+        with self._lock:
+            self._jobs = {ob.uid(j): j for j in jobs}
+            self.generation += 1
+            self._changed()
+
+    def _on_event(self, kind: str, job: Obj) -> None:
+        with self._lock:
+            if kind == "DELETED":
+                self._jobs.pop(ob.uid(job), None)
+            else:
+                self._jobs[ob.uid(job)] = job
+            self.generation += 1
+            self._changed()
+
+    def _changed(self) -> None:
+        self.changes = next(self._marks)
+
+    # ------------------------------------------------------------ reads
+    @property
+    def synced(self) -> bool:
+        return self.watch.synced.is_set()
+
+    def jobs(self) -> dict[str, Obj]:
+        """Every Job labelled with a project now, by uid (a copy)."""
+        with self._lock:
+            return dict(self._jobs)
+
+    def job(self, uid: str) -> Obj | None:
+        with self._lock:
+            return self._jobs.get(uid)
+
+    def owns_pod(self, pod: Obj) -> bool:
+        """Whether the pod is made by a Job gpupool admits (not a kubectl pod to queue on its own)."""
+        uid = owner_job_uid(pod)
+        with self._lock:
+            return uid is not None and uid in self._jobs
+
+    def register(self, job_id: str, ref: JobRef) -> None:
+        with self._lock:
+            self._refs[job_id] = ref
+
+    def owns(self, job_id: str) -> bool:
+        return job_id in self._refs
+
+    def running(self, job_id: str) -> bool:
+        """Whether an attempt of this gpupool job is admitted (its Job is meant to run)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+            return run is not None and not run.stopped
+
+    def _pods_of(self, uid: str) -> list[Obj]:
+        return [p for p in self.kubectl.pods().values() if owner_job_uid(p) == uid]
+
+    # ------------------------------------------------------------ admission
+    def launch(self, launch: Launch) -> BatchHandle:
+        ref = self._refs[launch.job_id]
+        slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
+        handle = BatchHandle(launch.job_id, launch.attempt, ref.name, start_time=int(time.time()))
+        run = _Run(handle, ref, slots)
+        with self._lock:
+            self._runs[launch.job_id] = run
+            run.start = self.calls.submit(self._admit, run)
+            run.start.add_done_callback(lambda f: self._changed())
+        return handle
+
+    def _admit(self, run: _Run) -> None:
+        """Unsuspend the Job, naming its nodes and (on a resume) the resume signal, in one patch."""
+        h, ref = run.handle, run.ref
+        body = {"metadata": {"annotations": {NODES_ANNOTATION: ",".join(run.slots),
+                                             ADMITTED_ANNOTATION: f"{h.job_id}/{h.attempt}"}},
+                "spec": {"suspend": False, "template": {"metadata": {"annotations": {
+                    RESUME_ANNOTATION: "1" if h.attempt > 1 else "0"}}}}}
+        try:
+            self.calls.retrying("start", lambda: self.batch.patch_namespaced_job(ref.name, ref.namespace, body),
+                                START_GIVE_UP_S)
+        except Exception as e:
+            raise RuntimeError(f"could not unsuspend Job {ref.text}: {describe(e)}") from e
+        post_job_event(self.api, ref, "Normal", "GpupoolAdmitted",
+                       f"gpupool admitted this Job as job {h.job_id} (attempt {h.attempt}) on "
+                       f"{', '.join(run.slots)}" + ("; resuming: its pods see gpupool.io/resume=1" if h.attempt > 1
+                                                    else ""))
+
+    # ------------------------------------------------------------ binding the Job controller's pods
+    def _bind_loop(self) -> None:
+        while not self._halt.wait(self.bind_every_s):
+            try:
+                self.bind_pending()
+            except Exception as e:  # a bad moment of the API server: the next round tries again
+                log.warning("binding Job pods: %s", describe(e))
+
+    def bind_pending(self) -> None:
+        """Bind each pending pod of an admitted Job to a replica slot no running pod of it holds."""
+        with self._lock:
+            runs = [r for r in self._runs.values() if not r.stopping and not r.stopped
+                    and (r.start is None or (r.start.done() and r.start.exception() is None))]
+        if not runs:
+            return
+        pods = self.kubectl.pods()
+        for run in runs:
+            mine = {ob.uid(p): p for p in pods.values() if owner_job_uid(p) == run.ref.uid}
+            for uid in [u for u, _ in run.bound.items() if u not in mine or not _active(mine[u])]:
+                del run.bound[uid]  # ended or gone: its slot is free for the Job's next pod
+            for uid, p in mine.items():
+                if ob.node_name(p) and uid not in run.bound and _active(p):
+                    node = ob.node_name(p)  # bound before (a restart): it holds the first free slot on its node
+                    free = [i for i, n in enumerate(run.slots) if n == node and i not in run.bound.values()]
+                    if free:
+                        run.bound[uid] = free[0]
+            for p in sorted(mine.values(), key=ob.name):
+                if ob.node_name(p) or ob.being_deleted(p) or not _active(p):
+                    continue
+                free = [i for i in range(len(run.slots)) if i not in run.bound.values()]
+                if not free:
+                    break
+                self._bind(run, p, free[0])
+
+    def _bind(self, run: _Run, pod: Obj, slot: int) -> None:
+        node = run.slots[slot]
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
+                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        try:
+            self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("could not bind pod %s/%s of Job %s to %s: %s", ob.namespace(pod), ob.name(pod),
+                            run.ref.text, node, describe(e))
+            return
+        run.bound[ob.uid(pod)] = slot
+
+    # ------------------------------------------------------------ the core's questions
+    def _job_of(self, run: _Run) -> Obj | None:
+        with self._lock:
+            return self._jobs.get(run.ref.uid)
+
+    @staticmethod
+    def _start_error(run: _Run) -> str | None:
+        f = run.start
+        if f is None or not f.done():
+            return None
+        e = f.exception()
+        return None if e is None else str(e)
+
+    def alive(self, handle: BatchHandle) -> bool:
+        with self._lock:
+            run = self._runs.get(handle.job_id)
+        if run is None or run.handle.attempt != handle.attempt or run.stopped:
+            return False
+        if run.start is not None and not run.start.done():
+            return True
+        if self._start_error(run) is not None:
+            return False
+        job = self._job_of(run)
+        return job is not None and finished(job) is None
+
+    def exit_code(self, job_id: str, attempt: int) -> int | None:
+        with self._lock:
+            run = self._runs.get(job_id)
+            if run is None or run.handle.attempt != attempt:
+                return self._finished.get((job_id, attempt))
+        job = self._job_of(run)
+        return finished(job) if job is not None else None
+
+    def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        return self.exit_code(job_id, attempt) is not None
+
+    def interrupted(self, handle: BatchHandle) -> Interrupted | None:
+        with self._lock:
+            run = self._runs.get(handle.job_id)
+        if run is None:
+            return None
+        err = self._start_error(run)
+        if err is not None:
+            return Interrupted("not-started", f"{err}; requeued")
+        if self._job_of(run) is None and not run.stopping:
+            return Interrupted("disrupted", f"its Job {run.ref.text} was deleted outside gpupool")
+        return None
+
+    async def stop(self, handle: BatchHandle, grace_s: float) -> bool:
+        """Suspend the Job (cancel: delete it), then wait until its pods have ended; True if within the grace."""
+        with self._lock:
+            run = self._runs.get(handle.job_id)
+        if run is None:
+            return True
+        run.stopping = True
+        if run.start is not None:
+            try:
+                await asyncio.wrap_future(run.start)
+            except Exception:
+                run.stopped = True
+                return True
+        cancel = self.intents.pop(handle.job_id, "") == "cancel"
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_job, run.ref, cancel)
+        deadline = time.monotonic() + grace_s + STOP_WAIT_AFTER_GRACE_S
+        within = time.monotonic() + grace_s + 5.0
+        while time.monotonic() < deadline:
+            if not any(_active(p) for p in self._pods_of(run.ref.uid)):
+                break
+            await asyncio.sleep(0.05)
+        run.stopped = True
+        self._changed()
+        return time.monotonic() <= within
+
+    def _stop_job(self, ref: JobRef, cancel: bool) -> None:
+        try:
+            if cancel:
+                self.calls.retrying("stop", lambda: self.batch.delete_namespaced_job(
+                    ref.name, ref.namespace, propagation_policy="Background"), 60.0)
+            else:
+                self.calls.retrying("stop", lambda: self.batch.patch_namespaced_job(
+                    ref.name, ref.namespace, {"spec": {"suspend": True}}), 60.0)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("could not %s Job %s: %s", "delete" if cancel else "suspend", ref.text, describe(e))
+        except Exception as e:
+            log.warning("could not %s Job %s: %s", "delete" if cancel else "suspend", ref.text, describe(e))
+
+    def delete_job(self, ref: JobRef) -> None:
+        """A cancelled job's Job is deleted (its pods by the garbage collector), in the background."""
+        self.calls.submit(self._stop_job, ref, True)
+
+    def suspend_job(self, ref: JobRef) -> None:
+        self.calls.submit(self._stop_job, ref, False)
+
+    def release(self, handle: BatchHandle) -> None:
+        with self._lock:
+            run = self._runs.get(handle.job_id)
+            if run is not None and run.handle.attempt == handle.attempt:
+                del self._runs[handle.job_id]
+
+    # ------------------------------------------------------------ recovery
+    def recover(self, job_id: str, attempt: int) -> Recovered:
+        """After a restart: the Job as the watch lists it (running, ended, or suspended: never started)."""
+        self.watch.synced.wait(20.0)
+        self.kubectl.watch.synced.wait(20.0)
+        ref = self._refs[job_id]
+        job = self.job(ref.uid)
+        if job is None:
+            return Recovered("gone")
+        code = finished(job)
+        if code is not None:
+            with self._lock:
+                self._finished[(job_id, attempt)] = code
+            return Recovered("gone", exit_code=code)
+        if suspended(job) or ob.annotations(job).get(ADMITTED_ANNOTATION) != f"{job_id}/{attempt}":
+            return Recovered("not-started")
+        slots = [n for n in ob.annotations(job).get(NODES_ANNOTATION, "").split(",") if n]
+        run = _Run(BatchHandle(job_id, attempt, ref.name), ref, slots)
+        with self._lock:
+            self._runs[job_id] = run
+        return Recovered("running", run.handle)

@@ -1,0 +1,216 @@
+"""batch/v1 Jobs labelled with a project, admitted by gpupool as one gang: on the real API server and Job controller.
+
+The Job controller of kube-controller-manager makes and deletes the pods; the
+kubelet is the stand-in of tests/kube/cluster.py (bound pods run, end when
+told, and answer a graceful deletion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from gpupool.app.backend import build_core
+from gpupool.backends.kubernetes.batch_adoption import read_job
+from gpupool.cli.tables import jobs_table
+from gpupool.service.actor import Actor
+from tests.kube.cluster import Kubelet
+from tests.kube.conftest import kube_config
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+
+
+def batch_api(kubeconfig: Path) -> client.BatchV1Api:
+    return client.BatchV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def job_body(name: str, *, project: str = "vision", parallelism: int = 2, gpus: int = 1, suspend: bool = True,
+             scheduler: str | None = "gpupool") -> dict[str, Any]:
+    """What ``kubectl apply`` of a team's Job for gpupool creates (the resume signal read through the downward API)."""
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [{
+        "name": "job", "image": "registry.example/train:1", "command": ["python", "train.py"],
+        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+        "env": [{"name": "GPUPOOL_RESUME",
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['gpupool.io/resume']"}}}]}]}
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": {"gpupool.io/project": project}},
+            "spec": {"suspend": suspend, "parallelism": parallelism, "completions": parallelism,
+                     "backoffLimit": 0, "template": {"spec": pod_spec}}}
+
+
+def job_pods(api: Any, ns: str, name: str) -> list[Any]:
+    return [p for p in api.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={name}").items
+            if p.metadata.deletion_timestamp is None]
+
+
+def jobs_of(core: Any, ns: str, name: str) -> list[dict[str, Any]]:
+    return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/batch-job") == f"{ns}/{name}"]
+
+
+def job_events(api: Any, ns: str, name: str) -> list[Any]:
+    return [e for e in api.list_namespaced_event(ns).items
+            if e.involved_object.kind == "Job" and e.involved_object.name == name]
+
+
+def test_a_job_is_read_as_one_gang_of_parallelism_replicas() -> None:
+    body = job_body("train", parallelism=3, gpus=2)
+    body["metadata"].update(namespace="team", uid="u1")
+    spec, user, problem = read_job(body, "gpupool")
+    assert problem == "" and user == "kubectl:team"
+    assert (spec["project"], spec["kind"], spec["name"], spec["gpus"], spec["replicas"]) == (
+        "vision", "train", "team/train", 2, 3)
+    body["spec"]["completions"] = 1  # never more pods at once than completions
+    assert "replicas" not in read_job(body, "gpupool")[0]
+    _, _, problem = read_job(job_body("x", scheduler=None) | {"metadata": {"name": "x", "namespace": "t"}}, "gpupool")
+    assert "schedulerName: gpupool" in problem
+    _, _, problem = read_job(job_body("x", gpus=0) | {"metadata": {"name": "x", "namespace": "t"}}, "gpupool")
+    assert "no nvidia.com/gpu" in problem
+
+
+async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    nodes = gpu_nodes(2, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        batch.create_namespaced_job(namespace, job_body("train", parallelism=2, gpus=4))
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "train") if j["state"] == "running"],
+                                what="the Job's gpupool job running")
+        assert (job["project"], job["kind"], job["name"]) == ("vision", "train", f"{namespace}/train")
+        assert job["request"]["replicas"] == 2 and job["request"]["gpus"] == 4
+        (row,) = [line for line in jobs_table(core.list_jobs(ADMIN)).splitlines() if job["id"] in line]
+        assert f"{namespace}/train" in row and "running" in row
+        await wait_for(lambda: batch.read_namespaced_job("train", namespace).spec.suspend is False,
+                       what="the Job unsuspended")
+        pods = await wait_for(lambda: len(p := job_pods(api, namespace, "train")) == 2 and all(
+            x.spec.node_name for x in p) and p, what="both pods bound")
+        placed = sorted(r["node"] for r in job["assignment"]["replicas"])
+        assert sorted(p.spec.node_name for p in pods) == placed and set(placed) <= set(nodes)
+        for p in pods:
+            assert p.metadata.annotations["gpupool.io/resume"] == "0"  # a first attempt
+        assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")]  # not kubectl pods
+        await wait_for(lambda: all(p.metadata.name in kubelet.started for p in pods), what="both pods running")
+        for p in pods:
+            kubelet.finish(p.metadata.name, 0)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                              what="the job settled")
+        assert done["state"] == "succeeded" and done["exit_code"] == 0, done
+    assert [e for e in job_events(api, namespace, "train") if e.reason == "GpupoolAdmitted"]
+
+
+async def test_a_job_over_its_quota_stays_suspended_and_queued_until_room_frees(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 4})
+    with Kubelet(api, namespace):
+        first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 3, "command": ["python", "a.py"]})
+        await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
+        batch.create_namespaced_job(namespace, job_body("wide", parallelism=2, gpus=1))
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "wide") if j["reason"]
+                                         and j["state"] == "queued"], what="the Job's job queued")
+        assert "limit" in job["reason"], job["reason"]  # gpupool list says why
+        await asyncio.sleep(0.5)
+        assert batch.read_namespaced_job("wide", namespace).spec.suspend is True
+        assert not job_pods(api, namespace, "wide")
+        await core.cancel(ADMIN, first["id"])
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running", what="the Job admitted")
+        await wait_for(lambda: len(p := job_pods(api, namespace, "wide")) == 2 and all(x.spec.node_name for x in p),
+                       what="its pods bound")
+
+
+async def test_a_reclaimed_job_is_suspended_then_resumed_with_the_resume_signal(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        batch.create_namespaced_job(namespace, job_body("borrow", project="scrappy", parallelism=2, gpus=4))
+        first = await wait_for(lambda: len(p := job_pods(api, namespace, "borrow")) == 2 and all(
+            x.metadata.name in kubelet.started for x in p) and p, what="the borrowing Job running")
+        (victim,) = jobs_of(core, namespace, "borrow")
+        claim, _ = await core.submit(ADMIN, {"project": "owner", "gpus": 4, "command": ["python", "train.py"]})
+        await wait_for(lambda: all(p.metadata.name in kubelet.stopped for p in first), what="its pods stopped")
+        await wait_for(lambda: core.get_job(ADMIN, victim["id"])["state"] == "paused", what="the Job's job paused")
+        (told,) = [e for e in job_events(api, namespace, "borrow") if e.reason == "GpupoolStopped"]
+        assert "project owner" in told.message and told.message.endswith("the Job is suspended"), told.message
+        assert batch.read_namespaced_job("borrow", namespace).spec.suspend is True
+        await wait_for(lambda: not job_pods(api, namespace, "borrow"), what="its pods deleted")
+        await wait_for(lambda: core.get_job(ADMIN, claim["id"])["state"] == "running", what="the owner's job running")
+        await core.cancel(ADMIN, claim["id"])  # the owner is done: the Job resumes
+        second = await wait_for(lambda: len(p := job_pods(api, namespace, "borrow")) == 2 and all(
+            x.spec.node_name for x in p) and p, what="the Job resumed, its new pods bound")
+        assert not {p.metadata.name for p in second} & {p.metadata.name for p in first}
+        for p in second:
+            assert p.metadata.annotations["gpupool.io/resume"] == "1"  # GPUPOOL_RESUME=1 in the container
+        resumed = core.get_job(ADMIN, victim["id"])
+        assert resumed["state"] == "running" and resumed["attempts"] == 2
+
+
+async def test_cancel_deletes_the_job_and_a_job_created_running_is_suspended(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace):
+        batch.create_namespaced_job(namespace, job_body("eager", suspend=False, parallelism=1, gpus=2))
+        await wait_for(lambda: [e for e in job_events(api, namespace, "eager") if e.reason == "GpupoolSuspended"],
+                       what="the Job told it was suspended")
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "eager") if j["state"] == "running"],
+                                what="the Job admitted")
+        assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")]  # its pods: not kubectl's
+        await wait_for(lambda: (p := job_pods(api, namespace, "eager")) and all(x.spec.node_name for x in p),
+                       what="its pod bound")
+        await core.cancel(ADMIN, job["id"])
+        assert core.get_job(ADMIN, job["id"])["state"] == "cancelled"
+        await wait_for(lambda: "eager" not in {j.metadata.name for j in batch.list_namespaced_job(namespace).items},
+                       what="the Job deleted")
+        await wait_for(lambda: not api.list_namespaced_pod(namespace).items, what="its pods deleted")
+
+
+async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    cfg = kube_config(tmp_path / "state", kubeconfig, namespace)
+    core = build_core(cfg)
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        with Kubelet(api, namespace) as kubelet:
+            batch.create_namespaced_job(namespace, job_body("long", parallelism=2, gpus=2))
+            pods = await wait_for(lambda: len(p := job_pods(api, namespace, "long")) == 2 and all(
+                x.metadata.name in kubelet.started for x in p) and p, what="the Job running")
+            (job,) = jobs_of(core, namespace, "long")
+            await core.stop()
+            core = build_core(cfg)
+            await core.start()
+            await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running", what="found again")
+            await asyncio.sleep(1.0)
+            assert len(jobs_of(core, namespace, "long")) == 1
+            again = job_pods(api, namespace, "long")
+            assert {p.metadata.uid for p in again} == {p.metadata.uid for p in pods}  # the same pods run on
+            assert core.get_job(ADMIN, job["id"])["attempts"] == 1
+            for p in pods:
+                kubelet.finish(p.metadata.name, 0)
+            done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                                  what="the job settled")
+            assert done["state"] == "succeeded"
+    finally:
+        await core.stop()
