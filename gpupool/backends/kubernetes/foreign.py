@@ -21,6 +21,7 @@ from gpupool.backends.kubernetes.names import GPU_RESOURCE, PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.pod_placement import Unsupported, rules_of_pod
 from gpupool.backends.kubernetes.pods import PodEnd
+from gpupool.backends.kubernetes.workload_gangs import gang_refusal
 
 USER_LABEL = "gpupool.io/user"
 FRACTION_ANNOTATION = "gpupool.io/gpu-fraction"
@@ -126,6 +127,8 @@ def read_pod(pod: Obj) -> KubectlPod:
         return refused(f"it has no label {PROJECT_LABEL} (the gpupool project it runs in)")
     if kind not in ("train", "build"):
         return refused(f"annotation {KIND_ANNOTATION}={kind!r} is not train or build")
+    if gang := gang_refusal(pod):
+        return refused(gang)
     if len(config_map_name(name)) > MAX_NAME:
         return refused(f"its name is too long for its ConfigMap {config_map_name(name)[:40]}...")
     whole = gpus_asked(pod)
