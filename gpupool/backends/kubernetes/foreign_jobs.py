@@ -48,7 +48,7 @@ from gpupool.backends.kubernetes.foreign import (
     kubectl_pod_end,
     reads_config_map,
 )
-from gpupool.backends.kubernetes.gates import PATCH_TYPE, has_our_gate, ungate_patch
+from gpupool.backends.kubernetes.gates import has_our_gate, remove_gate
 from gpupool.backends.kubernetes.gpu_env_configmap import gpu_config_map
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.names import MANAGED_BY, MANAGED_BY_LABEL
@@ -264,8 +264,7 @@ class KubectlPods:
         if pod is None or not has_our_gate(pod):
             return
         try:
-            self.calls.retrying("start", lambda: self.api.patch_namespaced_pod(
-                ref.name, ref.namespace, ungate_patch(), _content_type=PATCH_TYPE), START_GIVE_UP_S)
+            self.calls.retrying("start", lambda: remove_gate(self.api, ref.namespace, ref.name), START_GIVE_UP_S)
         except Exception as e:  # the job goes back to the queue; the pod keeps its gate
             raise RuntimeError(f"could not remove scheduling gate gpupool.io/admission from pod {ref.text}: "
                                f"{describe(e)}") from e

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes import client
+
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.objects import Obj
 
@@ -44,3 +46,8 @@ def has_our_gate(pod: Obj) -> bool:
 def ungate_patch() -> dict[str, Any]:
     """The patch that removes gpupool's gate and keeps any other (idempotent: an absent gate is no error)."""
     return {"spec": {"schedulingGates": [{"$patch": "delete", "name": ADMISSION_GATE}]}}
+
+
+def remove_gate(api: client.CoreV1Api, namespace: str, name: str) -> None:
+    """Remove gpupool's gate from one pod (one patch), before its Binding: any executor that binds user pods."""
+    api.patch_namespaced_pod(name, namespace, ungate_patch(), _content_type=PATCH_TYPE)
