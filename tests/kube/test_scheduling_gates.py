@@ -7,6 +7,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from gpupool.backends.kubernetes.gates import remove_gate
 from tests.kube.cluster import Kubelet
 from tests.kube.test_kubectl_pods import ADMIN, jobs_of, pod_events
 from tests.service.helpers import wait_for
@@ -128,3 +129,12 @@ async def test_a_pod_with_another_tools_gate_waits_until_only_ours_remains(api: 
         await wait_for(lambda n=name: api.read_namespaced_pod(n, namespace).spec.node_name, what=f"{name} bound")
         assert gates_of(api, namespace, name) == []
         assert [j["state"] for j in jobs_of(core, namespace, name)] == ["running"]
+
+
+def test_removing_our_gate_keeps_another_tools_gate(api: Any, namespace: str) -> None:
+    """gates.remove_gate deletes only gpupool's gate (what a Job's pods may carry as well)."""
+    gated_pod(api, namespace, "both", gates=("example.com/data-ready", GATE))
+    remove_gate(api, namespace, "both")
+    assert gates_of(api, namespace, "both") == ["example.com/data-ready"]
+    remove_gate(api, namespace, "both")  # none of ours left: still no error, nothing else removed
+    assert gates_of(api, namespace, "both") == ["example.com/data-ready"]
