@@ -21,7 +21,7 @@ from tornado import web
 
 from gpupool.wire.errors import GpupoolError, InvalidRequest, Unavailable
 from gpupool.wire.limits import decode_json
-from jupyter_gpupool import leases
+from jupyter_gpupool import leases, starting
 from jupyter_gpupool.connection import PoolConnection
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, promote, run_paths
@@ -152,6 +152,9 @@ class KernelsHandler(GpupoolHandler):
             if job["id"] in memory:
                 item["gpu_memory_used"] = memory[job["id"]]
             out.append(item)
+        # kernels still starting (Lab does not know their id yet, only their notebook): what they wait for
+        out.extend({"kernel_id": s.kernel_id, "path": s.path, "job": s.job, "starting": s.wire()}
+                   for s in starting.waiting() if s.kernel_id not in {i["kernel_id"] for i in out})
         self.reply(out)
 
 

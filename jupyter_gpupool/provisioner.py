@@ -24,7 +24,7 @@ from tornado import web
 from traitlets import Float, Unicode
 
 from gpupool.wire.errors import Conflict, GpupoolError, NotFound, QuotaExceeded
-from jupyter_gpupool import leases
+from jupyter_gpupool import leases, starting
 from jupyter_gpupool.connection import PoolConnection, connection_from_env, current
 from jupyter_gpupool.kernel_pod import PodKernel, connection, free_ports, pod_env, pod_image, runs_kernel_pods
 from jupyter_gpupool.kernel_pod_provisioner import KernelPodProcess
@@ -223,16 +223,20 @@ class GPUPoolProvisioner(KernelPodProcess, LocalProvisioner):  # type: ignore[mi
             if isinstance(err, QuotaExceeded):  # (held_milli None: an older server; give every way out)
                 raise GpuShareUnavailable(409, quota_message(err.message, err.held_milli != 0)) from err
             raise GpuShareUnavailable(err.status, f"No GPU share for this kernel: {err.message}") from err
-        return await self._wait_granted(client, job, conn.settings.kernel_start_timeout)
+        return await self._wait_granted(client, job, conn.settings.kernel_start_timeout, notebook)
 
-    async def _wait_granted(self, client: Any, job: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Wait for a queued share to be granted; give it back if it takes too long."""
+    async def _wait_granted(self, client: Any, job: dict[str, Any], timeout: float, notebook: str) -> dict[str, Any]:
+        """Wait for a queued share to be granted; give it back if it takes too long.
+
+        Meanwhile :mod:`jupyter_gpupool.starting` says why, for the notebook's status bar.
+        """
         deadline = time.monotonic() + timeout
         delay = 0.05
         if job["state"] == "queued":
             self.log.info("gpupool: kernel %s waits for a GPU share (%s s at most): %s", self.kernel_id,
                           f"{timeout:g}", job.get("reason") or "queued")
         while job["state"] == "queued" and time.monotonic() < deadline:
+            starting.note(str(self.kernel_id), notebook, timeout, "share", job.get("reason") or "queued", job)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
             job = await client.job(job["id"])
@@ -267,6 +271,8 @@ class GPUPoolProvisioner(KernelPodProcess, LocalProvisioner):  # type: ignore[mi
         except BaseException:
             await self._start_failed()
             raise
+        finally:
+            starting.done(str(self.kernel_id))
         self.job = job
         leases.hold(leases.Share(kernel_id=str(self.kernel_id), job_id=job["id"], path=notebook,
                                  lease_s=leases.lease_length(job)))
@@ -324,8 +330,8 @@ class GPUPoolProvisioner(KernelPodProcess, LocalProvisioner):  # type: ignore[mi
                                          path=self._notebook_path(env_in), lease_s=leases.lease_length(job)))
             else:
                 after = self.pod.restarts  # a restart: the same share and pod, a fresh kernel process
-            await self.pod.wait_listening(client, deadline, after, lambda why: self.log.info(
-                "gpupool: kernel %s waits for its pod (%s s at most): %s", self.kernel_id, f"{timeout:g}", why))
+            await self.pod.wait_listening(client, deadline, after, lambda why: self._waits_for_pod(
+                self._notebook_path(env_in), timeout, why))
         except TimeoutError as err:
             await self._start_failed(conn)
             raise GpuShareUnavailable(504, f"The kernel's pod did not start within {timeout:g} s: {err}") from err
@@ -337,10 +343,16 @@ class GPUPoolProvisioner(KernelPodProcess, LocalProvisioner):  # type: ignore[mi
             raise
         finally:
             self._pod_starting = False
+            starting.done(str(self.kernel_id))
         if km is not None:
             km.kernel_spec.interrupt_mode = "message"  # no signal reaches a pod: interrupt_request on control
         self.connection_info = cast(KernelConnectionInfo, self.pod.connection_info())
         return await KernelProvisionerBase.pre_launch(self, cmd=list(self.kernel_spec.argv), **kwargs)
+
+    def _waits_for_pod(self, notebook: str, timeout: float, why: str) -> None:
+        """Say in the server's log and in the notebook's status bar why the kernel's pod is not up yet."""
+        self.log.info("gpupool: kernel %s waits for its pod (%s s at most): %s", self.kernel_id, f"{timeout:g}", why)
+        starting.note(str(self.kernel_id), notebook, timeout, "pod", why, self.job)
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         """Launch; a kernel that fails to launch gives its share back at once (not at lease expiry).

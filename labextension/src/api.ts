@@ -180,11 +180,25 @@ export interface IStatus {
   reachable: boolean;
 }
 
+/** What a GPU kernel that is still starting waits for (the server's jupyter_gpupool.starting). */
+export interface IKernelStarting {
+  /** "share": its share is queued behind other work; "pod": the share runs, the kernel's pod is not up yet. */
+  what: 'share' | 'pod';
+  /** The scheduler's reason (why it is queued), or what the pod is doing. */
+  reason: string;
+  since: number;
+  /** When the start gives up (Unix seconds): the admin's kernel_start_timeout after `since`. */
+  gives_up_at: number;
+}
+
 export interface IKernelShare {
   kernel_id: string;
   path: string | null;
-  job: IJob;
+  /** The share's Job; null only for a starting kernel whose share the scheduler has not answered yet. */
+  job: IJob | null;
   gpu_memory_used?: number | null;
+  /** Present while the kernel is starting: Lab does not know its id yet, so it is matched by `path`. */
+  starting?: IKernelStarting;
 }
 
 export interface IParameter {

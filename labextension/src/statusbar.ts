@@ -10,6 +10,12 @@
  * The current widget's kernel id is matched against GET /gpupool/api/kernels
  * (the user's GPU kernels with their build jobs). A kernel without a GPU
  * share hides the item, so CPU-only work shows nothing extra.
+ *
+ * A GPU kernel that is still starting has no id Lab knows (Jupyter answers
+ * the session's start only once the kernel runs), so while the notebook has
+ * no kernel it is matched by the notebook's path: "GPU ¼ · waiting for a
+ * share" (queued behind other work) or "GPU ¼ · starting its pod" (on
+ * Kubernetes), the reason and the time it gives up in the tooltip.
  */
 import { ISessionContext } from '@jupyterlab/apputils';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -89,11 +95,15 @@ export class KernelShareStatus extends Widget {
   /** Re-read the kernels endpoint and redraw (named so it does not shadow Widget.update). */
   async update_(): Promise<void> {
     const kernelId = this._session?.session?.kernel?.id ?? null;
+    const path = this._session?.path ?? '';
+    const starting = !kernelId && this._session !== null && !this._session.isDisposed && path !== '';
     let share: IKernelShare | null = null;
-    if (kernelId) {
+    if (kernelId || starting) {
       try {
         const shares = await api.kernels();
-        share = shares.find(s => s.kernel_id === kernelId) ?? null;
+        share = kernelId
+          ? (shares.find(s => s.kernel_id === kernelId && !s.starting) ?? null)
+          : (shares.find(s => s.starting && s.path === path) ?? null);
       } catch {
         share = this._share && this._share.kernel_id === kernelId ? this._share : null;
       }
@@ -118,6 +128,10 @@ export class KernelShareStatus extends Widget {
       return;
     }
     const job = share.job;
+    if (share.starting || !job) {
+      this._renderStarting(share);
+      return;
+    }
     const gpus = formatGpus(jobShare(job));
     const limit = jobMemoryLimit(job);
     const used = share.gpu_memory_used;
@@ -147,6 +161,30 @@ export class KernelShareStatus extends Widget {
     this.node.setAttribute('aria-label', tip);
     this.node.dataset.jobId = job.id;
     this.node.dataset.busy = use && use.percent !== null ? String(use.percent) : '';
+    delete this.node.dataset.starting;
+  }
+
+  /** A kernel still starting: what it waits for, why, and until when. */
+  private _renderStarting(share: IKernelShare): void {
+    const job = share.job;
+    const gpus = job ? formatGpus(jobShare(job)) : '';
+    const what = share.starting?.what === 'pod' ? 'starting its pod' : 'waiting for a share';
+    const reason = share.starting?.reason || (job?.reason ?? '');
+    const until = share.starting ? formatClock(share.starting.gives_up_at) : '';
+    const tip =
+      (share.starting?.what === 'pod'
+        ? 'The kernel has its GPU share; its pod is starting'
+        : 'The kernel waits for room for its GPU share') +
+      (reason ? `: ${reason}.` : '.') +
+      (until ? ` It gives up at ${until} if it still cannot start.` : '') +
+      (job ? ` Job ${job.id}, project ${job.project}.` : '') +
+      ' Click to open the GPU Pool panel.';
+    this.node.textContent = `GPU${gpus ? ' ' + gpus : ''} · ${what}`;
+    this.node.title = tip;
+    this.node.setAttribute('aria-label', tip);
+    this.node.dataset.jobId = job?.id ?? '';
+    this.node.dataset.busy = '';
+    this.node.dataset.starting = share.starting?.what ?? 'share';
   }
 }
 
