@@ -18,7 +18,7 @@ from gpupool.backends.kubernetes.batch_adoption import read_job
 from gpupool.cli.tables import jobs_table
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
-from tests.kube.conftest import kube_config
+from tests.kube.conftest import kube_config, start_components
 from tests.service.helpers import wait_for
 
 ADMIN = Actor("admin", True)
@@ -117,9 +117,9 @@ async def test_a_job_over_its_quota_stays_suspended_and_queued_until_room_frees(
         first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 3, "command": ["python", "a.py"]})
         await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
         batch.create_namespaced_job(namespace, job_body("wide", parallelism=2, gpus=1))
-        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "wide") if j["reason"]
-                                         and j["state"] == "queued"], what="the Job's job queued")
-        assert "limit" in job["reason"], job["reason"]  # gpupool list says why
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "wide") if "limit" in j["reason"]
+                                         and j["state"] == "queued"], what="the Job queued, and why")
+        assert "at its training limit" in job["reason"] and "2 × 1 GPU" in job["reason"], job["reason"]
         await asyncio.sleep(0.5)
         assert batch.read_namespaced_job("wide", namespace).spec.suspend is True
         assert not job_pods(api, namespace, "wide")
@@ -214,3 +214,64 @@ async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
             assert done["state"] == "succeeded"
     finally:
         await core.stop()
+
+
+JOBSET = ("jobset.x-k8s.io", "v1alpha2")
+
+
+def jobset_body(name: str, *, project: str = "vision", workers: int = 2, gpus: int = 4) -> dict[str, Any]:
+    """A suspended JobSet: a leader Job of one pod and ``workers`` worker Jobs of one pod, ``gpus`` each."""
+    def replicated(rj: str, replicas: int) -> dict[str, Any]:
+        return {"name": rj, "replicas": replicas, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": job_body("x", gpus=gpus)["spec"]["template"]}}}
+
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": name, "labels": {"gpupool.io/project": project}},
+            "spec": {"suspend": True, "replicatedJobs": [replicated("leader", 1), replicated("worker", workers)]}}
+
+
+def jobset_pods(api: Any, ns: str, name: str) -> list[Any]:
+    return [p for p in api.list_namespaced_pod(ns, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+            if p.metadata.deletion_timestamp is None]
+
+
+async def test_a_jobset_is_one_gang_suspended_on_reclaim_resumed_and_succeeds(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    start_components(kubeconfig, "jobset")  # the JobSet CRD, controller and webhooks (before the core starts)
+    gpu_nodes(2, gpus=8)
+    custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+    core = await make_core()
+    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 16})
+    with Kubelet(api, namespace) as kubelet:
+        custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", jobset_body("ring", project="scrappy"))
+        (job,) = await wait_for(lambda: [j for j in core.list_jobs(ADMIN)
+                                         if j["labels"].get("gpupool.io/jobset") == f"{namespace}/ring"
+                                         and j["state"] == "running"], what="the JobSet admitted")
+        assert (job["name"], job["request"]["replicas"], job["request"]["gpus"]) == (f"{namespace}/ring", 3, 4)
+        first = await wait_for(lambda: len(p := jobset_pods(api, namespace, "ring")) == 3 and all(
+            x.metadata.name in kubelet.started for x in p) and p, what="its 3 pods bound and running")
+        placed = sorted(r["node"] for r in job["assignment"]["replicas"])
+        assert sorted(p.spec.node_name for p in first) == placed
+        assert all(p.metadata.annotations["gpupool.io/resume"] == "0" for p in first)
+        assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")
+                    or j["labels"].get("gpupool.io/batch-job")]  # its Jobs and pods are not queued on their own
+
+        claim, _ = await core.submit(ADMIN, {"project": "owner", "gpus": 8, "command": ["python", "train.py"]})
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "paused", what="the JobSet reclaimed")
+        assert custom.get_namespaced_custom_object(*JOBSET, namespace, "jobsets", "ring")["spec"]["suspend"] is True
+        await wait_for(lambda: not jobset_pods(api, namespace, "ring"), what="its pods deleted")
+        assert all(p.metadata.name in kubelet.stopped for p in first)  # each got the checkpoint signal
+        await wait_for(lambda: core.get_job(ADMIN, claim["id"])["state"] == "running", what="the owner running")
+        await core.cancel(ADMIN, claim["id"])
+
+        second = await wait_for(lambda: len(p := jobset_pods(api, namespace, "ring")) == 3 and all(
+            x.metadata.name in kubelet.started for x in p) and p, what="the JobSet resumed")
+        assert all(p.metadata.annotations["gpupool.io/resume"] == "1" for p in second)  # GPUPOOL_RESUME=1
+        for p in second:
+            kubelet.finish(p.metadata.name, 0)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] not in ("running", "paused")
+                              and j, 60, what="the JobSet's job settled")
+        assert done["state"] == "succeeded" and done["attempts"] == 2, done

@@ -143,17 +143,18 @@ def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
 # never reads one by one.
 SCHEDULER_RIGHTS = {
     "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"},
-                                ("batch", "jobs"): {"list", "watch"},
+                                ("batch", "jobs"): {"list", "watch"}, ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
                                 ("authentication.k8s.io", "tokenreviews"): {"create"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete", "patch"},
                                ("", "pods/binding"): {"create"}, ("batch", "jobs"): {"patch", "delete"},
+                               ("jobset.x-k8s.io", "jobsets"): {"patch", "delete"},
                                ("", "pods/log"): {"get"}, ("", "configmaps"): {"create", "delete"},
                                ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"},
                                ("", "secrets"): {"create", "delete"},
                                ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
                                ("coordination.k8s.io", "leases"): {"create", "get", "update"}},
     "gpupool-kubectl-pods": {("", "pods"): {"delete", "patch"}, ("", "pods/binding"): {"create"},
-                             ("batch", "jobs"): {"patch", "delete"},
+                             ("batch", "jobs"): {"patch", "delete"}, ("jobset.x-k8s.io", "jobsets"): {"patch", "delete"},
                              ("", "pods/log"): {"get"},
                              ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"}},
 }
@@ -184,6 +185,7 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
     least = least[:least.index("## ")]
     for resource, verbs in (("`nodes`", "list, watch"), ("`pods` in every namespace", "list, watch"),
                             ("`jobs` in every namespace", "list, watch"), ("`jobs`", "patch, delete"),
+                            ("`jobsets` in every namespace", "list, watch"), ("`jobsets`", "patch, delete"),
                             ("`pods`", "create, list, watch, delete, patch"), ("`pods/binding`", "create"),
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
                             ("`services`", "create, list, delete"), ("`events`", "create"),

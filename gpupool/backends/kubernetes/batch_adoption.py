@@ -1,9 +1,11 @@
-"""batch/v1 Jobs labelled ``gpupool.io/project``, queued as gpupool jobs (the core's side of :mod:`.batch_jobs`).
+"""batch/v1 Jobs and JobSets labelled ``gpupool.io/project``, queued as gpupool jobs (the core's side of :mod:`.batch_jobs`).
 
-One gpupool job per Job (its ``client_key`` is ``batchjob:<uid>``, so a
-restart never queues it twice): kind ``train``, named ``namespace/name``,
-``parallelism`` replicas (``min(parallelism, completions)``) of the pod
-template's whole GPUs each, one all-or-nothing gang under the project's
+One gpupool job per Job (its ``client_key`` is ``batchjob:<uid>``, a
+JobSet's ``jobset:<uid>``, so a restart never queues it twice): kind
+``train``, named ``namespace/name``, ``parallelism`` replicas
+(``min(parallelism, completions)``; for a JobSet, that times ``replicas``,
+summed over its replicated jobs) of the pod template's whole GPUs each (the
+same in every template), one all-or-nothing gang under the project's
 quota. Unlike a kubectl pod's job it *can* be paused: the Job is suspended
 and unsuspended later, so the core treats it as its own job (``stands_for``
 answers None); only queueing, cancelling and the words on the Job are here.
@@ -29,19 +31,71 @@ from gpupool.wire.errors import InvalidRequest
 BATCH_JOB_LABEL = "gpupool.io/batch-job"
 """On the gpupool job: ``<namespace>/<name>`` of the Job it stands for."""
 BATCH_UID_LABEL = "gpupool.io/batch-job-uid"
+JOBSET_LABEL = "gpupool.io/jobset"
+"""On the gpupool job: ``<namespace>/<name>`` of the JobSet it stands for."""
+JOBSET_UID_JOB_LABEL = "gpupool.io/jobset-uid"
+_LABELS = {"Job": (BATCH_JOB_LABEL, BATCH_UID_LABEL), "JobSet": (JOBSET_LABEL, JOBSET_UID_JOB_LABEL)}
 
 
-def job_key(uid: str) -> str:
-    return f"batchjob:{uid}"
+def job_key(uid: str, kind: str = "Job") -> str:
+    return f"batchjob:{uid}" if kind == "Job" else f"jobset:{uid}"
 
 
 def ref_of(job: JobFacts) -> JobRef | None:
-    """The Job a gpupool job stands for (its labels), or None."""
-    text, uid = job.labels.get(BATCH_JOB_LABEL), job.labels.get(BATCH_UID_LABEL)
-    if not text or not uid or "/" not in text or job.client_key != job_key(uid):
-        return None
-    ns, name = text.split("/", 1)
-    return JobRef(ns, name, uid)
+    """The Job (JobSet) a gpupool job stands for (its labels), or None."""
+    for kind, (name_label, uid_label) in _LABELS.items():
+        text, uid = job.labels.get(name_label), job.labels.get(uid_label)
+        if text and uid and "/" in text and job.client_key == job_key(uid, kind):
+            ns, name = text.split("/", 1)
+            return JobRef(ns, name, uid, kind)
+    return None
+
+
+def _pods_of_job(job_spec: Obj) -> int:
+    """How many pods a Job runs at once: ``min(parallelism, completions)`` (parallelism defaults to 1)."""
+    parallelism = job_spec.get("parallelism")
+    parallelism = 1 if parallelism is None else int(parallelism)
+    completions = job_spec.get("completions")
+    return parallelism if completions is None else min(parallelism, int(completions))
+
+
+def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
+    """(the job spec, its user, why it cannot be queued or "") for a JobSet labelled with a project.
+
+    Its replicated jobs' pods together are one gang: each replicated job's
+    ``replicas`` x its pods at once, every pod on the same whole GPUs.
+    """
+    ref = JobRef(ob.namespace(js), ob.name(js), ob.uid(js), "JobSet")
+    labels = ob.labels(js)
+    project = labels.get(PROJECT_LABEL, "")
+    user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"
+    spec: dict[str, Any] = {"project": project, "kind": "train", "name": ref.text[:200],
+                            "command": [f"(JobSet {ref.text})"],
+                            "labels": {JOBSET_LABEL: ref.text, JOBSET_UID_JOB_LABEL: ref.uid}}
+    pods, sizes, rules = 0, set[int](), None
+    for rj in ob.spec(js).get("replicatedJobs") or []:
+        job_spec = (rj.get("template") or {}).get("spec") or {}
+        template = job_spec.get("template") or {}
+        name = rj.get("name", "?")
+        if (ob.spec(template).get("schedulerName") or "default-scheduler") != scheduler_name:
+            return spec, user, (f"gpupool cannot admit this JobSet: the pod template of replicated job {name} has "
+                                f"no schedulerName: {scheduler_name}")
+        pods += int(rj.get("replicas", 1) or 0) * _pods_of_job(job_spec)
+        sizes.add(gpus_asked(template))
+        try:
+            rules = rules if rules is not None else rules_of_pod(template)
+        except Unsupported as e:
+            return spec, user, f"gpupool cannot admit this JobSet: {e}"
+    if pods < 1:
+        return spec, user, "gpupool cannot admit this JobSet: it runs no pods"
+    if len(sizes) != 1 or min(sizes) < 1:
+        return spec, user, ("gpupool cannot admit this JobSet: every pod template must ask for the same number of "
+                            f"whole nvidia.com/gpu (at least 1), not {sorted(sizes)}")
+    spec["gpus"] = sizes.pop()
+    if pods > 1:
+        spec["replicas"] = pods
+    spec.update(rules or {})
+    return spec, user, ""
 
 
 def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
@@ -53,10 +107,7 @@ def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
     template = ob.spec(job).get("template") or {}
     first: Any = (ob.containers(template) or [None])[0]
     image = first.get("image") if first is not None else None
-    parallelism = ob.spec(job).get("parallelism")
-    parallelism = 1 if parallelism is None else int(parallelism)
-    completions = ob.spec(job).get("completions")
-    replicas = parallelism if completions is None else min(parallelism, int(completions))
+    replicas = _pods_of_job(ob.spec(job))
     spec: dict[str, Any] = {"project": project, "kind": "train", "name": ref.text[:200],
                             "command": [f"(Job {ref.text}, image {image or '?'})"],
                             "labels": {BATCH_JOB_LABEL: ref.text, BATCH_UID_LABEL: ref.uid}}
@@ -100,10 +151,10 @@ class JobAdoption:
             self._warned.add((ref.uid, message))
             self.batch.calls.submit(post_job_event, self.batch.api, ref, "Warning", reason, message)
 
-    def _job_for(self, host: ForeignJobHost, uid: str) -> str:
+    def _job_for(self, host: ForeignJobHost, uid: str, kind: str) -> str:
         found = self._job_ids.get(uid)
         if found is None:
-            found = self._job_ids[uid] = host.job_for_key(job_key(uid))
+            found = self._job_ids[uid] = host.job_for_key(job_key(uid, kind))
         return found
 
     def sync(self, host: ForeignJobHost) -> None:
@@ -118,28 +169,28 @@ class JobAdoption:
         jobs = b.jobs()
         for uid, job_id in list(self._job_ids.items()):
             if job_id and host.waiting_job(job_id) is not None and uid not in jobs:
-                host.cancel(job_id, "its Job was deleted before gpupool admitted it")
+                host.cancel(job_id, "its Job (JobSet) was deleted before gpupool admitted it")
         queued = False
         namespaces = b.kubectl.namespaces
-        for job in sorted(jobs.values(), key=lambda j: (ob.creation_time(j) is None, ob.name(j))):
-            ref = JobRef(ob.namespace(job), ob.name(job), ob.uid(job))
+        for kind, job in sorted(jobs.values(), key=lambda kj: (ob.creation_time(kj[1]) is None, ob.name(kj[1]))):
+            ref = JobRef(ob.namespace(job), ob.name(job), ob.uid(job), kind)
             if finished(job) is not None or ob.being_deleted(job) or not namespaces.takes(ref.namespace):
                 continue
-            job_id = self._job_for(host, ref.uid)
+            job_id = self._job_for(host, ref.uid, kind)
             if not suspended(job) and not (job_id and b.running(job_id)):
                 b.suspend_job(ref)  # created running (or unsuspended by someone else): gpupool admits it
-                self._warn_once(ref, "GpupoolSuspended", "gpupool suspended this Job until it admits it; "
-                                "create Jobs with spec.suspend: true so no pod starts before admission")
+                self._warn_once(ref, "GpupoolSuspended", f"gpupool suspended this {kind} until it admits it; "
+                                f"create {kind}s with spec.suspend: true so no pod starts before admission")
             if job_id:
                 continue
-            spec, user, problem = read_job(job, self.scheduler_name)
+            spec, user, problem = (read_job if kind == "Job" else read_jobset)(job, self.scheduler_name)
             if not problem and (why := namespaces.refusal(ref.namespace, spec["project"])):
-                problem = f"gpupool cannot admit this Job: {why}"
+                problem = f"gpupool cannot admit this {kind}: {why}"
             if not problem:
                 try:
-                    job_id = host.queue(spec, user, f"queued from Job {ref.text}", job_key(ref.uid))
+                    job_id = host.queue(spec, user, f"queued from {kind} {ref.text}", job_key(ref.uid, kind))
                 except InvalidRequest as e:
-                    problem = f"gpupool cannot admit this Job: {e}"
+                    problem = f"gpupool cannot admit this {kind}: {e}"
             if problem:
                 self._warn_once(ref, "GpupoolNotQueued", problem)
                 continue
@@ -156,12 +207,12 @@ class JobAdoption:
         self.batch.intents[job.id] = intent
         word = "deleted" if intent == "cancel" else "suspended"
         self.batch.calls.submit(post_job_event, self.batch.api, ref, "Normal", "GpupoolStopped",
-                                f"gpupool: {reason}; the Job is {word}")
+                                f"gpupool: {reason}; the {ref.kind} is {word}")
 
     def rejected(self, job: JobFacts, reason: str) -> None:
         ref = ref_of(job)
         if ref is not None:
-            self._warn_once(ref, "GpupoolRejected", f"gpupool rejected job {job.id} for this Job: {reason}")
+            self._warn_once(ref, "GpupoolRejected", f"gpupool rejected job {job.id} for this {ref.kind}: {reason}")
 
     def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
         ref = ref_of(job)

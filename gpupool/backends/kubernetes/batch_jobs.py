@@ -1,4 +1,4 @@
-"""batch/v1 Jobs labelled ``gpupool.io/project``, admitted by gpupool as one gang each (docs/kubernetes.md).
+"""batch/v1 Jobs and JobSets labelled ``gpupool.io/project``, admitted by gpupool as one gang each (docs/kubernetes.md).
 
 A team creates its Job suspended; gpupool queues one gpupool job for it (the
 pod template's whole GPUs per replica, ``parallelism`` replicas: one
@@ -19,6 +19,13 @@ this is that job's executor, in the way Kueue admits a Job:
   deletes its pods);
 - **end** = the Job's ``Complete`` (exit code 0) or ``Failed`` (1) condition.
 
+A JobSet (``jobset.x-k8s.io/v1alpha2``, watched when its CRD is served) is
+admitted the same way through its own ``spec.suspend``: the JobSet controller
+suspends and unsuspends its child Jobs, and on a resume copies the
+replicated jobs' pod template annotations (``gpupool.io/resume``) into them;
+its pods carry the label ``jobset.sigs.k8s.io/jobset-uid``. It ends with its
+``Completed`` or ``Failed`` condition.
+
 The pods are the Job controller's: they are watched by the kubectl-pod watch
 (:class:`gpupool.backends.kubernetes.foreign_jobs.KubectlPods`, which sees every pod naming
 gpupool), never queued as kubectl pods of their own (``owns_pod``).
@@ -27,7 +34,9 @@ gpupool), never queued as kubectl pods of their own (``owns_pod``).
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime as dt
+import functools
 import itertools
 import logging
 import threading
@@ -56,6 +65,8 @@ NODES_ANNOTATION = "gpupool.io/nodes"
 """On an admitted Job: the replica slots' nodes, comma-separated (a restart binds its new pods to them)."""
 ADMITTED_ANNOTATION = "gpupool.io/admitted-as"
 """On an admitted Job: ``<gpupool job id>/<attempt>``."""
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"  # on a JobSet's child Jobs and their pods
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,7 @@ class JobRef:
     namespace: str
     name: str
     uid: str
+    kind: str = "Job"  # or "JobSet"
 
     @property
     def text(self) -> str:
@@ -94,9 +106,9 @@ class _Run:
 
 
 def finished(job: Obj) -> int | None:
-    """The Job's end as an exit code: 0 once ``Complete``, 1 once ``Failed``, None while it may run."""
+    """The Job's (JobSet's) end as an exit code: 0 once ``Complete`` (``Completed``), 1 once ``Failed``, else None."""
     for c in ob.status(job).get("conditions") or []:
-        if c.get("status") == "True" and c.get("type") == "Complete":
+        if c.get("status") == "True" and c.get("type") in ("Complete", "Completed"):
             return 0
         if c.get("status") == "True" and c.get("type") == "Failed":
             return 1
@@ -107,12 +119,24 @@ def suspended(job: Obj) -> bool:
     return bool(ob.spec(job).get("suspend"))
 
 
-def owner_job_uid(pod: Obj) -> str | None:
-    """The uid of the batch/v1 Job that controls this pod, or None."""
-    for ref in ob.meta(pod).get("ownerReferences") or []:
-        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/") and ref.get("controller"):
+def owner_uid(obj: Obj, kind: str, group: str) -> str | None:
+    """The uid of the object of ``kind`` (API group ``group``) that controls ``obj``, or None."""
+    for ref in ob.meta(obj).get("ownerReferences") or []:
+        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(f"{group}/") and ref.get("controller"):
             return str(ref.get("uid"))
     return None
+
+
+def owner_job_uid(pod: Obj) -> str | None:
+    """The uid of the batch/v1 Job that controls this pod, or None."""
+    return owner_uid(pod, "Job", "batch")
+
+
+def member_of(pod: Obj, ref: JobRef) -> bool:
+    """Whether the pod is one of the Job's (or the JobSet's, through its child Jobs)."""
+    if ref.kind == "JobSet":
+        return ob.namespace(pod) == ref.namespace and ob.labels(pod).get(JOBSET_UID_LABEL) == ref.uid
+    return owner_job_uid(pod) == ref.uid
 
 
 def _active(pod: Obj) -> bool:
@@ -124,7 +148,8 @@ def post_job_event(api: client.CoreV1Api, ref: JobRef, kind: str, reason: str, m
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     body: Any = {"apiVersion": "v1", "kind": "Event",
                  "metadata": {"name": f"{ref.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ref.namespace},
-                 "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": ref.namespace,
+                 "involvedObject": {"apiVersion": "batch/v1" if ref.kind == "Job" else f"{JOBSET_GROUP}/{JOBSET_VERSION}",
+                               "kind": ref.kind, "namespace": ref.namespace,
                                     "name": ref.name, "uid": ref.uid},
                  "reason": reason, "message": message[:1024], "type": kind, "source": {"component": "gpupool"},
                  "firstTimestamp": now, "lastTimestamp": now, "count": 1}
@@ -140,12 +165,14 @@ class BatchJobs:
     def __init__(self, batch: client.BatchV1Api, api: client.CoreV1Api, kubectl: KubectlPods, calls: Calls,
                  health: Health, bind_every_s: float = 0.05) -> None:
         self.batch = batch
+        self.custom = client.CustomObjectsApi(api.api_client)
         self.api = api
         self.kubectl = kubectl
         self.calls = calls
         self.bind_every_s = bind_every_s
         self._lock = threading.Lock()
-        self._jobs: dict[str, Obj] = {}  # Job uid -> its JSON
+        self._jobs: dict[str, Obj] = {}  # Job (JobSet) uid -> its JSON
+        self._kinds: dict[str, str] = {}  # uid -> "Job" or "JobSet"
         self.generation = 0
         self._refs: dict[str, JobRef] = {}  # gpupool job id -> its Job
         self._runs: dict[str, _Run] = {}
@@ -155,30 +182,62 @@ class BatchJobs:
         self.changes = 0
         self._halt = threading.Event()
         self._binder = threading.Thread(target=self._bind_loop, daemon=True, name="gpupool-batch-binder")
-        self.watch = ListWatch("batch-jobs", batch.list_job_for_all_namespaces, self._on_reset, self._on_event,
+        self.watch = ListWatch("batch-jobs", batch.list_job_for_all_namespaces,
+                               functools.partial(self._on_reset, "Job"), functools.partial(self._on_event, "Job"),
                                health, label_selector=PROJECT_LABEL)
+        self.jobset_watch: ListWatch | None = None
+        if self._jobsets_served():
+            self.jobset_watch = ListWatch(
+                "jobsets", functools.partial(self.custom.list_cluster_custom_object, JOBSET_GROUP, JOBSET_VERSION,
+                                             JOBSETS), functools.partial(self._on_reset, "JobSet"),
+                functools.partial(self._on_event, "JobSet"), health, label_selector=PROJECT_LABEL)
+
+    def _jobsets_served(self) -> bool:
+        """Whether the cluster serves JobSets (its CRD installed): only then are they watched (no CRD, no errors)."""
+        try:
+            groups = client.ApisApi(self.custom.api_client).get_api_versions(_request_timeout=10).groups or []
+            return any(g.name == JOBSET_GROUP and any(v.version == JOBSET_VERSION for v in g.versions or [])
+                       for g in groups)
+        except Exception as e:
+            log.warning("could not ask whether JobSets are served: %s", describe(e))
+            return False
 
     def start(self) -> None:
         self.watch.start()
+        if self.jobset_watch is not None:
+            self.jobset_watch.start()
         self._binder.start()
 
     def close(self) -> None:
         self._halt.set()
         self.watch.stop(wait_s=0.5)
+        if self.jobset_watch is not None:
+            self.jobset_watch.stop(wait_s=0.5)
 
-    # ------------------------------------------------------------ the watch (its thread)
-    def _on_reset(self, jobs: list[Obj]) -> None:
+    # ------------------------------------------------------------ the watches (their threads)
+    def _on_reset(self, kind: str, jobs: list[Obj]) -> None:
         with self._lock:
-            self._jobs = {ob.uid(j): j for j in jobs}
+            for uid in [u for u, k in self._kinds.items() if k == kind]:
+                del self._kinds[uid]
+                self._jobs.pop(uid, None)
+            for j in jobs:
+                if kind == "Job" and owner_uid(j, "JobSet", JOBSET_GROUP) is not None:
+                    continue  # a JobSet's child: the JobSet is what gpupool admits
+                self._jobs[ob.uid(j)] = j
+                self._kinds[ob.uid(j)] = kind
             self.generation += 1
             self._changed()
 
-    def _on_event(self, kind: str, job: Obj) -> None:
+    def _on_event(self, kind: str, event: str, job: Obj) -> None:
+        if kind == "Job" and owner_uid(job, "JobSet", JOBSET_GROUP) is not None:
+            return
         with self._lock:
-            if kind == "DELETED":
+            if event == "DELETED":
                 self._jobs.pop(ob.uid(job), None)
+                self._kinds.pop(ob.uid(job), None)
             else:
                 self._jobs[ob.uid(job)] = job
+                self._kinds[ob.uid(job)] = kind
             self.generation += 1
             self._changed()
 
@@ -188,12 +247,12 @@ class BatchJobs:
     # ------------------------------------------------------------ reads
     @property
     def synced(self) -> bool:
-        return self.watch.synced.is_set()
+        return self.watch.synced.is_set() and (self.jobset_watch is None or self.jobset_watch.synced.is_set())
 
-    def jobs(self) -> dict[str, Obj]:
-        """Every Job labelled with a project now, by uid (a copy)."""
+    def jobs(self) -> dict[str, tuple[str, Obj]]:
+        """Every Job and JobSet labelled with a project now, by uid: (its kind, its JSON)."""
         with self._lock:
-            return dict(self._jobs)
+            return {u: (self._kinds.get(u, "Job"), j) for u, j in self._jobs.items()}
 
     def job(self, uid: str) -> Obj | None:
         with self._lock:
@@ -201,9 +260,9 @@ class BatchJobs:
 
     def owns_pod(self, pod: Obj) -> bool:
         """Whether the pod is made by a Job gpupool admits (not a kubectl pod to queue on its own)."""
-        uid = owner_job_uid(pod)
+        uids = (owner_job_uid(pod), ob.labels(pod).get(JOBSET_UID_LABEL))
         with self._lock:
-            return uid is not None and uid in self._jobs
+            return any(u is not None and u in self._jobs for u in uids)
 
     def register(self, job_id: str, ref: JobRef) -> None:
         with self._lock:
@@ -218,8 +277,8 @@ class BatchJobs:
             run = self._runs.get(job_id)
             return run is not None and not run.stopped
 
-    def _pods_of(self, uid: str) -> list[Obj]:
-        return [p for p in self.kubectl.pods().values() if owner_job_uid(p) == uid]
+    def _pods_of(self, ref: JobRef) -> list[Obj]:
+        return [p for p in self.kubectl.pods().values() if member_of(p, ref)]
 
     # ------------------------------------------------------------ admission
     def launch(self, launch: Launch) -> BatchHandle:
@@ -233,20 +292,48 @@ class BatchJobs:
             run.start.add_done_callback(lambda f: self._changed())
         return handle
 
-    def _admit(self, run: _Run) -> None:
-        """Unsuspend the Job, naming its nodes and (on a resume) the resume signal, in one patch."""
+    def _patch(self, ref: JobRef, body: dict[str, Any]) -> Any:
+        if ref.kind == "JobSet":
+            return self.custom.patch_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, ref.namespace, JOBSETS,
+                                                              ref.name, body)
+        return self.batch.patch_namespaced_job(ref.name, ref.namespace, body)
+
+    def _delete(self, ref: JobRef) -> Any:
+        if ref.kind == "JobSet":
+            return self.custom.delete_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, ref.namespace, JOBSETS,
+                                                               ref.name, propagation_policy="Background")
+        return self.batch.delete_namespaced_job(ref.name, ref.namespace, propagation_policy="Background")
+
+    def _admission(self, run: _Run) -> dict[str, Any]:
+        """The one patch that admits: unsuspended, its nodes named, the resume signal on its pod templates."""
         h, ref = run.handle, run.ref
-        body = {"metadata": {"annotations": {NODES_ANNOTATION: ",".join(run.slots),
-                                             ADMITTED_ANNOTATION: f"{h.job_id}/{h.attempt}"}},
-                "spec": {"suspend": False, "template": {"metadata": {"annotations": {
-                    RESUME_ANNOTATION: "1" if h.attempt > 1 else "0"}}}}}
+        resume = {"metadata": {"annotations": {RESUME_ANNOTATION: "1" if h.attempt > 1 else "0"}}}
+        body: dict[str, Any] = {"metadata": {"annotations": {NODES_ANNOTATION: ",".join(run.slots),
+                                                             ADMITTED_ANNOTATION: f"{h.job_id}/{h.attempt}"}},
+                                "spec": {"suspend": False}}
+        if ref.kind == "Job":
+            body["spec"]["template"] = resume
+            return body
+        js = self.job(ref.uid)
+        if js is None:
+            raise RuntimeError(f"JobSet {ref.text} is gone")
+        replicated = copy.deepcopy(ob.spec(js).get("replicatedJobs") or [])
+        for rj in replicated:  # a merge patch replaces the list: the whole list, each pod template annotated
+            pod = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            pod.setdefault("metadata", {}).setdefault("annotations", {}).update(resume["metadata"]["annotations"])
+        body["spec"]["replicatedJobs"] = replicated
+        return body
+
+    def _admit(self, run: _Run) -> None:
+        """Unsuspend the Job (JobSet), naming its nodes and (on a resume) the resume signal, in one patch."""
+        h, ref = run.handle, run.ref
         try:
-            self.calls.retrying("start", lambda: self.batch.patch_namespaced_job(ref.name, ref.namespace, body),
-                                START_GIVE_UP_S)
+            body = self._admission(run)
+            self.calls.retrying("start", lambda: self._patch(ref, body), START_GIVE_UP_S)
         except Exception as e:
-            raise RuntimeError(f"could not unsuspend Job {ref.text}: {describe(e)}") from e
+            raise RuntimeError(f"could not unsuspend {ref.kind} {ref.text}: {describe(e)}") from e
         post_job_event(self.api, ref, "Normal", "GpupoolAdmitted",
-                       f"gpupool admitted this Job as job {h.job_id} (attempt {h.attempt}) on "
+                       f"gpupool admitted this {ref.kind} as job {h.job_id} (attempt {h.attempt}) on "
                        f"{', '.join(run.slots)}" + ("; resuming: its pods see gpupool.io/resume=1" if h.attempt > 1
                                                     else ""))
 
@@ -267,7 +354,7 @@ class BatchJobs:
             return
         pods = self.kubectl.pods()
         for run in runs:
-            mine = {ob.uid(p): p for p in pods.values() if owner_job_uid(p) == run.ref.uid}
+            mine = {ob.uid(p): p for p in pods.values() if member_of(p, run.ref)}
             for uid in [u for u, _ in run.bound.items() if u not in mine or not _active(mine[u])]:
                 del run.bound[uid]  # ended or gone: its slot is free for the Job's next pod
             for uid, p in mine.items():
@@ -292,8 +379,8 @@ class BatchJobs:
             self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
         except ApiException as e:
             if e.status not in (404, 409):
-                log.warning("could not bind pod %s/%s of Job %s to %s: %s", ob.namespace(pod), ob.name(pod),
-                            run.ref.text, node, describe(e))
+                log.warning("could not bind pod %s/%s of %s %s to %s: %s", ob.namespace(pod), ob.name(pod),
+                            run.ref.kind, run.ref.text, node, describe(e))
             return
         run.bound[ob.uid(pod)] = slot
 
@@ -342,7 +429,7 @@ class BatchJobs:
         if err is not None:
             return Interrupted("not-started", f"{err}; requeued")
         if self._job_of(run) is None and not run.stopping:
-            return Interrupted("disrupted", f"its Job {run.ref.text} was deleted outside gpupool")
+            return Interrupted("disrupted", f"its {run.ref.kind} {run.ref.text} was deleted outside gpupool")
         return None
 
     async def stop(self, handle: BatchHandle, grace_s: float) -> bool:
@@ -363,7 +450,7 @@ class BatchJobs:
         deadline = time.monotonic() + grace_s + STOP_WAIT_AFTER_GRACE_S
         within = time.monotonic() + grace_s + 5.0
         while time.monotonic() < deadline:
-            if not any(_active(p) for p in self._pods_of(run.ref.uid)):
+            if not any(_active(p) for p in self._pods_of(run.ref)):
                 break
             await asyncio.sleep(0.05)
         run.stopped = True
@@ -371,18 +458,17 @@ class BatchJobs:
         return time.monotonic() <= within
 
     def _stop_job(self, ref: JobRef, cancel: bool) -> None:
+        what = f"{'delete' if cancel else 'suspend'} {ref.kind} {ref.text}"
         try:
             if cancel:
-                self.calls.retrying("stop", lambda: self.batch.delete_namespaced_job(
-                    ref.name, ref.namespace, propagation_policy="Background"), 60.0)
+                self.calls.retrying("stop", lambda: self._delete(ref), 60.0)
             else:
-                self.calls.retrying("stop", lambda: self.batch.patch_namespaced_job(
-                    ref.name, ref.namespace, {"spec": {"suspend": True}}), 60.0)
+                self.calls.retrying("stop", lambda: self._patch(ref, {"spec": {"suspend": True}}), 60.0)
         except ApiException as e:
             if e.status != 404:
-                log.warning("could not %s Job %s: %s", "delete" if cancel else "suspend", ref.text, describe(e))
+                log.warning("could not %s: %s", what, describe(e))
         except Exception as e:
-            log.warning("could not %s Job %s: %s", "delete" if cancel else "suspend", ref.text, describe(e))
+            log.warning("could not %s: %s", what, describe(e))
 
     def delete_job(self, ref: JobRef) -> None:
         """A cancelled job's Job is deleted (its pods by the garbage collector), in the background."""
@@ -401,6 +487,8 @@ class BatchJobs:
     def recover(self, job_id: str, attempt: int) -> Recovered:
         """After a restart: the Job as the watch lists it (running, ended, or suspended: never started)."""
         self.watch.synced.wait(20.0)
+        if self.jobset_watch is not None:
+            self.jobset_watch.synced.wait(20.0)
         self.kubectl.watch.synced.wait(20.0)
         ref = self._refs[job_id]
         job = self.job(ref.uid)
