@@ -275,3 +275,21 @@ async def test_a_jobset_is_one_gang_suspended_on_reclaim_resumed_and_succeeds(
         done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] not in ("running", "paused")
                               and j, 60, what="the JobSet's job settled")
         assert done["state"] == "succeeded" and done["attempts"] == 2, done
+
+
+async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path,
+                                                   make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        batch.create_namespaced_job(namespace, job_body("flaky", parallelism=1, gpus=1))  # backoffLimit 0
+        (pod,) = await wait_for(lambda: [p for p in job_pods(api, namespace, "flaky")
+                                         if p.metadata.name in kubelet.started], what="its pod running")
+        (job,) = jobs_of(core, namespace, "flaky")
+        kubelet.finish(pod.metadata.name, 2)
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
+                              what="the job settled")
+        assert done["state"] == "failed" and done["exit_code"] == 1, done  # the Job's Failed condition

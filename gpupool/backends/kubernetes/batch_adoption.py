@@ -105,7 +105,7 @@ def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
     project = labels.get(PROJECT_LABEL, "")
     user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"
     template = ob.spec(job).get("template") or {}
-    first: Any = (ob.containers(template) or [None])[0]
+    first: Any = next(iter(ob.containers(template)), None)
     image = first.get("image") if first is not None else None
     replicas = _pods_of_job(ob.spec(job))
     spec: dict[str, Any] = {"project": project, "kind": "train", "name": ref.text[:200],

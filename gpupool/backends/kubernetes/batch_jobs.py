@@ -339,7 +339,17 @@ class BatchJobs:
 
     # ------------------------------------------------------------ binding the Job controller's pods
     def _bind_loop(self) -> None:
+        """Look again whenever the pods or the admitted runs changed (and every 2 s, for a bind that failed)."""
+        seen: Any = None
+        last = 0.0
         while not self._halt.wait(self.bind_every_s):
+            with self._lock:
+                now_seen = (self.kubectl.generation, tuple((r.handle.job_id, r.handle.attempt, r.stopping,
+                                                            r.start is None or r.start.done())
+                                                           for r in self._runs.values()))
+            if now_seen == seen and time.monotonic() - last < 2.0:
+                continue
+            seen, last = now_seen, time.monotonic()
             try:
                 self.bind_pending()
             except Exception as e:  # a bad moment of the API server: the next round tries again
