@@ -8,6 +8,7 @@ told, and answer a graceful deletion).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,46 @@ async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu
         done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
                               what="the job settled")
         assert done["state"] == "failed" and done["exit_code"] == 1, done  # the Job's Failed condition
+
+
+async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(
+        api: Any, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    """As the ServiceAccount of deploy/kubernetes/rbac.yaml (its own namespace): watch Jobs (and JobSets, where
+    an earlier test of this file started their controller), unsuspend, suspend and delete one; nothing fails."""
+    from tests.kube.cluster import wait
+    from tests.kube.test_deploy import as_scheduler_account
+
+    gpu_nodes(1, gpus=8)
+    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
+    sa_batch = batch_api(sa_config)
+
+    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see the roles
+        try:
+            sa_batch.list_job_for_all_namespaces(limit=1)
+        except client.ApiException:
+            return False
+        return True
+
+    wait(rbac_in_effect, what="the roles in effect")
+    batch = batch_api(kubeconfig)
+    name = f"sa-{uuid.uuid4().hex[:6]}"
+    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        with Kubelet(api, "gpupool") as kubelet:
+            batch.create_namespaced_job("gpupool", job_body(name, parallelism=1, gpus=2))
+            (pod,) = await wait_for(lambda: [p for p in job_pods(api, "gpupool", name)
+                                             if p.metadata.name in kubelet.started], what="admitted and bound as the SA")
+            (job,) = jobs_of(core, "gpupool", name)
+            await core.pause(ADMIN, job["id"])
+            await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "paused", what="paused: suspended")
+            assert batch.read_namespaced_job(name, "gpupool").spec.suspend is True
+            assert pod.metadata.name in kubelet.stopped
+            await core.cancel(ADMIN, job["id"])
+            await wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job("gpupool").items},
+                           what="the Job deleted as the SA")
+        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
+    finally:
+        await core.stop()
