@@ -82,7 +82,9 @@ async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
     await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
     core.set_project(ADMIN, "vision", {"train_guarantee": 8})
     with Kubelet(api, namespace) as kubelet:
-        batch.create_namespaced_job(namespace, job_body("train", parallelism=2, gpus=4))
+        body = job_body("train", parallelism=2, gpus=4)
+        body["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "gpupool.io/admission"}]  # removed, then bound
+        batch.create_namespaced_job(namespace, body)
         (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "train") if j["state"] == "running"],
                                 what="the Job's gpupool job running")
         assert (job["project"], job["kind"], job["name"]) == ("vision", "train", f"{namespace}/train")
@@ -97,6 +99,7 @@ async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
         assert sorted(p.spec.node_name for p in pods) == placed and set(placed) <= set(nodes)
         for p in pods:
             assert p.metadata.annotations["gpupool.io/resume"] == "0"  # a first attempt
+            assert not p.spec.scheduling_gates
         assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")]  # not kubectl pods
         await wait_for(lambda: all(p.metadata.name in kubelet.started for p in pods), what="both pods running")
         for p in pods:

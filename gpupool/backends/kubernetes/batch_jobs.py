@@ -52,6 +52,7 @@ from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.names import PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj
@@ -374,7 +375,7 @@ class BatchJobs:
                     if free:
                         run.bound[uid] = free[0]
             for p in sorted(mine.values(), key=ob.name):
-                if ob.node_name(p) or ob.being_deleted(p) or not _active(p):
+                if ob.node_name(p) or ob.being_deleted(p) or not _active(p) or other_gates(p):
                     continue
                 free = [i for i in range(len(run.slots)) if i not in run.bound.values()]
                 if not free:
@@ -386,6 +387,8 @@ class BatchJobs:
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
+            if has_our_gate(pod):  # a template with gpupool's scheduling gate: removed first (gates.py)
+                remove_gate(self.api, ob.namespace(pod), ob.name(pod))
             self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
         except ApiException as e:
             if e.status not in (404, 409):
