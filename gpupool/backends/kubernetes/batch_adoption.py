@@ -21,7 +21,8 @@ from typing import Any
 
 from gpupool.backends.base import ForeignJobHost, ForeignWork, JobFacts
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.batch_jobs import BatchJobs, JobRef, finished, post_job_event, suspended
+from gpupool.backends.kubernetes.batch_jobs import BatchJobs
+from gpupool.backends.kubernetes.batch_objects import JobRef, finished, post_job_event, suspended
 from gpupool.backends.kubernetes.foreign import USER_LABEL, gpus_asked
 from gpupool.backends.kubernetes.names import PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj

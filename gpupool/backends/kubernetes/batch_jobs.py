@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime as dt
 import functools
 import itertools
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +48,23 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.batch_objects import (
+    ADMITTED_ANNOTATION,
+    JOBSET_GROUP,
+    JOBSET_UID_LABEL,
+    JOBSET_VERSION,
+    JOBSETS,
+    NODES_ANNOTATION,
+    RESUME_ANNOTATION,
+    JobRef,
+    active_pod,
+    finished,
+    member_of,
+    owner_job_uid,
+    owner_uid,
+    post_job_event,
+    suspended,
+)
 from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
@@ -59,29 +74,6 @@ from gpupool.backends.kubernetes.objects import Obj
 from gpupool.backends.kubernetes.watcher import ListWatch
 
 log = logging.getLogger("gpupool.backends.kubernetes")
-
-RESUME_ANNOTATION = "gpupool.io/resume"
-"""On the pod template: "1" when the attempt resumes an earlier one (read it as env GPUPOOL_RESUME)."""
-NODES_ANNOTATION = "gpupool.io/nodes"
-"""On an admitted Job: the replica slots' nodes, comma-separated (a restart binds its new pods to them)."""
-ADMITTED_ANNOTATION = "gpupool.io/admitted-as"
-"""On an admitted Job: ``<gpupool job id>/<attempt>``."""
-JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
-JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"  # on a JobSet's child Jobs and their pods
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Which Job a gpupool job stands for: the uid tells a recreated Job of the same name apart."""
-
-    namespace: str
-    name: str
-    uid: str
-    kind: str = "Job"  # or "JobSet"
-
-    @property
-    def text(self) -> str:
-        return f"{self.namespace}/{self.name}"
 
 
 @dataclass
@@ -104,60 +96,6 @@ class _Run:
     start: Any = None  # the admission patch's future (None when adopted after a restart)
     stopping: bool = False
     stopped: bool = False
-
-
-def finished(job: Obj) -> int | None:
-    """The Job's (JobSet's) end as an exit code: 0 once ``Complete`` (``Completed``), 1 once ``Failed``, else None."""
-    for c in ob.status(job).get("conditions") or []:
-        if c.get("status") == "True" and c.get("type") in ("Complete", "Completed"):
-            return 0
-        if c.get("status") == "True" and c.get("type") == "Failed":
-            return 1
-    return None
-
-
-def suspended(job: Obj) -> bool:
-    return bool(ob.spec(job).get("suspend"))
-
-
-def owner_uid(obj: Obj, kind: str, group: str) -> str | None:
-    """The uid of the object of ``kind`` (API group ``group``) that controls ``obj``, or None."""
-    for ref in ob.meta(obj).get("ownerReferences") or []:
-        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(f"{group}/") and ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
-
-
-def owner_job_uid(pod: Obj) -> str | None:
-    """The uid of the batch/v1 Job that controls this pod, or None."""
-    return owner_uid(pod, "Job", "batch")
-
-
-def member_of(pod: Obj, ref: JobRef) -> bool:
-    """Whether the pod is one of the Job's (or the JobSet's, through its child Jobs)."""
-    if ref.kind == "JobSet":
-        return ob.namespace(pod) == ref.namespace and ob.labels(pod).get(JOBSET_UID_LABEL) == ref.uid
-    return owner_job_uid(pod) == ref.uid
-
-
-def _active(pod: Obj) -> bool:
-    return ob.phase(pod) not in ("Succeeded", "Failed")
-
-
-def post_job_event(api: client.CoreV1Api, ref: JobRef, kind: str, reason: str, message: str) -> None:
-    """An Event on the Job (``kubectl describe job`` shows it)."""
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body: Any = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"name": f"{ref.name[:200]}.{uuid.uuid4().hex[:16]}", "namespace": ref.namespace},
-                 "involvedObject": {"apiVersion": "batch/v1" if ref.kind == "Job" else f"{JOBSET_GROUP}/{JOBSET_VERSION}",
-                               "kind": ref.kind, "namespace": ref.namespace,
-                                    "name": ref.name, "uid": ref.uid},
-                 "reason": reason, "message": message[:1024], "type": kind, "source": {"component": "gpupool"},
-                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-    try:
-        api.create_namespaced_event(ref.namespace, body)
-    except Exception as e:
-        log.warning("could not record event %s on Job %s: %s", reason, ref.text, describe(e))
 
 
 class BatchJobs:
@@ -366,16 +304,16 @@ class BatchJobs:
         pods = self.kubectl.pods()
         for run in runs:
             mine = {ob.uid(p): p for p in pods.values() if member_of(p, run.ref)}
-            for uid in [u for u, _ in run.bound.items() if u not in mine or not _active(mine[u])]:
+            for uid in [u for u, _ in run.bound.items() if u not in mine or not active_pod(mine[u])]:
                 del run.bound[uid]  # ended or gone: its slot is free for the Job's next pod
             for uid, p in mine.items():
-                if ob.node_name(p) and uid not in run.bound and _active(p):
+                if ob.node_name(p) and uid not in run.bound and active_pod(p):
                     node = ob.node_name(p)  # bound before (a restart): it holds the first free slot on its node
                     free = [i for i, n in enumerate(run.slots) if n == node and i not in run.bound.values()]
                     if free:
                         run.bound[uid] = free[0]
             for p in sorted(mine.values(), key=ob.name):
-                if ob.node_name(p) or ob.being_deleted(p) or not _active(p) or other_gates(p):
+                if ob.node_name(p) or ob.being_deleted(p) or not active_pod(p) or other_gates(p):
                     continue
                 free = [i for i in range(len(run.slots)) if i not in run.bound.values()]
                 if not free:
@@ -463,7 +401,7 @@ class BatchJobs:
         deadline = time.monotonic() + grace_s + STOP_WAIT_AFTER_GRACE_S
         within = time.monotonic() + grace_s + 5.0
         while time.monotonic() < deadline:
-            if not any(_active(p) for p in self._pods_of(run.ref)):
+            if not any(active_pod(p) for p in self._pods_of(run.ref)):
                 break
             await asyncio.sleep(0.05)
         run.stopped = True
