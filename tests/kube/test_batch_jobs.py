@@ -201,13 +201,23 @@ async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
         core.set_project(ADMIN, "vision", {"train_guarantee": 8})
         with Kubelet(api, namespace) as kubelet:
             batch.create_namespaced_job(namespace, job_body("long", parallelism=2, gpus=2))
+            batch.create_namespaced_job(namespace, job_body("short", parallelism=1, gpus=2))
             pods = await wait_for(lambda: len(p := job_pods(api, namespace, "long")) == 2 and all(
                 x.metadata.name in kubelet.started for x in p) and p, what="the Job running")
+            (short_pod,) = await wait_for(lambda: [p for p in job_pods(api, namespace, "short")
+                                                   if p.metadata.name in kubelet.started], what="the short Job running")
             (job,) = jobs_of(core, namespace, "long")
+            (short,) = jobs_of(core, namespace, "short")
             await core.stop()
+            kubelet.finish(short_pod.metadata.name, 0)  # it ends while gpupool is away
+            await wait_for(lambda: batch.read_namespaced_job("short", namespace).status.succeeded == 1,
+                           what="the short Job complete")
             core = build_core(cfg)
             await core.start()
             await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running", what="found again")
+            ended = await wait_for(lambda: (j := core.get_job(ADMIN, short["id"]))["state"] != "running" and j,
+                                   what="the Job that ended meanwhile settled")
+            assert ended["state"] == "succeeded" and ended["attempts"] == 1, ended
             await asyncio.sleep(1.0)
             assert len(jobs_of(core, namespace, "long")) == 1
             again = job_pods(api, namespace, "long")
