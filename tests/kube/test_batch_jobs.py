@@ -308,7 +308,8 @@ async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu
         kubelet.finish(pod.metadata.name, 2)
         done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] != "running" and j,
                               what="the job settled")
-        assert done["state"] == "failed" and done["exit_code"] == 1, done  # the Job's Failed condition
+        assert done["state"] == "failed" and done["exit_code"] == 2, done  # Failed, with its pod's exit code
+        assert done["reason"] == "exited with code 2", done
 
 
 async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(

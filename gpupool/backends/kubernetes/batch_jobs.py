@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
 import functools
 import itertools
 import logging
@@ -66,6 +67,7 @@ from gpupool.backends.kubernetes.batch_objects import (
     suspended,
 )
 from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.foreign import kubectl_pod_end
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
 from gpupool.backends.kubernetes.health import Health, describe
@@ -366,7 +368,13 @@ class BatchJobs:
             if run is None or run.handle.attempt != attempt:
                 return self._finished.get((job_id, attempt))
         job = self._job_of(run)
-        return finished(job) if job is not None else None
+        code = finished(job) if job is not None else None
+        if code == 1:  # Failed: the exit code of its failed pod (the oldest one left), as a pod's job has
+            failed = sorted((p for p in self._pods_of(run.ref) if ob.phase(p) == "Failed"),
+                            key=lambda p: ob.creation_time(p) or dt.datetime.max.replace(tzinfo=dt.timezone.utc))
+            ends = [e for e in (kubectl_pod_end(p) for p in failed) if e is not None and e.exit_code != 0]
+            code = ends[0].exit_code if ends else 1
+        return code
 
     def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
         return self.exit_code(job_id, attempt) is not None
