@@ -10,29 +10,12 @@
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { APIRequestContext } from '@playwright/test';
-import * as fs from 'fs';
 import * as path from 'path';
 
-/** The test server's scheduler (its runtime file) and admin token (its state directory). */
-function scheduler(): { url: string; token: string } {
-  const root = process.env.JUPYTERLAB_GALATA_ROOT_DIR as string;
-  const runtime = process.env.GPUPOOL_RUNTIME_DIR || path.join(root, '.gpupool-runtime');
-  const file = fs.readdirSync(runtime).find(f => f.startsWith('scheduler-') && f.endsWith('.json'));
-  if (!file) {
-    throw new Error(`no scheduler runtime file in ${runtime}`);
-  }
-  const url = JSON.parse(fs.readFileSync(path.join(runtime, file), 'utf8')).url as string;
-  const token = fs.readFileSync(path.join(root, '.gpupool-state', 'admin_token'), 'utf8').trim();
-  return { url, token };
-}
+import { setProject } from './pool_admin';
 
 async function setKernelIdleRule(request: APIRequestContext, idle: unknown): Promise<void> {
-  const { url, token } = scheduler();
-  const reply = await request.put(`${url}/api/v1/projects/vision`, {
-    headers: { Authorization: `token ${token}` },
-    data: { idle }
-  });
-  expect(reply.ok(), await reply.text()).toBe(true);
+  await setProject(request, 'vision', { idle });
 }
 
 async function shutdownAllKernels(page: IJupyterLabPageFixture): Promise<void> {

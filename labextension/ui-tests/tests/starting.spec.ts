@@ -12,30 +12,12 @@
  */
 import { expect, test } from '@jupyterlab/galata';
 import type { APIRequestContext } from '@playwright/test';
-import * as fs from 'fs';
-import * as path from 'path';
 
-/** The test server's scheduler (its runtime file) and admin token (its state directory). */
-function scheduler(): { url: string; token: string } {
-  const root = process.env.JUPYTERLAB_GALATA_ROOT_DIR as string;
-  const runtime = process.env.GPUPOOL_RUNTIME_DIR || path.join(root, '.gpupool-runtime');
-  const file = fs.readdirSync(runtime).find(f => f.startsWith('scheduler-') && f.endsWith('.json'));
-  if (!file) {
-    throw new Error(`no scheduler runtime file in ${runtime}`);
-  }
-  const url = JSON.parse(fs.readFileSync(path.join(runtime, file), 'utf8')).url as string;
-  const token = fs.readFileSync(path.join(root, '.gpupool-state', 'admin_token'), 'utf8').trim();
-  return { url, token };
-}
+import { scheduler, setProject } from './pool_admin';
 
 /** As the admin: a project guaranteed `gpus` GPUs of training. */
-async function guarantee(request: APIRequestContext, project: string, gpus: number | null): Promise<void> {
-  const { url, token } = scheduler();
-  const reply = await request.put(`${url}/api/v1/projects/${project}`, {
-    headers: { Authorization: `token ${token}` },
-    data: { train_guarantee: gpus ?? 0 }
-  });
-  expect(reply.ok(), await reply.text()).toBe(true);
+async function guarantee(request: APIRequestContext, project: string, gpus: number): Promise<void> {
+  await setProject(request, project, { train_guarantee: gpus });
 }
 
 /** As the admin: a training job of `project` that holds `gpus` GPUs for a while. */
@@ -70,7 +52,7 @@ test.describe('a kernel waiting for its share', () => {
     for (const id of holding.splice(0)) {
       await cancel(page.request, id);
     }
-    await guarantee(page.request, 'research', null);
+    await guarantee(page.request, 'research', 0);
     await page.evaluate(async () => {
       await (window as any).jupyterapp.serviceManager.sessions.shutdownAll();
     });

@@ -13,31 +13,14 @@
  */
 import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { APIRequestContext } from '@playwright/test';
-import * as fs from 'fs';
 import * as path from 'path';
+
+import { setProject } from './pool_admin';
 
 const SHOTS = process.env.GPUPOOL_SCREENSHOTS_DIR || path.resolve(__dirname, '..', 'screenshots');
 
-/** The test server's scheduler (its runtime file) and admin token (its state directory). */
-function scheduler(): { url: string; token: string } {
-  const root = process.env.JUPYTERLAB_GALATA_ROOT_DIR as string;
-  const runtime = process.env.GPUPOOL_RUNTIME_DIR || path.join(root, '.gpupool-runtime');
-  const file = fs.readdirSync(runtime).find(f => f.startsWith('scheduler-') && f.endsWith('.json'));
-  if (!file) {
-    throw new Error(`no scheduler runtime file in ${runtime}`);
-  }
-  const url = JSON.parse(fs.readFileSync(path.join(runtime, file), 'utf8')).url as string;
-  const token = fs.readFileSync(path.join(root, '.gpupool-state', 'admin_token'), 'utf8').trim();
-  return { url, token };
-}
-
 async function setIdleRule(request: APIRequestContext, project: string, idle: unknown): Promise<void> {
-  const { url, token } = scheduler();
-  const reply = await request.put(`${url}/api/v1/projects/${project}`, {
-    headers: { Authorization: `token ${token}` },
-    data: { idle }
-  });
-  expect(reply.ok(), await reply.text()).toBe(true);
+  await setProject(request, project, { idle });
 }
 
 /** A training notebook that says how busy its GPU is, then works (sleeps) for `seconds`. */
