@@ -1,6 +1,6 @@
 """Pods created with kubectl vs jobs submitted to gpupool, on one real API server (issue 14, part 4).
 
-Starts its own kube-apiserver + etcd (../shared/kube, as tests/kube/conftest.py
+Starts its own kube-apiserver + etcd (scripts/kube, as tests/kube/conftest.py
 does), N Node objects with 8 GPUs each, and O pods of another scheduler
 holding 2 GPUs each (they must be kept off). One scheduler core runs in this
 process with the Kubernetes backend (as the tests run it). Two arms, in turn:
@@ -51,7 +51,7 @@ from gpupool.service.config import ServiceConfig  # noqa: E402
 from gpupool.service.core import SchedulerCore  # noqa: E402
 from tests.kube.cluster import make_gpu_node  # noqa: E402
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT / "scripts" / "kube"))
 ADMIN = Actor("admin", True)
 
 

@@ -1,6 +1,6 @@
 """Leader takeover on Kubernetes: kill -9 of the leading `gpupool serve`, time until the standby acts (issue 24, item 4).
 
-Starts its own kube-apiserver + etcd (../shared/kube, as tests/kube/conftest.py
+Starts its own kube-apiserver + etcd (scripts/kube, as tests/kube/conftest.py
 does), GPU Node objects, a stand-in kubelet (tests/kube/cluster.py), and two
 ``gpupool serve --backend kubernetes`` processes of this checkout on one
 namespace and one state directory (the Deployment's two replicas on a
@@ -49,7 +49,7 @@ from gpupool.client import GpupoolClient  # noqa: E402
 from tests.kube.cluster import Kubelet, make_gpu_node, wait  # noqa: E402
 from tests.kube.leaders import TOKEN, PodLedger, Scheduler, lease_holder, take_over  # noqa: E402
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT / "scripts" / "kube"))
 JOBS_PER_ROUND = 2
 
 

@@ -1,6 +1,6 @@
 """Live pod logs (gpupool/backends/kubernetes/logs.py) on a real API server: latency, background load, final copies.
 
-Starts its own kube-apiserver + etcd (../shared/kube, as tests/kube/conftest.py
+Starts its own kube-apiserver + etcd (scripts/kube, as tests/kube/conftest.py
 does) and the tests' stand-in kubelet log endpoint (tests/kube/cluster.py), which
 the API server proxies ``pods/log`` to. Three measurements:
 
@@ -39,7 +39,7 @@ from kubernetes import client, config  # noqa: E402
 from gpupool.backends.kubernetes.logs import LiveLogs  # noqa: E402
 from tests.kube.cluster import LogServer, make_gpu_node  # noqa: E402
 
-KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT.parent / "shared" / "kube"))
+KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", ROOT / "scripts" / "kube"))
 NS = "bench"
 
 
