@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gpupool.app.backend import build_core
-from gpupool.backends.kubernetes.batch_adoption import read_job
+from gpupool.backends.kubernetes.batch_adoption import read_job, read_jobset
 from gpupool.cli.tables import jobs_table
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
@@ -54,9 +54,9 @@ def jobs_of(core: Any, ns: str, name: str) -> list[dict[str, Any]]:
     return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/batch-job") == f"{ns}/{name}"]
 
 
-def job_events(api: Any, ns: str, name: str) -> list[Any]:
+def job_events(api: Any, ns: str, name: str, kind: str = "Job") -> list[Any]:
     return [e for e in api.list_namespaced_event(ns).items
-            if e.involved_object.kind == "Job" and e.involved_object.name == name]
+            if e.involved_object.kind == kind and e.involved_object.name == name]
 
 
 def test_a_job_is_read_as_one_gang_of_parallelism_replicas() -> None:
@@ -373,3 +373,45 @@ def remove_deploy_rbac(api: Any) -> None:
         except client.ApiException as e:
             if e.status != 404:
                 raise
+
+
+def test_a_jobset_is_read_as_one_gang_of_every_replicated_jobs_pods() -> None:
+    body = jobset_body("ring", workers=3, gpus=2)
+    body["metadata"].update(namespace="team", uid="u2")
+    spec, user, problem = read_jobset(body, "gpupool")
+    assert problem == "" and user == "kubectl:team"
+    assert (spec["name"], spec["gpus"], spec["replicas"], spec["labels"]["gpupool.io/jobset"]) == (
+        "team/ring", 2, 4, "team/ring")  # 1 leader + 3 workers, one pod each
+    body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {}
+    _, _, problem = read_jobset(body, "gpupool")
+    assert "the same number of whole nvidia.com/gpu" in problem and "[0, 2]" in problem
+
+
+async def test_a_jobset_over_its_limit_is_told_why_and_a_queued_one_cancelled_is_deleted(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    start_components(kubeconfig, "jobset")
+    gpu_nodes(1, gpus=8)
+    custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 8})
+
+    def jobset_jobs(name: str) -> list[dict[str, Any]]:
+        return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/jobset") == f"{namespace}/{name}"]
+
+    custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", jobset_body("huge", workers=2, gpus=4))
+    (huge,) = await wait_for(lambda: [j for j in jobset_jobs("huge") if j["state"] == "rejected"],
+                             what="3 x 4 GPUs rejected under a limit of 8")
+    (told,) = await wait_for(lambda: [e for e in job_events(api, namespace, "huge", "JobSet")
+                                      if e.reason == "GpupoolRejected"], what="the JobSet told why")
+    assert huge["id"] in told.message and told.type == "Warning"
+
+    first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 4, "command": ["python", "a.py"]})
+    await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
+    custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", jobset_body("pair", workers=1, gpus=4))
+    (pair,) = await wait_for(lambda: [j for j in jobset_jobs("pair") if "limit" in j["reason"]],
+                             what="the JobSet queued at the limit")
+    assert pair["state"] == "queued"
+    await core.cancel(ADMIN, pair["id"])
+    await wait_for(lambda: "pair" not in {o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
+        *JOBSET, namespace, "jobsets")["items"]}, what="the JobSet deleted")
