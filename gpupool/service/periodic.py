@@ -135,8 +135,11 @@ class PeriodicWork:
         sessions = self._sessions()
         used: dict[tuple[str, str], int] = {}
         for gid, s in sample.items():
+            # pods a cluster's node agent reported come with their jobs (gpupool.service.reported_use); this
+            # machine's processes are found by session
+            known: dict[int, str] | None = getattr(s, "owners", None)
             for pid, mem in s.processes.items():
-                jid = job_of_process(pid, sessions)
+                jid = known.get(pid) if known is not None else job_of_process(pid, sessions)
                 if jid is not None and jid in running:
                     used[(jid, gid)] = used.get((jid, gid), 0) + mem
         readings = []

@@ -84,3 +84,35 @@ async def test_core_stops_a_job_over_its_share(nvml_core):
     gpu = core.pool()["nodes"][0]["gpus"][0]
     assert gpu["utilization"] == 55.0 and gpu["memory_used"] == 40 * GIB
     await wait_for(lambda: any("util" in s["gpus"]["GPU-real-0"] for s in core.history(None)["samples"]))
+
+
+class ReportedPodsInventory(FakeNvmlInventory):
+    """GPUs whose use arrives as a cluster's node agent reports it: per pod, each already tied to its job."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pod_of_job: dict[str, int] = {}  # job id -> the pod's made-up pid (negative, as reported_use makes)
+
+    def sample(self) -> dict[str, GpuSample]:
+        from gpupool.service.reported_use import OwnedGpuSample
+
+        owners = {pid: jid for jid, pid in self.pod_of_job.items()}
+        return {"GPU-real-0": OwnedGpuSample(55.0, sum(self.usage.values()), dict(self.usage), None, owners)}
+
+
+async def test_a_pod_a_node_agent_reports_over_its_share_is_stopped(tmp_path):
+    """On Kubernetes the watchdog reads node agents' per-pod reports: the pod's job, not a local process."""
+    inv = ReportedPodsInventory()
+    core = build_core(fast_config(tmp_path / "s", simulate=None, watchdog="stop", watchdog_grace_s=0.3), inventory=inv)
+    await core.start()
+    try:
+        core.set_project(ADMIN, "p", {"train_guarantee": 1})
+        job, _ = await core.submit(ALICE, {"project": "p", "gpu_fraction": 0.25,
+                                           "command": [PY, "-c", "import time; time.sleep(60)"]})
+        assert (await started(core, job["id"]))["state"] == "running"
+        inv.pod_of_job[job["id"]] = -1
+        inv.usage = {-1: 40 * GIB}  # a quarter of 80 GiB is 20 GiB
+        await wait_for(lambda: core.get_job(ALICE, job["id"])["state"] == "failed", what="watchdog stop")
+        assert "over its share" in core.get_job(ALICE, job["id"])["reason"]
+    finally:
+        await core.stop()
