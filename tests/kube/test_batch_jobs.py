@@ -202,13 +202,17 @@ async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
         with Kubelet(api, namespace) as kubelet:
             batch.create_namespaced_job(namespace, job_body("long", parallelism=2, gpus=2))
             batch.create_namespaced_job(namespace, job_body("short", parallelism=1, gpus=2))
+            batch.create_namespaced_job(namespace, job_body("doomed", parallelism=1, gpus=2))
             pods = await wait_for(lambda: len(p := job_pods(api, namespace, "long")) == 2 and all(
                 x.metadata.name in kubelet.started for x in p) and p, what="the Job running")
             (short_pod,) = await wait_for(lambda: [p for p in job_pods(api, namespace, "short")
                                                    if p.metadata.name in kubelet.started], what="the short Job running")
             (job,) = jobs_of(core, namespace, "long")
             (short,) = jobs_of(core, namespace, "short")
+            (doomed,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "doomed")
+                                                if j["state"] == "running"], what="the third Job running")
             await core.stop()
+            batch.delete_namespaced_job("doomed", namespace, propagation_policy="Background")  # while away
             kubelet.finish(short_pod.metadata.name, 0)  # it ends while gpupool is away
             await wait_for(lambda: batch.read_namespaced_job("short", namespace).status.succeeded == 1,
                            what="the short Job complete")
@@ -218,6 +222,10 @@ async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
             ended = await wait_for(lambda: (j := core.get_job(ADMIN, short["id"]))["state"] != "running" and j,
                                    what="the Job that ended meanwhile settled")
             assert ended["state"] == "succeeded" and ended["attempts"] == 1, ended
+            gone = await wait_for(lambda: (j := core.get_job(ADMIN, doomed["id"]))["state"] == "cancelled" and j,
+                                  what="the Job deleted meanwhile: its job cancelled")
+            assert gone["reason"] == f"its Job {namespace}/doomed was deleted outside gpupool" and \
+                gone["attempts"] == 1, gone
             await asyncio.sleep(1.0)
             assert len(jobs_of(core, namespace, "long")) == 1
             again = job_pods(api, namespace, "long")
@@ -415,3 +423,25 @@ async def test_a_jobset_over_its_limit_is_told_why_and_a_queued_one_cancelled_is
     await core.cancel(ADMIN, pair["id"])
     await wait_for(lambda: "pair" not in {o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
         *JOBSET, namespace, "jobsets")["items"]}, what="the JobSet deleted")
+
+
+async def test_a_running_job_deleted_outside_gpupool_ends_its_job_cancelled(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    batch = batch_api(kubeconfig)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        batch.create_namespaced_job(namespace, job_body("gone", parallelism=1, gpus=2))
+        await wait_for(lambda: [p for p in job_pods(api, namespace, "gone") if p.metadata.name in kubelet.started],
+                       what="its pod running")
+        (job,) = jobs_of(core, namespace, "gone")
+        batch.delete_namespaced_job("gone", namespace, propagation_policy="Background")
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, job["id"]))["state"] not in ("running", "paused",
+                                                                                           "queued") and j,
+                              what="its job ended")
+        assert done["state"] == "cancelled", done
+        assert done["reason"] == f"its Job {namespace}/gone was deleted outside gpupool", done
+        await asyncio.sleep(0.5)
+        assert core.get_job(ADMIN, job["id"])["attempts"] == 1  # never started again

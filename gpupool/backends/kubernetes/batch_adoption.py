@@ -163,14 +163,18 @@ class JobAdoption:
         b = self.batch
         if not b.synced or not b.kubectl.synced:
             return
+        jobs = b.jobs()
+        for uid, job_id in list(self._job_ids.items()):  # every tick, so a requeue never starts it again first
+            if job_id and uid not in jobs and host.is_live(job_id):
+                ref = b.ref(job_id)
+                what = f"{ref.kind} {ref.text}" if ref is not None else "Job"
+                host.cancel(job_id, f"its {what} was deleted outside gpupool")
+                b.abandon(job_id)  # its attempt, if one runs, is over: nothing of it is left to stop
+                del self._job_ids[uid]
         key = (b.generation, host.fingerprint())
         if self._seen == key:
             return
         self._seen = key
-        jobs = b.jobs()
-        for uid, job_id in list(self._job_ids.items()):
-            if job_id and host.waiting_job(job_id) is not None and uid not in jobs:
-                host.cancel(job_id, "its Job (JobSet) was deleted before gpupool admitted it")
         queued = False
         namespaces = b.kubectl.namespaces
         for kind, job in sorted(jobs.values(), key=lambda kj: (ob.creation_time(kj[1]) is None, ob.name(kj[1]))):

@@ -212,6 +212,18 @@ class BatchJobs:
     def owns(self, job_id: str) -> bool:
         return job_id in self._refs
 
+    def ref(self, job_id: str) -> JobRef | None:
+        with self._lock:
+            return self._refs.get(job_id)
+
+    def abandon(self, job_id: str) -> None:
+        """The job was ended because its Job (JobSet) was deleted outside gpupool: its attempt is over."""
+        with self._lock:
+            run = self._runs.get(job_id)
+            if run is not None:
+                run.stopped = True
+        self._changed()
+
     def running(self, job_id: str) -> bool:
         """Whether an attempt of this gpupool job is admitted (its Job is meant to run)."""
         with self._lock:
@@ -360,7 +372,9 @@ class BatchJobs:
         if self._start_error(run) is not None:
             return False
         job = self._job_of(run)
-        return job is not None and finished(job) is None
+        if job is None:  # deleted: by gpupool's cancel (stopping), else from outside, which the sync settles
+            return not run.stopping
+        return finished(job) is None
 
     def exit_code(self, job_id: str, attempt: int) -> int | None:
         with self._lock:
@@ -451,8 +465,11 @@ class BatchJobs:
         self.kubectl.watch.synced.wait(20.0)
         ref = self._refs[job_id]
         job = self.job(ref.uid)
-        if job is None:
-            return Recovered("gone")
+        if job is None:  # deleted while gpupool was away: followed as running, and the sync ends it cancelled
+            run = _Run(BatchHandle(job_id, attempt, ref.name), ref, [])
+            with self._lock:
+                self._runs[job_id] = run
+            return Recovered("running", run.handle)
         code = finished(job)
         if code is not None:
             with self._lock:
