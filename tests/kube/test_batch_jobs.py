@@ -102,6 +102,8 @@ async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
             assert not p.spec.scheduling_gates
         assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")]  # not kubectl pods
         await wait_for(lambda: all(p.metadata.name in kubelet.started for p in pods), what="both pods running")
+        # a node agent's per-pod GPU report names pods by UID: the Job's pods are the job's
+        assert {p.metadata.uid: job["id"] for p in pods}.items() <= core.backend.pod_jobs().items()
         for replica in (None, 0, 1):  # its output is its pods' own (kubectl logs): gpupool answers, with nothing
             assert core.read_log(ADMIN, job["id"], replica=replica)["data"] == ""
         for p in pods:

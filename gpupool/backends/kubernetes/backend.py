@@ -194,7 +194,7 @@ class KubeBackend:
 
     def pod_jobs(self) -> dict[str, str]:
         """Pod UID -> job id of the pods gpupool runs or adopted: what a node agent's per-pod report names."""
-        return pod_jobs(self.pod_executor, self.kubectl)
+        return pod_jobs(self.pod_executor, self.kubectl, self.batch_jobs)
 
     def health(self) -> dict[str, Any]:
         """The API server's state and why GPU nodes are out of the pool, for ``GET /status``."""

@@ -205,6 +205,11 @@ class BatchJobs:
         with self._lock:
             return any(u is not None and u in self._jobs for u in uids)
 
+    def pod_jobs(self) -> dict[str, str]:
+        """Pod UID -> job id of the pods gpupool bound for the Jobs (JobSets) it admitted."""
+        with self._lock:
+            return {uid: job_id for job_id, run in self._runs.items() if not run.stopped for uid in run.bound}
+
     def register(self, job_id: str, ref: JobRef) -> None:
         with self._lock:
             self._refs[job_id] = ref

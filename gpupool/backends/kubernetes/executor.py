@@ -349,6 +349,17 @@ class PodExecutor:
         f = a.start
         return f is not None and f.done() and not f.cancelled() and isinstance(f.exception(), Refused)
 
+    def pod_jobs(self) -> dict[str, str]:
+        """Pod UID -> job id of the pods gpupool made, as the watch shows them now (its job label)."""
+        with self._lock:
+            pods = list(self._pods.values())
+        out: dict[str, str] = {}
+        for pod in pods:
+            job, uid = ob.labels(pod).get(JOB_LABEL), ob.uid(pod)
+            if job and uid:
+                out[uid] = job
+        return out
+
     def pod(self, name: str) -> Obj | None:
         """Our pod of that name as the watch last showed it (None: not seen, or gone)."""
         with self._lock:

@@ -164,6 +164,11 @@ class KubectlPods:
         with self._lock:
             return dict(self._pods)
 
+    def pod_jobs(self) -> dict[str, str]:
+        """Pod UID -> job id of every kubectl pod a job stands for (a copy)."""
+        with self._lock:
+            return dict(self._job_of_uid)
+
     def register(self, job_id: str, ref: PodRef) -> None:
         """``job_id`` stands for ``ref``: its attempts are this executor's."""
         with self._lock:

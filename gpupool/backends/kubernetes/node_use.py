@@ -36,8 +36,6 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.names import JOB_LABEL
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.inventory.cgroups import pod_uid_of_pid
 
@@ -52,23 +50,16 @@ UNKNOWN_GPUS_WARN_AFTER = 5  # reports in a row naming GPUs the scheduler does n
 
 
 # ------------------------------------------------------------------ scheduler side
-def pod_jobs(executor: Any, kubectl: Any) -> dict[str, str]:
+def pod_jobs(*sources: Any) -> dict[str, str]:
     """Pod UID -> job id of every pod the backend runs or adopted, as its watches show them now.
 
-    Reads the two watches' views under their own locks (this package's
-    executor and kubectl-pod classes): one pass over the pods, on the core's
-    tick, only while node agents report.
+    ``sources``: the parts that know pods (the pod executor, kubectl pods, admitted batch Jobs),
+    each answering ``pod_jobs()`` under its own lock: one pass, on the core's tick, only while
+    node agents report.
     """
-    with executor._lock:
-        pods = list(executor._pods.values())
     out: dict[str, str] = {}
-    for pod in pods:
-        job = ob.labels(pod).get(JOB_LABEL)
-        uid = ob.uid(pod)
-        if job and uid:
-            out[uid] = job
-    with kubectl._lock:
-        out.update(kubectl._job_of_uid)
+    for source in sources:
+        out.update(source.pod_jobs())
     return out
 
 
