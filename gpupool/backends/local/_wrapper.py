@@ -54,6 +54,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 from gpupool.procstat import start_ticks
 
@@ -93,7 +94,7 @@ def _job_env(prefix: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in data.items()}
 
 
-def _as_account(spec: str, workdir: str) -> object:
+def _as_account(spec: str, workdir: str) -> Callable[[], None]:
     """A ``preexec_fn`` for the command: become the account (groups, gid, uid), then make and enter the workdir."""
     uid, gid, groups = spec.split(":")
     extra = [int(g) for g in groups.split(",") if g]
@@ -197,7 +198,7 @@ def _run_gang(prefix: str, opts: dict[str, str], command: list[str], env: dict[s
         _write_atomic(prefix + ".exit", f"127\n{ENDED}\n")
         return 127
     preexec = _as_account(opts["--as"], opts.get("--workdir", ".")) if "--as" in opts else None
-    code, mark = Gang(command, spec, env, preexec).run()  # type: ignore[arg-type]
+    code, mark = Gang(command, spec, env, preexec).run()
     _write_atomic(prefix + ".exit", f"{code}\n{mark}\n")
     return code if code >= 0 else 128 - code
 

@@ -69,7 +69,7 @@ def proc_session(pid: int) -> int | None:
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes whose process group is ``pgid``, found by scanning /proc."""
-    out = []
+    out: list[int] = []
     try:
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
     except OSError:
