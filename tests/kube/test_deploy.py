@@ -144,6 +144,7 @@ def test_the_workloads_can_be_applied_server_side(api: Any) -> None:
 SCHEDULER_RIGHTS = {
     "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"},
                                 ("batch", "jobs"): {"list", "watch"}, ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
+                                ("scheduling.k8s.io", "podgroups"): {"list", "watch"},
                                 ("authentication.k8s.io", "tokenreviews"): {"create"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete", "patch"},
                                ("", "pods/binding"): {"create"}, ("batch", "jobs"): {"patch", "delete"},
@@ -186,6 +187,7 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
     for resource, verbs in (("`nodes`", "list, watch"), ("`pods` in every namespace", "list, watch"),
                             ("`jobs` in every namespace", "list, watch"), ("`jobs`", "patch, delete"),
                             ("`jobsets` in every namespace", "list, watch"), ("`jobsets`", "patch, delete"),
+                            ("`podgroups` in every namespace", "list, watch"),
                             ("`pods`", "create, list, watch, delete, patch"), ("`pods/binding`", "create"),
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
                             ("`services`", "create, list, delete"), ("`events`", "create"),

@@ -1,13 +1,17 @@
-"""Pods of a gang declared with the Workload API (scheduling.k8s.io Workload, PodGroup): never bound one by one."""
+"""Gangs declared with the Workload API (scheduling.k8s.io PodGroup): one all-or-nothing gpupool gang each."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import pytest
 from kubernetes import client
 
-from tests.kube.test_kubectl_pods import ADMIN, jobs_of, kubectl_pod, pod_events
+from gpupool.backends.kubernetes.workload_gangs import gang_refusal
+from gpupool.wire.errors import Conflict
+from tests.kube.cluster import Kubelet
+from tests.kube.test_kubectl_pods import ADMIN, jobs_of, kubectl_pod
 from tests.service.helpers import wait_for
 
 GROUP, VERSION = "scheduling.k8s.io", "v1beta1"  # what the v1.37 test API server serves (GenericWorkload on)
@@ -27,35 +31,107 @@ def make_gang(api: Any, ns: str, workload: str, group: str, min_count: int) -> N
     })
 
 
-def gang_pod(api: Any, ns: str, name: str, group: str) -> Any:
+def gang_pod(api: Any, ns: str, name: str, group: str, gpus: int = 4) -> Any:
     """A worker of the gang: a kubectl pod for gpupool whose spec names its PodGroup."""
     return api.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"gpupool.io/project": "vision"}},
         "spec": {"schedulerName": "gpupool", "restartPolicy": "Never", "schedulingGroup": {"podGroupName": group},
                  "containers": [{"name": "main", "image": "registry.example/train:1", "command": ["torchrun"],
-                                 "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+                                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
     })
 
 
-async def test_pods_of_a_workload_api_gang_are_not_bound_one_by_one_and_are_told_why(
+def gang_jobs(core: Any, ns: str, group: str) -> list[dict[str, Any]]:
+    return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/podgroup") == f"{ns}/{group}"]
+
+
+def bound(api: Any, ns: str, names: list[str]) -> list[str]:
+    return [api.read_namespaced_pod(n, ns).spec.node_name for n in names]
+
+
+async def test_a_podgroup_is_bound_whole_once_its_min_count_pods_exist_and_never_paused(
         api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
-    gpu_nodes(2, gpus=8)
+    nodes = gpu_nodes(2, gpus=8)
     core = await make_core()
     await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="the nodes in the pool")
     core.set_project(ADMIN, "vision", {"train_guarantee": 16})
     make_gang(api, namespace, "trainer", "trainer-0", min_count=3)
-    for k in range(3):
-        gang_pod(api, namespace, f"worker-{k}", "trainer-0")
-    kubectl_pod(api, namespace, "alone", gpus=1)  # looked at in the same sync: bound, as always
-    await wait_for(lambda: api.read_namespaced_pod("alone", namespace).spec.node_name, what="the lone pod bound")
-    for k in range(3):
-        name = f"worker-{k}"
-        (ev,) = await wait_for(lambda n=name: [e for e in pod_events(api, namespace, n)
-                                               if e.reason == "GpupoolNotQueued"], what=f"{name} told why")
-        assert ev.type == "Warning" and "PodGroup trainer-0 (spec.schedulingGroup)" in ev.message, ev.message
-        assert "all-or-nothing" in ev.message and "Gangs declared with the Workload API" in ev.message
-    await asyncio.sleep(0.5)
-    for k in range(3):
-        assert not api.read_namespaced_pod(f"worker-{k}", namespace).spec.node_name
-        assert not jobs_of(core, namespace, f"worker-{k}")
+    workers = [f"worker-{k}" for k in range(3)]
+    with Kubelet(api, namespace):
+        for name in workers[:2]:
+            gang_pod(api, namespace, name, "trainer-0")
+        kubectl_pod(api, namespace, "alone", gpus=1)  # looked at in the same sync: bound on its own, as always
+        await wait_for(lambda: api.read_namespaced_pod("alone", namespace).spec.node_name, what="the lone pod bound")
+        await asyncio.sleep(0.5)
+        assert bound(api, namespace, workers[:2]) == [None, None]  # 2 of 3: nothing queued, nothing bound
+        assert not gang_jobs(core, namespace, "trainer-0")
+        assert not any(jobs_of(core, namespace, n) for n in workers[:2])  # never queued one by one
+        gang_pod(api, namespace, workers[2], "trainer-0")
+        await wait_for(lambda: all(bound(api, namespace, workers)), what="the whole gang bound")
+        (job,) = gang_jobs(core, namespace, "trainer-0")
+        assert (job["state"], job["kind"], job["request"]["replicas"], job["request"]["gpus"]) == (
+            "running", "train", 3, 4)
+        placed = sorted(r["node"] for r in job["assignment"]["replicas"])
+        assert sorted(bound(api, namespace, workers)) == placed and set(placed) <= set(nodes)
+        assert not any(jobs_of(core, namespace, n) for n in workers)
+        with pytest.raises(Conflict, match="PodGroup"):
+            await core.pause(ADMIN, job["id"])
+
+
+async def test_a_podgroup_over_its_quota_waits_whole_and_cancel_deletes_its_pods(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    gpu_nodes(2, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="the nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 12})
+    with Kubelet(api, namespace):
+        first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 4, "command": ["python", "a.py"]})
+        await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
+        make_gang(api, namespace, "big", "big-0", min_count=3)
+        workers = [f"big-{k}" for k in range(3)]
+        for name in workers:
+            gang_pod(api, namespace, name, "big-0")  # 3 x 4 GPUs: 4 more than the project's limit leaves
+        (job,) = await wait_for(lambda: [j for j in gang_jobs(core, namespace, "big-0") if "limit" in j["reason"]],
+                                what="the gang queued, and why")
+        assert job["state"] == "queued" and "3 × 4 GPU" in job["reason"], job["reason"]
+        await asyncio.sleep(0.5)
+        assert bound(api, namespace, workers) == [None, None, None]  # none of it placed while it cannot all be
+        await core.cancel(ADMIN, job["id"])
+        assert core.get_job(ADMIN, job["id"])["state"] == "cancelled"
+        await wait_for(lambda: not [p for p in api.list_namespaced_pod(namespace).items
+                                    if p.metadata.name in workers], what="the gang's pods deleted")
+
+
+async def test_the_gang_ends_with_its_pods_success_only_when_all_succeeded(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, namespace) as kubelet:
+        for group, names in (("ok", ["ok-0", "ok-1"]), ("bad", ["bad-0", "bad-1"])):
+            make_gang(api, namespace, f"w-{group}", group, min_count=2)
+            for name in names:
+                gang_pod(api, namespace, name, group, gpus=2)
+        ok, bad = [await wait_for(lambda g=g: [j for j in gang_jobs(core, namespace, g) if j["state"] == "running"],
+                                  what=f"gang {g} running") for g in ("ok", "bad")]
+        kubelet.finish("ok-0", 0)
+        await asyncio.sleep(0.5)
+        assert core.get_job(ADMIN, ok[0]["id"])["state"] == "running"  # one of two done: the gang still runs
+        kubelet.finish("ok-1", 0)
+        kubelet.finish("bad-0", 3)
+        await wait_for(lambda: core.get_job(ADMIN, ok[0]["id"])["state"] == "succeeded", what="ok succeeded")
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, bad[0]["id"]))["state"] == "failed" and j,
+                              what="bad failed")
+        assert done["exit_code"] == 3, done
+        await wait_for(lambda: not [p for p in api.list_namespaced_pod(namespace).items if p.metadata.name == "bad-1"
+                                    and not p.metadata.deletion_timestamp], what="the gang's other pod deleted")
+        assert api.read_namespaced_pod("ok-0", namespace).status.phase == "Succeeded"  # ended pods are kept
+
+
+def test_a_pod_naming_a_v1alpha1_workload_is_refused_with_why() -> None:
+    pod = {"metadata": {"name": "w"}, "spec": {"workloadRef": {"name": "trainer", "podGroup": "workers"}}}
+    why = gang_refusal(pod)
+    assert "Workload trainer, pod group workers (spec.workloadRef" in why and "all-or-nothing" in why, why
+    assert gang_refusal({"spec": {}}) == ""

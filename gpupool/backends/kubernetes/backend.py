@@ -46,6 +46,7 @@ from gpupool.backends.kubernetes.pod_namespaces import PodNamespaces
 from gpupool.backends.kubernetes.pods import PodSettings
 from gpupool.backends.kubernetes.routing import KubeExecutor
 from gpupool.backends.kubernetes.watcher import ListWatch
+from gpupool.backends.kubernetes.workload_gang_jobs import WorkloadGangs
 from gpupool.inventory import GpuInfo, GpuSample
 from gpupool.policy.model import Node
 
@@ -111,13 +112,16 @@ class KubeBackend:
         self.batch_jobs = BatchJobs(client.BatchV1Api(self.api.api_client), self.api, self.kubectl, self.calls,
                                     self.health_state)
         """batch/v1 Jobs labelled with a project, admitted as one gang each (suspend, unsuspend, bind)."""
+        self.gangs = WorkloadGangs(self.api, self.kubectl, self.calls, self.health_state)
+        """PodGroups (the Workload API) whose pods are kubectl pods for gpupool: one gang job each."""
         pod_adoption = PodAdoption(self.kubectl)
-        pod_adoption.made_elsewhere = self.batch_jobs.owns_pod
-        self.foreign_pods = Adoptions(pod_adoption, JobAdoption(self.batch_jobs, config.kube_scheduler_name))
+        pod_adoption.made_elsewhere = lambda pod: self.batch_jobs.owns_pod(pod) or self.gangs.owns_pod(pod)
+        self.foreign_pods = Adoptions(pod_adoption, JobAdoption(self.batch_jobs, config.kube_scheduler_name),
+                                      self.gangs)
         """Those pods as jobs: the core queues a job for each (gpupool.backends.base.AdoptsForeignPods)."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
-        self.executor = KubeExecutor(self.pod_executor, self.kubectl, self.batch_jobs)
+        self.executor = KubeExecutor(self.pod_executor, self.kubectl, self.batch_jobs, self.gangs)
         self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls,
                                            KernelHome.of(config.kube_kernel_home_claim, config.kube_kernel_home_path))
         """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
@@ -127,6 +131,7 @@ class KubeBackend:
         self.pod_executor.start()
         self.kubectl.start()
         self.batch_jobs.start()
+        self.gangs.start()
         self.other_pods.start()
         if not self.node_watch.synced.wait(initial_sync_s):
             log.warning("no node list from the API server yet; starting with an empty pool")
@@ -194,7 +199,7 @@ class KubeBackend:
 
     def pod_jobs(self) -> dict[str, str]:
         """Pod UID -> job id of the pods gpupool runs or adopted: what a node agent's per-pod report names."""
-        return pod_jobs(self.pod_executor, self.kubectl, self.batch_jobs)
+        return pod_jobs(self.pod_executor, self.kubectl, self.batch_jobs, self.gangs)
 
     def health(self) -> dict[str, Any]:
         """The API server's state and why GPU nodes are out of the pool, for ``GET /status``."""
@@ -212,6 +217,7 @@ class KubeBackend:
         self.other_pods.close()
         self.kubectl.close()
         self.batch_jobs.close()
+        self.gangs.close()
         self.pod_executor.close()
         self.calls.close()
 

@@ -226,44 +226,54 @@ class JobAdoption:
 
 
 class Adoptions:
-    """kubectl pods and labelled Jobs together, as the backend's one ForeignWork.
+    """kubectl pods, labelled Jobs and PodGroups' gangs together, as the backend's one ForeignWork.
 
-    Only the pods' jobs "stand for" foreign work in the core's sense (never
-    paused); a Job's job is paused and resumed like gpupool's own.
+    The pods' jobs and the PodGroups' gang jobs "stand for" foreign work in
+    the core's sense (never paused); a Job's job is paused and resumed like gpupool's own.
     """
 
-    def __init__(self, pods: ForeignWork, jobs: JobAdoption) -> None:
+    def __init__(self, pods: ForeignWork, jobs: JobAdoption, gangs: ForeignWork | None = None) -> None:
         self.pods = pods
         self.jobs = jobs
+        self.gangs = gangs
+
+    def _foreign(self, job: JobFacts) -> ForeignWork:
+        """Which of the never-paused kinds a job is (the pods' when it is no gang's)."""
+        return self.gangs if self.gangs is not None and self.gangs.stands_for(job) else self.pods
+
+    def _all(self) -> list[Any]:
+        return [w for w in (self.pods, self.jobs, self.gangs) if w is not None]
 
     def stands_for(self, job: JobFacts) -> str | None:
-        return self.pods.stands_for(job)
+        return self._foreign(job).stands_for(job)
 
     def track(self, job: JobFacts) -> None:
-        self.pods.track(job)
-        self.jobs.track(job)
+        for w in self._all():
+            w.track(job)
 
     def sync(self, host: ForeignJobHost) -> None:
         self.jobs.sync(host)
+        if self.gangs is not None:
+            self.gangs.sync(host)
         self.pods.sync(host)
 
     def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
-        self.pods.stopping(job, intent, reason)
-        self.jobs.stopping(job, intent, reason)
+        for w in self._all():
+            w.stopping(job, intent, reason)
 
     def rejected(self, job: JobFacts, reason: str) -> None:
-        self.pods.rejected(job, reason)
-        self.jobs.rejected(job, reason)
+        for w in self._all():
+            w.rejected(job, reason)
 
     def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
-        self.pods.cancelled(job, by, grace_s)
-        self.jobs.cancelled(job, by, grace_s)
+        for w in self._all():
+            w.cancelled(job, by, grace_s)
 
     def evicted_reason(self, job: JobFacts) -> str:
-        return self.pods.evicted_reason(job)
+        return self._foreign(job).evicted_reason(job)
 
     def lost_reason(self, job: JobFacts, reason: str) -> str:
-        return self.pods.lost_reason(job, reason)
+        return self._foreign(job).lost_reason(job, reason)
 
     def pause_refusal(self, job: JobFacts) -> str:
-        return self.pods.pause_refusal(job)
+        return self._foreign(job).pause_refusal(job)

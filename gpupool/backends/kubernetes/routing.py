@@ -15,24 +15,30 @@ from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.workload_gang_jobs import WorkloadGangs
 
 
 class KubeExecutor:
     """Routes by job id (a :class:`gpupool.backends.base.Executor`); anything else is the PodExecutor's."""
 
-    def __init__(self, pods: PodExecutor, kubectl: KubectlPods, batch: BatchJobs | None = None) -> None:
+    def __init__(self, pods: PodExecutor, kubectl: KubectlPods, batch: BatchJobs | None = None,
+                 gangs: WorkloadGangs | None = None) -> None:
         self.pods = pods
         self.kubectl = kubectl
         self.batch = batch  # labelled batch/v1 Jobs' attempts
+        self.gangs = gangs  # PodGroups' gang attempts (the Workload API)
 
     @property
-    def changes(self) -> tuple[int, int, int]:
+    def changes(self) -> tuple[int, int, int, int]:
         """Moves whenever an attempt of any executor may have stopped being alive (the core's scan mark)."""
-        return self.pods.changes, self.kubectl.changes, self.batch.changes if self.batch is not None else 0
+        return (self.pods.changes, self.kubectl.changes, self.batch.changes if self.batch is not None else 0,
+                self.gangs.changes if self.gangs is not None else 0)
 
     def _for(self, job_id: str) -> Any:
         if self.batch is not None and self.batch.owns(job_id):
             return self.batch
+        if self.gangs is not None and self.gangs.owns(job_id):
+            return self.gangs
         return self.kubectl if self.kubectl.owns(job_id) else self.pods
 
     def launch(self, launch: Launch) -> Any:
@@ -59,6 +65,8 @@ class KubeExecutor:
     def recover(self, job_id: str, attempt: int, pid: int | None, pid_start: int | None) -> Recovered:
         if self.batch is not None and self.batch.owns(job_id):
             return self.batch.recover(job_id, attempt)
+        if self.gangs is not None and self.gangs.owns(job_id):
+            return self.gangs.recover(job_id, attempt)
         return self._for(job_id).recover(job_id, attempt, pid, pid_start)  # type: ignore[no-any-return]
 
     def recovered(self, live: set[tuple[str, int]]) -> None:

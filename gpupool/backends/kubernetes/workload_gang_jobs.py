@@ -1,0 +1,369 @@
+"""The gang jobs of PodGroups (the Workload API): their watch, queueing and attempts (see :mod:`.workload_gangs`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gpupool.backends.base import ForeignJobHost, Interrupted, JobFacts, Launch, Recovered
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.foreign import PodRef, kubectl_pod_end, read_pod
+from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
+from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
+from gpupool.backends.kubernetes.health import Health, describe
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.watcher import ListWatch
+from gpupool.backends.kubernetes.workload_gangs import (
+    GROUP,
+    PODGROUP_LABEL,
+    PODGROUP_UID_LABEL,
+    PODGROUPS,
+    VERSION,
+    GroupRef,
+    group_name,
+    job_key,
+    min_count,
+    ref_of,
+)
+from gpupool.wire.errors import InvalidRequest
+
+log = logging.getLogger("gpupool.backends.kubernetes")
+
+
+def _as_member(pod: Obj) -> Obj:
+    """The pod read as a kubectl pod of its gang: its group's name aside (read_pod refuses it on its own)."""
+    return {**pod, "spec": {k: v for k, v in ob.spec(pod).items() if k != "schedulingGroup"}}
+
+
+@dataclass
+class GangHandle:
+    job_id: str
+    attempt: int
+    name: str
+    pid: int | None = None
+    start_time: int = 0
+
+
+@dataclass
+class _Run:
+    handle: GangHandle
+    ref: GroupRef
+    slots: list[str]
+    bound: dict[str, str] = field(default_factory=dict)  # pod uid -> node
+    start: Any = None
+
+
+class WorkloadGangs:
+    """The PodGroups' watch, their gang jobs' attempts (an executor) and their queueing (a ForeignWork)."""
+
+    def __init__(self, api: client.CoreV1Api, kubectl: KubectlPods, calls: Calls, health: Health) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api.api_client)
+        self.kubectl = kubectl
+        self.calls = calls
+        self._lock = threading.Lock()
+        self._groups: dict[str, Obj] = {}  # PodGroup uid -> its JSON
+        self.generation = 0
+        self._refs: dict[str, GroupRef] = {}  # job id -> its PodGroup
+        self._job_ids: dict[str, str] = {}  # PodGroup uid -> job id ("" = none)
+        self._runs: dict[str, _Run] = {}
+        self._finished: dict[tuple[str, int], int] = {}
+        self._warned: set[tuple[str, str]] = set()
+        self._seen: Hashable = None
+        self.changes = 0
+        self.watch: ListWatch | None = None
+        if self._served():
+            self.watch = ListWatch("podgroups", lambda **kw: self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PODGROUPS, **kw), self._on_reset, self._on_event, health)
+
+    def _served(self) -> bool:
+        try:
+            groups = client.ApisApi(self.api.api_client).get_api_versions(_request_timeout=10).groups or []
+            return any(g.name == GROUP and any(v.version == VERSION for v in g.versions or []) for g in groups)
+        except Exception as e:
+            log.warning("could not ask whether PodGroups are served: %s", describe(e))
+            return False
+
+    def start(self) -> None:
+        if self.watch is not None:
+            self.watch.start()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop(wait_s=0.5)
+
+    def _on_reset(self, groups: list[Obj]) -> None:
+        with self._lock:
+            self._groups = {ob.uid(g): g for g in groups}
+            self.generation += 1
+
+    def _on_event(self, event: str, group: Obj) -> None:
+        with self._lock:
+            if event == "DELETED":
+                self._groups.pop(ob.uid(group), None)
+            else:
+                self._groups[ob.uid(group)] = group
+            self.generation += 1
+
+    # ------------------------------------------------------------ reads
+    def owns_pod(self, pod: Obj) -> bool:
+        """A pod naming a PodGroup is its gang's, never a kubectl pod queued on its own."""
+        return self.watch is not None and bool(group_name(pod))
+
+    def owns(self, job_id: str) -> bool:
+        return job_id in self._refs
+
+    def _members(self, ref: GroupRef, pods: dict[str, Obj] | None = None) -> list[Obj]:
+        pods = self.kubectl.pods() if pods is None else pods
+        return sorted((p for p in pods.values() if ob.namespace(p) == ref.namespace and group_name(p) == ref.name),
+                      key=ob.name)
+
+    def pod_jobs(self) -> dict[str, str]:
+        with self._lock:
+            return {uid: job_id for job_id, run in self._runs.items() for uid in run.bound}
+
+    # ------------------------------------------------------------ executor: admission binds the whole gang
+    def launch(self, launch: Launch) -> GangHandle:
+        ref = self._refs[launch.job_id]
+        slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
+        run = _Run(GangHandle(launch.job_id, launch.attempt, ref.name, start_time=int(time.time())), ref, slots)
+        with self._lock:
+            self._runs[launch.job_id] = run
+            run.start = self.calls.submit(self._bind_all, run)
+        run.start.add_done_callback(lambda f: self._changed())
+        return run.handle
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+    def _bind_all(self, run: _Run) -> None:
+        """Bind one pending pod of the group to each slot (its gate removed first)."""
+        pending = [p for p in self._members(run.ref) if not ob.node_name(p) and not ob.being_deleted(p)
+                   and not other_gates(p)]
+        if len(pending) < len(run.slots):
+            raise RuntimeError(f"PodGroup {run.ref.text} has {len(pending)} pods to bind, not {len(run.slots)}")
+        for pod, node in zip(pending, run.slots, strict=False):
+            if has_our_gate(pod):
+                remove_gate(self.api, ob.namespace(pod), ob.name(pod))
+            body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
+                                    target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+            self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
+            with self._lock:
+                run.bound[ob.uid(pod)] = node
+
+    def _ends(self, run: _Run) -> tuple[bool, int | None]:
+        """(whether the gang ended, its exit code): a pod failed or vanished, or every pod succeeded."""
+        pods = self.kubectl.pods()
+        codes = []
+        for uid in list(run.bound):
+            pod = pods.get(uid)
+            end = kubectl_pod_end(pod) if pod is not None else None
+            if pod is None or (end is None and ob.being_deleted(pod)):
+                return True, None
+            if end is not None and end.exit_code != 0:
+                return True, end.exit_code
+            codes.append(end)
+        return (bool(codes) and all(c is not None for c in codes)), 0
+
+    def _start_error(self, run: _Run) -> str | None:
+        f = run.start
+        if f is None or not f.done() or f.exception() is None:
+            return None
+        return f"could not bind the pods of PodGroup {run.ref.text}: {describe(f.exception())}"
+
+    def alive(self, handle: GangHandle) -> bool:
+        run = self._runs.get(handle.job_id)
+        if run is None or run.handle.attempt != handle.attempt:
+            return False
+        if run.start is not None and not run.start.done():
+            return True
+        return self._start_error(run) is None and not self._ends(run)[0]
+
+    def exit_code(self, job_id: str, attempt: int) -> int | None:
+        run = self._runs.get(job_id)
+        if run is None or run.handle.attempt != attempt:
+            return self._finished.get((job_id, attempt))
+        ended, code = self._ends(run)
+        return code if ended else None
+
+    def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
+        return self.exit_code(job_id, attempt) is not None
+
+    def interrupted(self, handle: GangHandle) -> Interrupted | None:
+        run = self._runs.get(handle.job_id)
+        if run is None:
+            return None
+        if (err := self._start_error(run)) is not None:
+            self._delete_pods(run.ref, 0)  # part of the gang may be bound: never left half placed
+            return Interrupted("lost", err)
+        if self._ends(run) == (True, None):
+            return Interrupted("lost", f"a pod of PodGroup {run.ref.text} was deleted outside gpupool")
+        return None
+
+    async def stop(self, handle: GangHandle, grace_s: float) -> bool:
+        """Delete the group's pods (no pause: gpupool cannot recreate them) and wait until they ended."""
+        run = self._runs.get(handle.job_id)
+        if run is None:
+            return True
+        if run.start is not None:
+            try:
+                await asyncio.wrap_future(run.start)
+            except Exception:
+                pass
+        await asyncio.get_running_loop().run_in_executor(None, self._delete_pods, run.ref, grace_s)
+        deadline = time.monotonic() + grace_s + STOP_WAIT_AFTER_GRACE_S
+        within = time.monotonic() + grace_s + 5.0
+        while time.monotonic() < deadline and any(kubectl_pod_end(p) is None for p in self._members(run.ref)):
+            await asyncio.sleep(0.05)
+        return time.monotonic() <= within
+
+    def _delete_pods(self, ref: GroupRef, grace_s: float, running_only: bool = False) -> None:
+        for pod in self._members(ref):
+            if running_only and (kubectl_pod_end(pod) is not None or ob.being_deleted(pod)):
+                continue
+            try:
+                self.api.delete_namespaced_pod(ob.name(pod), ref.namespace,
+                                               grace_period_seconds=max(0, int(round(grace_s))))
+            except ApiException as e:
+                if e.status != 404:
+                    log.warning("could not delete pod %s/%s of PodGroup %s: %s", ref.namespace, ob.name(pod),
+                                ref.text, describe(e))
+
+    def release(self, handle: GangHandle) -> None:
+        with self._lock:
+            run = self._runs.get(handle.job_id)
+            if run is not None and run.handle.attempt == handle.attempt:
+                del self._runs[handle.job_id]
+        if run is not None:  # a gang is all or nothing: one pod ended, those still running are deleted
+            self.calls.submit(self._delete_pods, run.ref, 30.0, True)
+
+    def recover(self, job_id: str, attempt: int) -> Recovered:
+        """After a restart: running if its pods are bound, else never started."""
+        self.kubectl.watch.synced.wait(20.0)
+        ref = self._refs[job_id]
+        bound = [p for p in self._members(ref) if ob.node_name(p)]
+        if not bound:
+            return Recovered("not-started")
+        run = _Run(GangHandle(job_id, attempt, ref.name), ref, [ob.node_name(p) for p in bound],
+                   {ob.uid(p): ob.node_name(p) for p in bound})
+        with self._lock:
+            self._runs[job_id] = run
+        ended, code = self._ends(run)
+        if ended:
+            del self._runs[job_id]
+            return Recovered("gone", exit_code=code)
+        return Recovered("running", run.handle)
+
+    # ------------------------------------------------------------ queueing (a ForeignWork, on the core's loop)
+    def stands_for(self, job: JobFacts) -> str | None:
+        ref = ref_of(job)
+        return f"PodGroup {ref.text}" if ref is not None else None
+
+    def track(self, job: JobFacts) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self._refs[job.id] = ref
+            self._job_ids[ref.uid] = job.id
+
+    def _warn(self, pods: list[Obj], reason: str, message: str) -> None:
+        for p in pods:
+            self.kubectl.warn_once(PodRef(ob.namespace(p), ob.name(p), ob.uid(p)), reason, message)
+
+    def sync(self, host: ForeignJobHost) -> None:
+        """Queue one gang job per PodGroup whose minCount pods exist; end waiting ones whose pods went."""
+        kc = self.kubectl
+        if self.watch is None or not self.watch.synced.is_set() or not kc.synced:
+            return
+        key = (self.generation, kc.generation, host.fingerprint())
+        if self._seen == key:
+            return
+        self._seen = key
+        with self._lock:
+            groups = list(self._groups.values())
+        pods = kc.pods()
+        queued = False
+        for pg in groups:
+            ref = GroupRef(ob.namespace(pg), ob.name(pg), ob.uid(pg))
+            if not kc.namespaces.takes(ref.namespace) or ob.being_deleted(pg):
+                continue
+            members = [p for p in self._members(ref, pods) if not ob.being_deleted(p)]
+            waiting = [p for p in members if not ob.node_name(p) and kubectl_pod_end(p) is None]
+            job_id = self._job_ids.get(ref.uid)
+            if job_id is None:
+                job_id = self._job_ids[ref.uid] = host.job_for_key(job_key(ref.uid))
+            need = min_count(pg)
+            if job_id:
+                if host.waiting_job(job_id) is not None and len(waiting) < need:
+                    host.cancel(job_id, f"pods of PodGroup {ref.text} were deleted before gpupool bound them")
+                continue
+            if len(waiting) < need or any(other_gates(p) for p in waiting):
+                continue  # the gang is not whole yet: nothing of it is queued, nothing bound
+            job_id = self._queue(host, ref, waiting, need)
+            queued = queued or bool(job_id)
+        if queued:
+            host.request_cycle()
+
+    def _queue(self, host: ForeignJobHost, ref: GroupRef, pods: list[Obj], need: int) -> str:
+        read = [read_pod(_as_member(p)) for p in pods]
+        problem = next((r.problem for r in read if r.problem), "")
+        first = read[0]
+        if not problem and len({(r.project, r.spec.get("gpus")) for r in read}) != 1:
+            problem = ("gpupool cannot queue this PodGroup: its pods must name the same project and ask for the "
+                       "same whole nvidia.com/gpu")
+        if not problem and not first.spec.get("gpus"):
+            problem = "gpupool cannot queue this PodGroup: its pods ask for no whole nvidia.com/gpu"
+        if not problem and (why := self.kubectl.namespaces.refusal(ref.namespace, first.project)):
+            problem = f"gpupool cannot queue this PodGroup: {why}"
+        spec = {k: v for k, v in first.spec.items() if k not in ("gpu_fraction", "gpu_memory")}
+        spec.update(name=ref.text[:200], kind="train", command=[f"(PodGroup {ref.text})"],
+                    labels={PODGROUP_LABEL: ref.text, PODGROUP_UID_LABEL: ref.uid})
+        if need > 1:
+            spec["replicas"] = need
+        if not problem:
+            try:
+                job_id = host.queue(spec, first.user, f"queued from PodGroup {ref.text}", job_key(ref.uid))
+            except InvalidRequest as e:
+                problem = f"gpupool cannot queue this PodGroup: {e}"
+        if problem:
+            self._warn(pods, "GpupoolNotQueued", problem)
+            return ""
+        self._job_ids[ref.uid] = job_id
+        self._refs[job_id] = ref
+        return job_id
+
+    def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            word = "cancelled" if intent == "cancel" else "evicted (a PodGroup's gang is never paused)"
+            self.calls.submit(self._warn, self._members(ref), "GpupoolStopped",
+                              f"gpupool: {reason}; the gang is {word}: its pods are deleted")
+
+    def rejected(self, job: JobFacts, reason: str) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self._warn(self._members(ref), "GpupoolRejected", f"gpupool rejected job {job.id}: {reason}")
+
+    def cancelled(self, job: JobFacts, by: str, grace_s: float) -> None:
+        ref = ref_of(job)
+        if ref is not None:
+            self.calls.submit(self._delete_pods, ref, grace_s)
+
+    def evicted_reason(self, job: JobFacts) -> str:
+        return f"evicted: {job.reason}; gpupool does not recreate a PodGroup's pods"
+
+    def lost_reason(self, job: JobFacts, reason: str) -> str:
+        return reason
+
+    def pause_refusal(self, job: JobFacts) -> str:
+        ref = ref_of(job)
+        return (f"job {job.id} stands for PodGroup {ref.text if ref else '?'}, whose pods gpupool did not create "
+                "and could not recreate after a pause; cancel the job (it deletes the pods) or delete the pods")
