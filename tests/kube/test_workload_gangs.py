@@ -31,11 +31,11 @@ def make_gang(api: Any, ns: str, workload: str, group: str, min_count: int) -> N
     })
 
 
-def gang_pod(api: Any, ns: str, name: str, group: str, gpus: int = 4) -> Any:
+def gang_pod(api: Any, ns: str, name: str, group: str, gpus: int = 4, project: str = "vision") -> Any:
     """A worker of the gang: a kubectl pod for gpupool whose spec names its PodGroup."""
     return api.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"gpupool.io/project": "vision"}},
+        "metadata": {"name": name, "labels": {"gpupool.io/project": project}},
         "spec": {"schedulerName": "gpupool", "restartPolicy": "Never", "schedulingGroup": {"podGroupName": group},
                  "containers": [{"name": "main", "image": "registry.example/train:1", "command": ["torchrun"],
                                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
@@ -128,6 +128,31 @@ async def test_the_gang_ends_with_its_pods_success_only_when_all_succeeded(
         await wait_for(lambda: not [p for p in api.list_namespaced_pod(namespace).items if p.metadata.name == "bad-1"
                                     and not p.metadata.deletion_timestamp], what="the gang's other pod deleted")
         assert api.read_namespaced_pod("ok-0", namespace).status.phase == "Succeeded"  # ended pods are kept
+
+
+async def test_reclaim_evicts_the_whole_gang_and_cancels_its_job(
+        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 8})
+    with Kubelet(api, namespace, stop_exit_code=0) as kubelet:
+        make_gang(api, namespace, "w-pair", "pair", min_count=2)
+        for name in ("pair-0", "pair-1"):
+            gang_pod(api, namespace, name, "pair", gpus=4, project="scrappy")
+        (victim,) = await wait_for(lambda: [j for j in gang_jobs(core, namespace, "pair") if j["state"] == "running"],
+                                   what="the over-quota gang running")
+        await wait_for(lambda: {"pair-0", "pair-1"} <= set(kubelet.started), what="its pods started")
+        await core.submit(ADMIN, {"project": "owner", "gpus": 4, "command": ["python", "train.py"]})
+        done = await wait_for(lambda: (j := core.get_job(ADMIN, victim["id"]))["state"] != "running" and j,
+                              what="the gang's job settled")
+        reason = done["reason"]
+        assert done["state"] == "cancelled" and reason.startswith("evicted gang") and "all 2 replicas" in reason
+        assert "to give GPUs back to project owner" in reason and reason.endswith("recreate a PodGroup's pods")
+        await wait_for(lambda: not [p for p in api.list_namespaced_pod(namespace).items
+                                    if p.metadata.name.startswith("pair-")], what="both pods deleted, not one")
+        assert [j["state"] for j in gang_jobs(core, namespace, "pair")] == ["cancelled"]  # never queued again
 
 
 def test_a_pod_naming_a_v1alpha1_workload_is_refused_with_why() -> None:

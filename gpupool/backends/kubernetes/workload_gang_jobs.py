@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import ForeignJobHost, Interrupted, JobFacts, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.adoption import evicted_reason
 from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
 from gpupool.backends.kubernetes.foreign import PodRef, kubectl_pod_end, read_pod
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
@@ -358,7 +359,7 @@ class WorkloadGangs:
             self.calls.submit(self._delete_pods, ref, grace_s)
 
     def evicted_reason(self, job: JobFacts) -> str:
-        return f"evicted: {job.reason}; gpupool does not recreate a PodGroup's pods"
+        return f"{evicted_reason(job.reason)}; gpupool does not recreate a PodGroup's pods"
 
     def lost_reason(self, job: JobFacts, reason: str) -> str:
         return reason
