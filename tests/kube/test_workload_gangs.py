@@ -31,12 +31,14 @@ def make_gang(api: Any, ns: str, workload: str, group: str, min_count: int) -> N
     })
 
 
-def gang_pod(api: Any, ns: str, name: str, group: str, gpus: int = 4, project: str = "vision") -> Any:
+def gang_pod(api: Any, ns: str, name: str, group: str, gpus: int = 4, project: str = "vision",
+             gated: bool = False) -> Any:
     """A worker of the gang: a kubectl pod for gpupool whose spec names its PodGroup."""
     return api.create_namespaced_pod(ns, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"gpupool.io/project": project}},
         "spec": {"schedulerName": "gpupool", "restartPolicy": "Never", "schedulingGroup": {"podGroupName": group},
+                 "schedulingGates": [{"name": "gpupool.io/admission"}] if gated else [],
                  "containers": [{"name": "main", "image": "registry.example/train:1", "command": ["torchrun"],
                                  "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
     })
@@ -60,7 +62,7 @@ async def test_a_podgroup_is_bound_whole_once_its_min_count_pods_exist_and_never
     workers = [f"worker-{k}" for k in range(3)]
     with Kubelet(api, namespace):
         for name in workers[:2]:
-            gang_pod(api, namespace, name, "trainer-0")
+            gang_pod(api, namespace, name, "trainer-0", gated=name == "worker-1")  # gpupool's gate: held till then
         kubectl_pod(api, namespace, "alone", gpus=1)  # looked at in the same sync: bound on its own, as always
         await wait_for(lambda: api.read_namespaced_pod("alone", namespace).spec.node_name, what="the lone pod bound")
         await asyncio.sleep(0.5)
@@ -75,6 +77,7 @@ async def test_a_podgroup_is_bound_whole_once_its_min_count_pods_exist_and_never
         placed = sorted(r["node"] for r in job["assignment"]["replicas"])
         assert sorted(bound(api, namespace, workers)) == placed and set(placed) <= set(nodes)
         assert not any(jobs_of(core, namespace, n) for n in workers)
+        assert not api.read_namespaced_pod("worker-1", namespace).spec.scheduling_gates  # removed, then bound
         with pytest.raises(Conflict, match="PodGroup"):
             await core.pause(ADMIN, job["id"])
 
