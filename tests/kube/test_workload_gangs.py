@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.workload_gangs import gang_refusal
 from gpupool.wire.errors import Conflict
 from tests.kube.cluster import Kubelet
+from tests.kube.conftest import kube_config
 from tests.kube.test_kubectl_pods import ADMIN, jobs_of, kubectl_pod
 from tests.service.helpers import wait_for
 
@@ -156,6 +159,36 @@ async def test_reclaim_evicts_the_whole_gang_and_cancels_its_job(
         await wait_for(lambda: not [p for p in api.list_namespaced_pod(namespace).items
                                     if p.metadata.name.startswith("pair-")], what="both pods deleted, not one")
         assert [j["state"] for j in gang_jobs(core, namespace, "pair")] == ["cancelled"]  # never queued again
+
+
+async def test_a_restart_finds_the_running_gang_again_and_binds_nothing_twice(
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+    gpu_nodes(1, gpus=8)
+    cfg = kube_config(tmp_path / "state", kubeconfig, namespace)
+    core = build_core(cfg)
+    await core.start()
+    try:
+        await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        with Kubelet(api, namespace) as kubelet:
+            make_gang(api, namespace, "w-pair", "pair", min_count=2)
+            for name in ("pair-0", "pair-1"):
+                gang_pod(api, namespace, name, "pair", gpus=2)
+            (job,) = await wait_for(lambda: [j for j in gang_jobs(core, namespace, "pair") if j["state"] == "running"],
+                                    what="the gang running")
+            await wait_for(lambda: {"pair-0", "pair-1"} <= set(kubelet.started), what="its pods started")
+            await core.stop()
+            core = build_core(cfg)
+            await core.start()
+            await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "running", what="found again")
+            await asyncio.sleep(1.0)
+            assert [j["id"] for j in gang_jobs(core, namespace, "pair")] == [job["id"]]  # queued once
+            assert core.get_job(ADMIN, job["id"])["attempts"] == 1
+            kubelet.finish("pair-0", 0)
+            kubelet.finish("pair-1", 0)
+            await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="the gang succeeded")
+    finally:
+        await core.stop()
 
 
 def test_a_pod_naming_a_v1alpha1_workload_is_refused_with_why() -> None:
