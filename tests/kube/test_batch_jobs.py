@@ -327,7 +327,7 @@ async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(
     """As the ServiceAccount of deploy/kubernetes/rbac.yaml (its own namespace): watch Jobs (and JobSets, where
     an earlier test of this file started their controller), unsuspend, suspend and delete one; nothing fails."""
     from tests.kube.cluster import wait
-    from tests.kube.test_deploy import as_scheduler_account
+    from tests.kube.test_deploy import as_scheduler_account, remove_deploy_rbac
 
     gpu_nodes(1, gpus=8)
     sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
@@ -364,25 +364,6 @@ async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(
     finally:
         await core.stop()
         remove_deploy_rbac(api)
-
-
-def remove_deploy_rbac(api: Any) -> None:
-    """Delete what rbac.yaml made, so test_deploy's dry runs of it (which a made object answers 409) still pass."""
-    from tests.kube.test_deploy import documents
-
-    rbac = client.RbacAuthorizationV1Api(api.api_client)
-    deletes: dict[str, Any] = {"ServiceAccount": api.delete_namespaced_service_account,
-                               "ClusterRole": rbac.delete_cluster_role,
-                               "ClusterRoleBinding": rbac.delete_cluster_role_binding,
-                               "Role": rbac.delete_namespaced_role, "RoleBinding": rbac.delete_namespaced_role_binding}
-    for doc in documents("rbac.yaml"):
-        meta = doc["metadata"]
-        args = (meta["name"], meta["namespace"]) if "namespace" in meta else (meta["name"],)
-        try:
-            deletes[doc["kind"]](*args)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
 
 
 def test_a_jobset_is_read_as_one_gang_of_every_replicated_jobs_pods() -> None:

@@ -49,11 +49,29 @@ def as_scheduler_account(api: Any, kubeconfig: Path, tmp_path: Path) -> tuple[Pa
     return sa_config, client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
 
 
+def remove_deploy_rbac(api: Any) -> None:
+    """Delete what rbac.yaml made (tests running as its ServiceAccount leave it), so a dry run of it is not a 409."""
+    rbac = client.RbacAuthorizationV1Api(api.api_client)
+    deletes: dict[str, Any] = {"ServiceAccount": api.delete_namespaced_service_account,
+                               "ClusterRole": rbac.delete_cluster_role,
+                               "ClusterRoleBinding": rbac.delete_cluster_role_binding,
+                               "Role": rbac.delete_namespaced_role, "RoleBinding": rbac.delete_namespaced_role_binding}
+    for doc in documents("rbac.yaml"):
+        meta = doc["metadata"]
+        args = (meta["name"], meta["namespace"]) if "namespace" in meta else (meta["name"],)
+        try:
+            deletes[doc["kind"]](*args)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+
+
 def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
     assert sorted(p.name for p in DEPLOY.glob("*.yaml")) == ["kernel-network-policy.yaml", "namespace.yaml",
                                                              "node-agent-rbac.yaml", "node-agent.yaml", "rbac.yaml",
                                                              "scheduler.yaml"]
     ensure_namespace(api)  # namespaced objects are checked inside an existing namespace
+    remove_deploy_rbac(api)  # made by an earlier test's as_scheduler_account: a dry run of it would be a 409
     kinds = []
     for name in ("rbac.yaml", "scheduler.yaml", "node-agent-rbac.yaml", "node-agent.yaml",
                  "kernel-network-policy.yaml"):
