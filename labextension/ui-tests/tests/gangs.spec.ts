@@ -187,7 +187,8 @@ test.describe('multi-node gang jobs', () => {
       const row = panel.locator('.jp-gpupool-job.jp-mod-selected');
       await expect(row).toHaveAttribute('data-state', 'running', { timeout: 60000 });
       await expect(row).toContainText('2 × 8 GPUs · on node-');
-      const rowNodes = (await row.locator('.jp-gpupool-help').first().innerText()).split(' · on ')[1];
+      // "2 × 8 GPUs · on node-a, node-b" (then, once sampled, " · 0 % busy")
+      const rowNodes = (await row.locator('.jp-gpupool-help').first().innerText()).split(' · on ')[1].split(' · ')[0];
       expect(rowNodes.split(', ').sort()).toEqual(['node-a', 'node-b']);
       const detail = panel.locator('.jp-gpupool-detail');
       const items = detail.locator('.jp-gpupool-replicas li');

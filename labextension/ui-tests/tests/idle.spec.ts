@@ -12,7 +12,7 @@ import { expect, IJupyterLabPageFixture, test } from '@jupyterlab/galata';
 import type { APIRequestContext } from '@playwright/test';
 import * as path from 'path';
 
-import { setProject } from './pool_admin';
+import { setProject, shutdownEveryKernel } from './pool_admin';
 
 async function setKernelIdleRule(request: APIRequestContext, idle: unknown): Promise<void> {
   await setProject(request, 'vision', { idle });
@@ -28,6 +28,10 @@ async function shutdownAllKernels(page: IJupyterLabPageFixture): Promise<void> {
 test.use({ autoGoto: true, kernels: null });
 
 test.describe('idle GPU kernels', () => {
+  test.beforeEach(async ({ page }) => {
+    await shutdownEveryKernel(page.request); // only this test's kernel may be flagged idle
+  });
+
   test.afterEach(async ({ page }) => {
     await setKernelIdleRule(page.request, null);
     await shutdownAllKernels(page);

@@ -34,3 +34,17 @@ export async function setProject(request: APIRequestContext, project: string, fi
   });
   expect(reply.ok(), await reply.text()).toBe(true);
 }
+
+/**
+ * Shut down every kernel of the test server, through Jupyter's REST API (sessions first, then kernels
+ * without one): earlier specs' notebooks may still hold GPU shares, which a test that fills the pool or
+ * watches for idle kernels must not meet.
+ */
+export async function shutdownEveryKernel(request: APIRequestContext): Promise<void> {
+  for (const session of (await (await request.get('/api/sessions')).json()) as { id: string }[]) {
+    await request.delete(`/api/sessions/${session.id}`);
+  }
+  for (const kernel of (await (await request.get('/api/kernels')).json()) as { id: string }[]) {
+    await request.delete(`/api/kernels/${kernel.id}`);
+  }
+}

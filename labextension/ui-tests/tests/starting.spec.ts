@@ -13,7 +13,7 @@
 import { expect, test } from '@jupyterlab/galata';
 import type { APIRequestContext } from '@playwright/test';
 
-import { scheduler, setProject } from './pool_admin';
+import { scheduler, setProject, shutdownEveryKernel } from './pool_admin';
 
 /** As the admin: a project guaranteed `gpus` GPUs of training. */
 async function guarantee(request: APIRequestContext, project: string, gpus: number): Promise<void> {
@@ -47,6 +47,10 @@ test.use({ autoGoto: true, kernels: null });
 
 test.describe('a kernel waiting for its share', () => {
   const holding: string[] = [];
+
+  test.beforeEach(async ({ page }) => {
+    await shutdownEveryKernel(page.request); // the whole pool free for the training work below
+  });
 
   test.afterEach(async ({ page }) => {
     for (const id of holding.splice(0)) {
