@@ -94,12 +94,22 @@ test.describe('GPU kernels as pods on the cluster backend', () => {
     });
     await expect(page.locator('.jp-gpupool-status')).toContainText('GPU ¼', { timeout: 30000 });
 
-    const cell = page.locator('.jp-NotebookPanel .jp-Cell .jp-InputArea-editor').first();
-    await cell.click();
-    await page.keyboard.type(
+    // Type into the first cell's editor once it has the focus (edit mode): keys typed in command mode
+    // would be notebook shortcuts (m, a, b, d, x, z...), and the cell would run empty.
+    const code =
       "import os, socket; print('pod', os.environ['GPUPOOL_POD_IP'], 'share', os.environ['GPUPOOL_GPU_FRACTION'], " +
-        "'CUDA', os.environ['CUDA_VISIBLE_DEVICES'], 'job', os.environ['GPUPOOL_JOB_ID'])"
-    );
+      "'CUDA', os.environ['CUDA_VISIBLE_DEVICES'], 'job', os.environ['GPUPOOL_JOB_ID'])";
+    const editor = page.locator('.jp-NotebookPanel .jp-Cell').first().locator('.cm-content');
+    await expect(async () => {
+      await editor.click();
+      await expect(page.locator('.jp-NotebookPanel .jp-Notebook.jp-mod-editMode')).toHaveCount(1, { timeout: 2000 });
+      await expect(page.locator('.jp-NotebookPanel .jp-Cell').first().locator('.cm-editor.cm-focused')).toHaveCount(
+        1,
+        { timeout: 2000 }
+      );
+    }).toPass({ timeout: 60000 });
+    await page.keyboard.type(code);
+    await expect(editor).toHaveText(code);
     await page.keyboard.press('Shift+Enter');
     const output = page.locator('.jp-NotebookPanel .jp-OutputArea-output').first();
     await expect(output).toContainText(/pod 127\.77\.\d+\.\d+ share 0\.25 CUDA 0 job j-\d+/, { timeout: 60000 });
