@@ -49,6 +49,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.admitted_gang import AdmittedGang
 from gpupool.backends.kubernetes.batch_objects import (
     ADMITTED_ANNOTATION,
     JOBSET_GROUP,
@@ -79,19 +80,8 @@ log = logging.getLogger("gpupool.backends.kubernetes")
 
 
 @dataclass
-class BatchHandle:
-    """An admitted attempt (the core's handle): no local process."""
-
-    job_id: str
-    attempt: int
-    name: str
-    pid: int | None = None
-    start_time: int = 0
-
-
-@dataclass
 class _Run:
-    handle: BatchHandle
+    handle: AdmittedGang
     ref: JobRef
     slots: list[str]  # a node per replica
     bound: dict[str, int] = field(default_factory=dict)  # pod uid -> its slot
@@ -239,10 +229,10 @@ class BatchJobs:
         return [p for p in self.kubectl.pods().values() if member_of(p, ref)]
 
     # ------------------------------------------------------------ admission
-    def launch(self, launch: Launch) -> BatchHandle:
+    def launch(self, launch: Launch) -> AdmittedGang:
         ref = self._refs[launch.job_id]
         slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
-        handle = BatchHandle(launch.job_id, launch.attempt, ref.name, start_time=int(time.time()))
+        handle = AdmittedGang(launch.job_id, launch.attempt, ref.name, start_time=int(time.time()))
         run = _Run(handle, ref, slots)
         with self._lock:
             self._runs[launch.job_id] = run
@@ -367,7 +357,7 @@ class BatchJobs:
         e = f.exception()
         return None if e is None else str(e)
 
-    def alive(self, handle: BatchHandle) -> bool:
+    def alive(self, handle: AdmittedGang) -> bool:
         with self._lock:
             run = self._runs.get(handle.job_id)
         if run is None or run.handle.attempt != handle.attempt or run.stopped:
@@ -398,7 +388,7 @@ class BatchJobs:
     def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
         return self.exit_code(job_id, attempt) is not None
 
-    def interrupted(self, handle: BatchHandle) -> Interrupted | None:
+    def interrupted(self, handle: AdmittedGang) -> Interrupted | None:
         with self._lock:
             run = self._runs.get(handle.job_id)
         if run is None:
@@ -410,7 +400,7 @@ class BatchJobs:
             return Interrupted("disrupted", f"its {run.ref.kind} {run.ref.text} was deleted outside gpupool")
         return None
 
-    async def stop(self, handle: BatchHandle, grace_s: float) -> bool:
+    async def stop(self, handle: AdmittedGang, grace_s: float) -> bool:
         """Suspend the Job (cancel: delete it), then wait until its pods have ended; True if within the grace."""
         with self._lock:
             run = self._runs.get(handle.job_id)
@@ -455,7 +445,7 @@ class BatchJobs:
     def suspend_job(self, ref: JobRef) -> None:
         self.calls.submit(self._stop_job, ref, False)
 
-    def release(self, handle: BatchHandle) -> None:
+    def release(self, handle: AdmittedGang) -> None:
         with self._lock:
             run = self._runs.get(handle.job_id)
             if run is not None and run.handle.attempt == handle.attempt:
@@ -471,7 +461,7 @@ class BatchJobs:
         ref = self._refs[job_id]
         job = self.job(ref.uid)
         if job is None:  # deleted while gpupool was away: followed as running, and the sync ends it cancelled
-            run = _Run(BatchHandle(job_id, attempt, ref.name), ref, [])
+            run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, [])
             with self._lock:
                 self._runs[job_id] = run
             return Recovered("running", run.handle)
@@ -483,7 +473,7 @@ class BatchJobs:
         if suspended(job) or ob.annotations(job).get(ADMITTED_ANNOTATION) != f"{job_id}/{attempt}":
             return Recovered("not-started")
         slots = [n for n in ob.annotations(job).get(NODES_ANNOTATION, "").split(",") if n]
-        run = _Run(BatchHandle(job_id, attempt, ref.name), ref, slots)
+        run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, slots)
         with self._lock:
             self._runs[job_id] = run
         return Recovered("running", run.handle)

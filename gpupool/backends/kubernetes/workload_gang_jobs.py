@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import ForeignJobHost, Interrupted, JobFacts, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.admitted_gang import AdmittedGang
 from gpupool.backends.kubernetes.adoption import evicted_reason
 from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
 from gpupool.backends.kubernetes.foreign import PodRef, kubectl_pod_end, read_pod
@@ -46,17 +47,8 @@ def _as_member(pod: Obj) -> Obj:
 
 
 @dataclass
-class GangHandle:
-    job_id: str
-    attempt: int
-    name: str
-    pid: int | None = None
-    start_time: int = 0
-
-
-@dataclass
 class _Run:
-    handle: GangHandle
+    handle: AdmittedGang
     ref: GroupRef
     slots: list[str]
     bound: dict[str, str] = field(default_factory=dict)  # pod uid -> node
@@ -133,10 +125,10 @@ class WorkloadGangs:
             return {uid: job_id for job_id, run in self._runs.items() for uid in run.bound}
 
     # ------------------------------------------------------------ executor: admission binds the whole gang
-    def launch(self, launch: Launch) -> GangHandle:
+    def launch(self, launch: Launch) -> AdmittedGang:
         ref = self._refs[launch.job_id]
         slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
-        run = _Run(GangHandle(launch.job_id, launch.attempt, ref.name, start_time=int(time.time())), ref, slots)
+        run = _Run(AdmittedGang(launch.job_id, launch.attempt, ref.name, start_time=int(time.time())), ref, slots)
         with self._lock:
             self._runs[launch.job_id] = run
             run.start = self.calls.submit(self._bind_all, run)
@@ -181,7 +173,7 @@ class WorkloadGangs:
             return None
         return f"could not bind the pods of PodGroup {run.ref.text}: {describe(f.exception())}"
 
-    def alive(self, handle: GangHandle) -> bool:
+    def alive(self, handle: AdmittedGang) -> bool:
         run = self._runs.get(handle.job_id)
         if run is None or run.handle.attempt != handle.attempt:
             return False
@@ -199,7 +191,7 @@ class WorkloadGangs:
     def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
         return self.exit_code(job_id, attempt) is not None
 
-    def interrupted(self, handle: GangHandle) -> Interrupted | None:
+    def interrupted(self, handle: AdmittedGang) -> Interrupted | None:
         run = self._runs.get(handle.job_id)
         if run is None:
             return None
@@ -210,7 +202,7 @@ class WorkloadGangs:
             return Interrupted("lost", f"a pod of PodGroup {run.ref.text} was deleted outside gpupool")
         return None
 
-    async def stop(self, handle: GangHandle, grace_s: float) -> bool:
+    async def stop(self, handle: AdmittedGang, grace_s: float) -> bool:
         """Delete the group's pods (no pause: gpupool cannot recreate them) and wait until they ended."""
         run = self._runs.get(handle.job_id)
         if run is None:
@@ -239,7 +231,7 @@ class WorkloadGangs:
                     log.warning("could not delete pod %s/%s of PodGroup %s: %s", ref.namespace, ob.name(pod),
                                 ref.text, describe(e))
 
-    def release(self, handle: GangHandle) -> None:
+    def release(self, handle: AdmittedGang) -> None:
         with self._lock:
             run = self._runs.get(handle.job_id)
             if run is not None and run.handle.attempt == handle.attempt:
@@ -254,7 +246,7 @@ class WorkloadGangs:
         bound = [p for p in self._members(ref) if ob.node_name(p)]
         if not bound:
             return Recovered("not-started")
-        run = _Run(GangHandle(job_id, attempt, ref.name), ref, [ob.node_name(p) for p in bound],
+        run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, [ob.node_name(p) for p in bound],
                    {ob.uid(p): ob.node_name(p) for p in bound})
         with self._lock:
             self._runs[job_id] = run
