@@ -33,7 +33,6 @@ the rule wants anyway (the time the service was down was not measured).
 from __future__ import annotations
 
 import datetime
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +43,8 @@ from gpupool.service.book import JobBook
 from gpupool.service.gpu_use import JobUse
 from gpupool.service.metrics import Metrics
 from gpupool.service.store import JobRecord
-from gpupool.wire.errors import InvalidRequest
-from gpupool.wire.limits import IDLE_ACTIONS, IDLE_DEFAULTS, MAX_IDLE_WINDOW_S
+from gpupool.wire.limits import IDLE_DEFAULTS
+from gpupool.wire.schemas import validate as validate_body
 
 DEFAULTS = IDLE_DEFAULTS
 """Kernels: culled after 30 min below 5 % of their share; training jobs: not watched until the admin says so."""
@@ -80,40 +79,22 @@ def settings_wire(stored: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]
 
 
 def merge_settings(stored: Mapping[str, Any] | None, given: Any) -> dict[str, Any] | None:
-    """What ``PUT /projects`` stores for ``{"idle": given}`` (the shape already checked by the wire model).
+    """What ``PUT /projects`` stores for ``{"idle": given}``.
 
     A kind or a field left out keeps its value; ``null`` goes back to the
-    defaults. Checked again here (a caller of the core may skip the HTTP
-    layer): a bad value is a 400 that names it.
+    defaults. ``given`` is checked by the wire model (``ProjectFields.idle``,
+    the one statement of what a rule may hold, which the API document shows
+    too), here as well as at the HTTP layer since a caller of the core may
+    skip that layer: a bad value is a 400 naming the field and its rule.
     """
+    validate_body("ProjectFields", {"idle": given}, "project")
     if given is None:
         return None
-    if not isinstance(given, dict):
-        raise InvalidRequest(f"idle must be an object {{build: ..., train: ...}} or null, not {str(given)[:40]!r}")
     out = {kind: dict((stored or {}).get(kind) or {}) for kind in DEFAULTS}
     for kind, fields in given.items():
-        if kind not in DEFAULTS or not isinstance(fields, dict):
-            raise InvalidRequest(f"idle.{str(kind)[:40]}: idle rules are per kind, build or train, each an object")
         for name, value in fields.items():
-            out[kind][name] = _checked(kind, name, value)
+            out[kind][name] = value if name == "action" else float(value)
     return {kind: rule for kind, rule in out.items() if rule}
-
-
-def _checked(kind: str, name: Any, value: Any) -> Any:
-    where = f"idle.{kind}.{str(name)[:40]}"
-    if name == "action":
-        if value not in IDLE_ACTIONS[kind]:
-            raise InvalidRequest(f"{where} must be one of {', '.join(IDLE_ACTIONS[kind])}, not {str(value)[:40]!r}")
-        return value
-    if name not in ("below_percent", "window_s"):
-        raise InvalidRequest(f"{where}: unknown field (below_percent, window_s, action)")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{where} must be a number, not {str(value)[:40]!r}")
-    if name == "below_percent" and not 0 < value <= 100:
-        raise InvalidRequest(f"{where} must be above 0 and at most 100 (percent of the job's share), not {value}")
-    if name == "window_s" and not 1 <= value <= MAX_IDLE_WINDOW_S:
-        raise InvalidRequest(f"{where} must be from 1 to {MAX_IDLE_WINDOW_S} seconds, not {value}")
-    return float(value)
 
 
 def iso(t: float) -> str:
