@@ -17,7 +17,8 @@ from gpupool.api.base import ApiHandler, maybe_await
 from gpupool.api.openapi import build_document
 from gpupool.wire.errors import InvalidRequest
 from gpupool.wire.limits import MAX_REPLICAS
-from gpupool.wire.schemas import JOB_KINDS, JOB_STATES, MAX_LIST, MAX_LOG_CHUNK
+from gpupool.wire.replies import JOB_KINDS, JOB_STATES
+from gpupool.wire.schemas import MAX_LIST, MAX_LOG_CHUNK
 
 
 class HealthHandler(ApiHandler):
