@@ -7,8 +7,9 @@ container runtime would, on this machine:
 * the pod gets an address of its own on loopback (``127.77.x.y``: every
   127.0.0.0/8 address reaches this host), written as ``status.podIP``;
 * the container's environment is built as a kubelet builds it: ``value``,
-  ``fieldRef`` (``status.podIP``, ``metadata.name``, ``metadata.namespace``)
-  and ``secretKeyRef`` (the Secret read from the API server; until it exists
+  ``fieldRef`` (``status.podIP``, ``metadata.name``, ``metadata.namespace``,
+  ``metadata.annotations['KEY']`` and ``metadata.labels['KEY']``: "" when
+  absent, read from the pod as bound) and ``secretKeyRef`` (the Secret read from the API server; until it exists
   the container waits with ``CreateContainerConfigError``), then ``$(VAR)`` in
   the command expanded from it;
 * a Secret volume is written into a private folder of the pod (0700, each
@@ -217,6 +218,8 @@ class ProcessKubelet:
         """The container's variables, or (None, why) while a Secret it reads is missing."""
         env: dict[str, str] = {}
         fields = {"status.podIP": p.ip, "metadata.name": p.name, "metadata.namespace": self.ns}
+        for what, values in (("annotations", pod.metadata.annotations), ("labels", pod.metadata.labels)):
+            fields.update({f"metadata.{what}['{k}']": v for k, v in (values or {}).items()})
         for e in pod.spec.containers[0].env or []:
             if e.value_from is None:
                 env[e.name] = expand(e.value or "", env)

@@ -30,6 +30,8 @@ KIND_ANNOTATION = "gpupool.io/kind"
 POD_JOB_LABEL = "gpupool.io/pod"
 """On the Job (not the pod): ``<namespace>/<name>`` of the pod it stands for."""
 POD_UID_JOB_LABEL = "gpupool.io/pod-uid"
+ENV_ANNOTATION_PREFIX = "env.gpupool.io/"
+"""``env.gpupool.io/<VARIABLE>``: one of the pod's GPU variables, written by its binding (gpu_env_configmap.py)."""
 MAX_NAME = 253  # a ConfigMap's name is a DNS subdomain
 
 
@@ -70,7 +72,6 @@ class KubectlPod:
     user: str
     spec: dict[str, Any]
     problem: str = ""
-    reads_env: bool = True  # a container has envFrom of its ConfigMap (not optional)
 
 
 def gpus_asked(pod: Obj) -> int:
@@ -92,13 +93,40 @@ def gpus_asked(pod: Obj) -> int:
     return max(main, init)
 
 
-def reads_config_map(pod: Obj) -> bool:
-    """Whether a container of the pod takes its environment from its gpupool ConfigMap, not optionally."""
+def _config_map_refs(pod: Obj) -> list[Obj]:
+    """The pod's containers' ``envFrom`` references to its gpupool ConfigMap."""
     want = config_map_name(ob.name(pod))
+    return [ref for c in ob.containers(pod) for src in c.get("envFrom") or []
+            if (ref := src.get("configMapRef")) is not None and ref.get("name") == want]
+
+
+def names_config_map(pod: Obj) -> bool:
+    """Whether a container names the pod's gpupool ConfigMap in ``envFrom`` (optional or not): it is written."""
+    return bool(_config_map_refs(pod))
+
+
+def reads_config_map(pod: Obj) -> bool:
+    """Whether a container takes its environment from its gpupool ConfigMap, not optionally (it waits for it)."""
+    return any(not ref.get("optional") for ref in _config_map_refs(pod))
+
+
+def reads_env_annotations(pod: Obj) -> bool:
+    """Whether the pod reads its GPU variables from the annotations its binding writes (the downward API).
+
+    Either a container's ``env[].valueFrom.fieldRef`` of an
+    ``env.gpupool.io/...`` annotation, or a ``downwardAPI`` volume holding
+    such an annotation or all of ``metadata.annotations``.
+    """
+    ours = f"metadata.annotations['{ENV_ANNOTATION_PREFIX}"
     for c in ob.containers(pod):
-        for src in c.get("envFrom") or []:
-            ref = src.get("configMapRef")
-            if ref is not None and ref.get("name") == want and not ref.get("optional"):
+        for e in c.get("env") or []:
+            path = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", "")
+            if path.startswith(ours):
+                return True
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        for item in (v.get("downwardAPI") or {}).get("items") or []:
+            path = (item.get("fieldRef") or {}).get("fieldPath", "")
+            if path == "metadata.annotations" or path.startswith(ours):
                 return True
     return False
 
@@ -121,7 +149,7 @@ def read_pod(pod: Obj) -> KubectlPod:
         spec["command"] = command or [f"(pod {ref.text}, image {image or '?'})"]
 
     def refused(why: str) -> KubectlPod:
-        return KubectlPod(ref, project, user, spec, f"gpupool cannot queue this pod: {why}", reads_config_map(pod))
+        return KubectlPod(ref, project, user, spec, f"gpupool cannot queue this pod: {why}")
 
     if not project:
         return refused(f"it has no label {PROJECT_LABEL} (the gpupool project it runs in)")
@@ -129,7 +157,7 @@ def read_pod(pod: Obj) -> KubectlPod:
         return refused(f"annotation {KIND_ANNOTATION}={kind!r} is not train or build")
     if gang := gang_refusal(pod):
         return refused(gang)
-    if len(config_map_name(name)) > MAX_NAME:
+    if len(config_map_name(name)) > MAX_NAME and names_config_map(pod):
         return refused(f"its name is too long for its ConfigMap {config_map_name(name)[:40]}...")
     whole = gpus_asked(pod)
     given = [f"annotation {n}" for n in (FRACTION_ANNOTATION, MEMORY_ANNOTATION) if n in ann]
@@ -155,7 +183,7 @@ def read_pod(pod: Obj) -> KubectlPod:
         spec.update(rules_of_pod(pod))
     except Unsupported as e:
         return refused(str(e))
-    return KubectlPod(ref, project, user, spec, "", reads_config_map(pod))
+    return KubectlPod(ref, project, user, spec, "")
 
 
 def _exit_codes(pod: Obj) -> list[int]:

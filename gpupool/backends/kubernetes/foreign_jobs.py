@@ -1,9 +1,10 @@
 """Pods users create with kubectl, run as gpupool jobs: watched, bound, evicted, and how they ended.
 
 The core queues one job per such pod (:mod:`gpupool.backends.kubernetes.adoption`); this is
-that job's executor. Start = write the pod's GPU ConfigMap
-(:mod:`gpupool.backends.kubernetes.gpu_env_configmap`), then bind the pod to the chosen node
-through ``pods/binding``; the pod is the user's, so a refused bind leaves it
+that job's executor. Start = bind the pod to the chosen node through
+``pods/binding``, the binding's annotations carrying the pod's GPU environment
+(:mod:`gpupool.backends.kubernetes.gpu_env_configmap`), after writing its GPU ConfigMap
+only if the pod names it in ``envFrom``; the pod is the user's, so a refused bind leaves it
 Pending (the job goes back to the queue) and gpupool never deletes it except
 to evict it (a reclaim, a node leaving the pool) or when its job is cancelled.
 Stop = delete with the grace period (SIGTERM is the checkpoint signal), after
@@ -40,16 +41,19 @@ from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, StartBackoff
 from gpupool.backends.kubernetes.disruption import DELETED, disruption
 from gpupool.backends.kubernetes.foreign import (
+    ENV_ANNOTATION_PREFIX,
     FRACTION_ANNOTATION,
     MEMORY_ANNOTATION,
     PodRef,
     config_map_name,
     deleted_end,
     kubectl_pod_end,
+    names_config_map,
     reads_config_map,
+    reads_env_annotations,
 )
 from gpupool.backends.kubernetes.gates import has_our_gate, remove_gate
-from gpupool.backends.kubernetes.gpu_env_configmap import gpu_config_map
+from gpupool.backends.kubernetes.gpu_env_configmap import binding_annotations, gpu_config_map
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.names import MANAGED_BY, MANAGED_BY_LABEL
 from gpupool.backends.kubernetes.objects import Obj
@@ -66,7 +70,7 @@ class _Run:
 
     handle: PodHandle
     ref: PodRef
-    start: Any = None  # the ConfigMap+bind future (None when adopted after a restart)
+    start: Any = None  # the (ConfigMap+) bind future (None when adopted after a restart)
     stopping: bool = False  # gpupool asked for the deletion
     deleted_by_other: bool = False  # a deletion gpupool did not ask for
     disruption: str = ""  # another disruption gpupool did not ask for (a kubelet's eviction), in words
@@ -200,7 +204,7 @@ class KubectlPods:
 
     # ------------------------------------------------------------ start
     def launch(self, launch: Launch) -> PodHandle:
-        """Begin to write the pod's ConfigMap and bind it (on a worker thread); the handle at once."""
+        """Begin to bind the pod (its ConfigMap first, if it reads one) on a worker thread; the handle at once."""
         ref = self._refs[launch.job_id]
         node = str(launch.assignment.get("node", ""))
         handle = PodHandle(launch.job_id, launch.attempt, ref.name, node)
@@ -218,7 +222,7 @@ class KubectlPods:
             self._changed()  # a refused start ends the attempt
 
     def _configure_and_bind(self, run: _Run, env: dict[str, str], node: str) -> None:
-        """Back off after refused starts (0.2 s doubling to 30 s), then write the ConfigMap and bind.
+        """Back off after refused starts (0.2 s doubling to 30 s), then write the ConfigMap (if read) and bind.
 
         A refused start requeues the job and the next cycle tries again: without
         the backoff a setup that always refuses (RBAC) would churn the API server.
@@ -230,15 +234,25 @@ class KubectlPods:
             raise
 
     def _configure_and_bind_now(self, run: _Run, env: dict[str, str], node: str) -> None:
+        """The ConfigMap if the pod reads it, the gate off if it has one, then the binding and its event.
+
+        A pod that names no ConfigMap costs kube-scheduler's two writes: the
+        binding (its annotations carry the GPU environment) and the event.
+        """
         ref = run.ref
-        cm = gpu_config_map(ref, env)
-        try:
-            self._write_config_map(cm)
-        except Exception as e:
-            raise RuntimeError(f"could not write ConfigMap {cm['metadata']['name']} for pod {ref.text}: "
-                               f"{describe(e)}") from e
+        with self._lock:
+            pod = self._pods.get(ref.uid)
+        with_config_map = pod is None or names_config_map(pod)  # not seen (yet): written, as before
+        if with_config_map:
+            cm = gpu_config_map(ref, env)
+            try:
+                self._write_config_map(cm)
+            except Exception as e:
+                raise RuntimeError(f"could not write ConfigMap {cm['metadata']['name']} for pod {ref.text}: "
+                                   f"{describe(e)}") from e
         self._ungate(ref)
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=ref.name, uid=ref.uid),
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=ref.name, uid=ref.uid,
+                                                             annotations=binding_annotations(env)),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         try:
             resp = self.calls.retrying("start", lambda: self.api.create_namespaced_pod_binding(
@@ -248,18 +262,18 @@ class KubectlPods:
         except Exception as e:  # the pod is the user's: it stays, Pending, and the job is queued again
             raise RuntimeError(f"could not bind pod {ref.text} to node {node}: {describe(e)}") from e
         gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")
+        where = (f"ConfigMap {config_map_name(ref.name)} and " if with_config_map else "") + \
+            f"annotations {ENV_ANNOTATION_PREFIX}*"
         post_event(self.api, ref, "Normal", "Scheduled",
                    f"gpupool assigned {ref.text} to {node} as job {run.handle.job_id} (GPUs {gpus or 'none'}, "
-                   f"fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in ConfigMap "
-                   f"{config_map_name(ref.name)})")
-        with self._lock:
-            pod = self._pods.get(ref.uid)
-        if pod is not None and not reads_config_map(pod):
+                   f"fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in {where})")
+        if pod is not None and not reads_config_map(pod) and not reads_env_annotations(pod):
             ann = ob.annotations(pod)
             if FRACTION_ANNOTATION in ann or MEMORY_ANNOTATION in ann:
                 post_event(self.api, ref, "Warning", "GpupoolNoGpuEnv",
-                           f"this pod holds a share of one GPU but no container has envFrom: "
-                           f"[{{configMapRef: {{name: {config_map_name(ref.name)}}}}}]: its container will see "
+                           f"this pod holds a share of one GPU but reads neither its annotations "
+                           f"{ENV_ANNOTATION_PREFIX}* (env valueFrom fieldRef) nor its ConfigMap (envFrom: "
+                           f"[{{configMapRef: {{name: {config_map_name(ref.name)}}}}}]): its container will see "
                            f"every GPU on node {node}, not only its share")
 
     def _ungate(self, ref: PodRef) -> None:
