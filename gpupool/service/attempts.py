@@ -1,10 +1,10 @@
-"""Attempts of training jobs: start, stop, settle an ended process, recover after a restart.
+"""Attempts of training jobs: start, stop, settle an ended process, follow the pool's changes.
 
 :class:`Attempts` is one of the core's parts (gpupool.service.core builds
 them): every transition is committed (with its event) before the action it
-describes; a recorded exit status wins over a stop that came too late; after
-a restart each job stored as running is adopted, finished or requeued
-(docs/service.md, "Durability and crash recovery"). A job that stands for
+describes; a recorded exit status wins over a stop that came too late. After a
+restart, :func:`gpupool.service.recovery.recover_attempts` adopts, finishes or
+requeues each job stored as running, through these methods. A job that stands for
 foreign work (a backend that ``AdoptsForeignPods``: a kubectl pod) is never
 paused: evicted or lost, it ends cancelled, since gpupool cannot recreate
 what it did not make.
@@ -474,76 +474,3 @@ class Attempts:
             await asyncio.wait_for(ev.wait(), self.config.reply_wait_s)
         except asyncio.TimeoutError:
             pass
-
-    # ================================================================ recovery
-    def recover(self) -> None:
-        """Make the store true again after a restart (crash or not): adopt, finish or requeue each running job.
-
-        Foreign work's jobs are made known to the backend first (recovery asks
-        it about them), and a foreign build share's work is found again after.
-        """
-        if self.foreign is not None:
-            for rec in list(self.book.live.values()):
-                self.foreign.track(rec)
-        for rec in self.book.live_jobs(("running",)):
-            if any(g["id"] not in self.pool.gpus for g in assigned_gpus(rec)):
-                missing = "its GPU is no longer in the pool"
-            else:
-                missing = ""
-            if rec.kind == "build":
-                if missing:
-                    self.finish(rec, "cancelled", missing)
-                elif (pods := kernel_pods_of(self.pool.backend)) is not None and pods.runs(rec):
-                    self._recover_kernel_pod(rec)
-                continue
-            attempt = rec.attempts
-            found = self.executor.recover(rec.id, attempt, rec.pid, rec.pid_start)
-            handle: AttemptHandle | None = found.handle
-            code: int | None = found.exit_code
-            if found.outcome == "not-started":
-                self.book.transition(rec.id, state="queued" if attempt <= 1 else "paused", attempts=attempt - 1,
-                                 assignment=None, started_at=None, stop_intent=None,
-                                 reason="start interrupted by a service restart; requeued")
-                continue
-            if found.outcome == "running" and handle is not None:
-                self.procs[rec.id] = handle
-                if not rec.pid and handle.pid:
-                    self.book.update(rec.id, pid=handle.pid, pid_start=handle.start_time)
-                log.info("re-adopted job %s (attempt %d)", rec.id, attempt)
-                if rec.stop_intent is not None:
-                    self.spawn_stop(rec.id, handle)
-                elif missing:
-                    self.begin_stop(rec, "preempt", missing)
-                continue
-            if code is None:
-                code = self.executor.exit_code(rec.id, attempt)
-            fresh = self.book.job(rec.id)
-            assert fresh is not None
-            if code is None and fresh.stop_intent is None:
-                self.finish_attempt(fresh, None, lost=True)
-            else:
-                self.finish_attempt(fresh, code)
-        self.executor.recovered({(jid, h.attempt) for jid, h in self.procs.items()})
-        if self.foreign is not None:
-            self._recover_foreign_shares(self.foreign)
-
-    def _recover_kernel_pod(self, rec: JobRecord) -> None:
-        """A share whose kernel pod may still run: adopt the pod (before the sweep of pods no attempt holds)."""
-        found = self.executor.recover(rec.id, rec.attempts, None, None)
-        if found.outcome == "running" and found.handle is not None:
-            self.procs[rec.id] = found.handle
-        else:
-            self.finish(rec, "cancelled", "its kernel pod ended while the scheduler was restarting; "
-                                          "start the kernel again")
-
-    def _recover_foreign_shares(self, foreign: ForeignWork) -> None:
-        """A running build share that stands for foreign work has that work to watch, as an attempt."""
-        for rec in self.book.live_jobs(("running",), kind="build"):
-            if foreign.stands_for(rec) is not None and rec.id not in self.procs:
-                found = self.executor.recover(rec.id, rec.attempts, None, None)
-                if found.outcome == "running" and found.handle is not None:
-                    self.procs[rec.id] = found.handle
-                elif found.outcome == "not-started":
-                    self.requeue_unstarted(rec, "start interrupted by a service restart; requeued")
-                else:
-                    self.finish_attempt(rec, found.exit_code, lost=found.exit_code is None)

@@ -49,6 +49,7 @@ from gpupool.service.metrics import Metrics
 from gpupool.service.periodic import PeriodicWork
 from gpupool.service.pool_state import PoolState
 from gpupool.service.recent_use import RecentUse
+from gpupool.service.recovery import recover_attempts
 from gpupool.service.report import build_report
 from gpupool.service.reported_use import ReportedUse, load_node_agent_token
 from gpupool.service.standing import Standing
@@ -152,7 +153,7 @@ class SchedulerCore:
         if self.life.started:
             return
         self.book.new_events = asyncio.Event()
-        self.attempts.recover()
+        recover_attempts(self.attempts)
         self.life.started = True
         self.cycles.run()
         self._tasks = [
