@@ -31,6 +31,7 @@ from gpupool.backends.kubernetes.batch_adoption import Adoptions, JobAdoption
 from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
+from gpupool.backends.kubernetes.dra_slices import DraSlices
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
@@ -98,9 +99,12 @@ class KubeBackend:
         self.nodes: tuple[Node, ...] = ()
         self._lock = threading.Lock()
         self._seen: dict[str, PoolNode] = {}  # every GPU node, in the pool or not (watch thread writes)
+        self._raw: dict[str, Obj] = {}  # every node's JSON: a node's ResourceSlices may come after it
         self._changed = True
         self._in_pool: dict[str, PoolNode] = {}
         self.node_watch = ListWatch("nodes", self.api.list_node, self._on_reset, self._on_event, self.health_state)
+        self.dra_slices = DraSlices(self.api.api_client, self.health_state, self._on_slices)
+        """GPUs the DRA driver publishes as ResourceSlices: nodes without nvidia.com/gpu are in the pool too."""
         settings = PodSettings(config.namespace, config.image, config.kube_scheduler_name, config.pause_grace_s,
                                config.kube_workdir_pvc, config.kube_start_timeout_s)
         self.pod_executor = PodExecutor(self.api, settings, config.jobs_dir, self.calls, self.health_state,
@@ -127,6 +131,8 @@ class KubeBackend:
         """Build shares whose kernel runs in a pod of its own (gpupool.backends.base.RunsKernelPods)."""
         self.node_tokens = NodeTokens(self.api.api_client, config.namespace)
         """Node agents' own service account tokens -> their nodes (their GPU use reports)."""
+        self.dra_slices.start()  # first: a node listed before its slices would briefly leave the pool
+        self.dra_slices.watch.synced.wait(min(initial_sync_s, 5.0))  # (bounded: RBAC may not grant them)
         self.node_watch.start()
         self.pod_executor.start()
         self.kubectl.start()
@@ -142,16 +148,33 @@ class KubeBackend:
     def _on_reset(self, items: list[Obj]) -> None:
         seen = {}
         for n in items:
-            pn = read_node(n)
+            pn = read_node(n, self.dra_slices.gpus_of(name_of(n)))
             if pn is not None:
                 seen[pn.name] = pn
         with self._lock:
+            self._raw = {name_of(n): n for n in items}
             self._seen = seen
             self._changed = True
 
-    def _on_event(self, kind: str, node: Obj) -> None:
-        pn = None if kind == "DELETED" else read_node(node)
+    def _on_slices(self, names: set[str]) -> None:
+        """Nodes whose ResourceSlices changed: read again (the slice watch's thread)."""
         with self._lock:
+            for name in names:
+                raw = self._raw.get(name)
+                pn = read_node(raw, self.dra_slices.gpus_of(name)) if raw is not None else None
+                if pn is None:
+                    self._seen.pop(name, None)
+                else:
+                    self._seen[name] = pn
+            self._changed = True
+
+    def _on_event(self, kind: str, node: Obj) -> None:
+        with self._lock:  # (read under the lock: the slice watch re-reads nodes too)
+            pn = None if kind == "DELETED" else read_node(node, self.dra_slices.gpus_of(name_of(node)))
+            if kind == "DELETED":
+                self._raw.pop(name_of(node), None)
+            else:
+                self._raw[name_of(node)] = node
             if pn is None:
                 if self._seen.pop(name_of(node), None) is None:
                     return
@@ -214,6 +237,7 @@ class KubeBackend:
 
     def close(self) -> None:
         self.node_watch.stop(wait_s=0.5)
+        self.dra_slices.close()
         self.other_pods.close()
         self.kubectl.close()
         self.batch_jobs.close()

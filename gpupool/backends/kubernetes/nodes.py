@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, DRA_NODE_VALUE
 from gpupool.backends.kubernetes.names import (
     GPU_MEMORY_LABEL,
     GPU_PRODUCT_LABEL,
@@ -64,14 +65,19 @@ class PoolNode:
                     self.pools, self.group, self.labels, self.taints)
 
 
-def read_node(node: Obj) -> PoolNode | None:
-    """The pool's view of a Node (its JSON), or None when it has no allocatable GPU (not ours to schedule)."""
+def read_node(node: Obj, dra_gpus: tuple[GpuInfo, ...] = ()) -> PoolNode | None:
+    """The pool's view of a Node (its JSON), or None when it has no GPU (not ours to schedule).
+
+    ``dra_gpus``: its GPUs as the DRA driver's ResourceSlices publish them
+    (:mod:`.dra_slices`); when there are some they are its GPUs, with or
+    without ``nvidia.com/gpu`` in its allocatable.
+    """
     alloc = ob.allocatable(node)
     try:
         count = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
     except (ValueError, TypeError):
         count = 0
-    if count <= 0:
+    if count <= 0 and not dra_gpus:
         return None
     name = ob.name(node)
     labels = ob.labels(node)
@@ -79,8 +85,10 @@ def read_node(node: Obj) -> PoolNode | None:
     mem_mib = _int(labels.get(GPU_MEMORY_LABEL), 0)
     product = labels.get(GPU_PRODUCT_LABEL, "")
     model = normalize_model(product.replace("NVIDIA-", "NVIDIA ", 1), mem_mib * MIB) if product else "unknown"
-    gpus = _annotated_gpus(name, annotations.get(GPUS_ANNOTATION), model, mem_mib) or tuple(
+    gpus = dra_gpus or _annotated_gpus(name, annotations.get(GPUS_ANNOTATION), model, mem_mib) or tuple(
         GpuInfo(f"{name}/gpu{i}", i, model, mem_mib * MIB) for i in range(count))
+    if dra_gpus:  # (the policy's view only: a claimed pod is placed on such nodes)
+        labels = {**labels, DRA_NODE_LABEL: DRA_NODE_VALUE}
     pool_value = labels.get(POOL_LABEL, "both")
     pools = POOLS.get(pool_value)
     problem = ""

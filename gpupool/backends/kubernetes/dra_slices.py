@@ -1,0 +1,210 @@
+"""GPUs published through ResourceSlices (Dynamic Resource Allocation), per node, kept current by a watch.
+
+NVIDIA's DRA driver publishes each node's GPUs as ``resource.k8s.io/v1``
+ResourceSlices of driver ``gpu.nvidia.com``: one pool per node
+(``spec.nodeName``), one device per GPU (``gpu-0``...) with attributes
+``index``, ``uuid``, ``productName``, ``type`` and capacity ``memory``. Such a
+node has no ``nvidia.com/gpu`` in its allocatable, yet its GPUs are real:
+this module turns the slices into the node's :class:`GpuInfo` so the node is
+in the pool (:func:`gpupool.backends.kubernetes.nodes.read_node` takes them),
+and remembers which device each GPU is, so a claim's allocation can name it
+(:mod:`gpupool.backends.kubernetes.dra_allocation`).
+
+A pool is read at its newest generation only (a driver republishing its
+slices bumps the generation; older slices are leftovers about to go). MIG
+devices (``type`` "mig") are left out: gpupool places whole GPUs and shares
+them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.utils import parse_quantity
+
+from gpupool.backends.kubernetes import objects as ob
+from gpupool.backends.kubernetes.health import Health
+from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.watcher import ListWatch
+from gpupool.inventory import GpuInfo
+from gpupool.inventory.nvml import normalize_model
+
+log = logging.getLogger("gpupool.backends.kubernetes")
+
+DRIVER = "gpu.nvidia.com"
+"""The driver (and DeviceClass) whose devices are GPUs to gpupool."""
+DRA_NODE_LABEL = "gpupool.io/gpus-from"
+"""A label gpupool gives (in its own view only) to nodes whose GPUs come from ResourceSlices: value ``dra``.
+
+A claimed pod is placed only on such nodes (a node without slices has no
+device to write into its claim); the node object itself is never labelled."""
+DRA_NODE_VALUE = "dra"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a slice, as a claim's allocation names it and as CEL selectors read it.
+
+    ``attributes`` and ``capacity`` are ``((domain, name, value), ...)``
+    sorted (hashable: selector results are memoised per device); capacity in
+    base units (bytes for memory).
+    """
+
+    node: str
+    driver: str
+    pool: str
+    name: str
+    attributes: tuple[tuple[str, str, Any], ...]
+    capacity: tuple[tuple[str, str, int], ...]
+
+    def attribute(self, name: str) -> Any:
+        """An attribute of the driver's own domain (None when absent)."""
+        return next((v for d, n, v in self.attributes if d == self.driver and n == name), None)
+
+    def capacity_of(self, name: str) -> int | None:
+        return next((v for d, n, v in self.capacity if d == self.driver and n == name), None)
+
+
+def _split(key: str, driver: str) -> tuple[str, str]:
+    """``gpu.nvidia.com/productName`` -> (domain, name); an unqualified name is the driver's."""
+    if "/" in key:
+        domain, name = key.rsplit("/", 1)
+        return domain, name
+    return driver, key
+
+
+def _attribute_value(v: Obj) -> Any:
+    """A DeviceAttribute (one of int, bool, string, version) as a plain value."""
+    for k in ("int", "bool", "string", "version"):
+        if k in v:
+            return v[k]
+    return None
+
+
+def read_devices(slice_: Obj) -> list[Device]:
+    """The GPU devices of one ResourceSlice (MIG and other types left out)."""
+    spec = ob.spec(slice_)
+    driver = str(spec.get("driver") or "")
+    node = str(spec.get("nodeName") or "")
+    pool = str((spec.get("pool") or {}).get("name") or "")
+    out = []
+    for d in spec.get("devices") or []:
+        attrs = []
+        for key, v in (d.get("attributes") or {}).items():
+            domain, name = _split(str(key), driver)
+            attrs.append((domain, name, _attribute_value(v or {})))
+        caps = []
+        for key, v in (d.get("capacity") or {}).items():
+            domain, name = _split(str(key), driver)
+            try:
+                caps.append((domain, name, int(parse_quantity((v or {}).get("value", "0")))))
+            except (ValueError, TypeError):
+                continue
+        dev = Device(node, driver, pool, str(d.get("name") or ""), tuple(sorted(attrs, key=lambda a: a[:2])),
+                     tuple(sorted(caps)))
+        kind = dev.attribute("type")
+        if dev.name and (kind is None or kind == "gpu"):
+            out.append(dev)
+    return out
+
+
+def gpu_of(dev: Device, position: int) -> GpuInfo:
+    """The pool's GPU for a device: its UUID as id (what node agents report), its model from productName."""
+    memory = dev.capacity_of("memory") or 0
+    product = dev.attribute("productName")
+    model = normalize_model(str(product), memory) if product else "unknown"
+    index = dev.attribute("index")
+    uuid = dev.attribute("uuid")
+    gpu_id = str(uuid) if uuid else f"{dev.node}/{dev.name}"
+    return GpuInfo(gpu_id, int(index) if isinstance(index, int) else position, model, memory)
+
+
+def newest(slices: Mapping[str, Obj]) -> dict[str, tuple[Device, ...]]:
+    """Node -> its GPU devices, from the slices of each pool's newest generation (nodes' pools only)."""
+    gen: dict[tuple[str, str], int] = {}
+    for s in slices.values():
+        spec = ob.spec(s)
+        key = (str(spec.get("driver") or ""), str((spec.get("pool") or {}).get("name") or ""))
+        gen[key] = max(gen.get(key, 0), int((spec.get("pool") or {}).get("generation") or 0))
+    out: dict[str, list[Device]] = {}
+    for s in slices.values():
+        spec = ob.spec(s)
+        pool = spec.get("pool") or {}
+        key = (str(spec.get("driver") or ""), str(pool.get("name") or ""))
+        if not spec.get("nodeName") or int(pool.get("generation") or 0) != gen[key]:
+            continue
+        out.setdefault(str(spec["nodeName"]), []).extend(read_devices(s))
+    return {n: tuple(sorted(ds, key=lambda d: (_index(d), d.name))) for n, ds in out.items()}
+
+
+def _index(d: Device) -> int:
+    i = d.attribute("index")
+    return i if isinstance(i, int) else 1 << 30
+
+
+class DraSlices:
+    """The GPU driver's ResourceSlices, by node: their GPUs for the pool, their devices for claims.
+
+    ``on_change(nodes)`` is called (on the watch thread, outside this lock)
+    with the names of the nodes whose devices changed.
+    """
+
+    def __init__(self, api: client.ApiClient, health: Health, on_change: Callable[[set[str]], None]) -> None:
+        self._lock = threading.Lock()
+        self._slices: dict[str, Obj] = {}
+        self._devices: dict[str, tuple[Device, ...]] = {}  # node -> devices
+        self._gpus: dict[str, tuple[GpuInfo, ...]] = {}  # node -> GPUs
+        self._by_gpu: dict[str, Device] = {}  # GPU id -> device
+        self._on_change = on_change
+        self.watch = ListWatch("resourceslices", client.ResourceV1Api(api).list_resource_slice,
+                               self._on_reset, self._on_event, health, field_selector=f"spec.driver={DRIVER}")
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def close(self) -> None:
+        self.watch.stop(wait_s=0.5)
+
+    def _on_reset(self, items: list[Obj]) -> None:
+        with self._lock:
+            self._slices = {ob.name(s): s for s in items}
+            changed = self._recompute()
+        self._on_change(changed)
+
+    def _on_event(self, kind: str, slice_: Obj) -> None:
+        with self._lock:
+            if kind == "DELETED":
+                self._slices.pop(ob.name(slice_), None)
+            else:
+                self._slices[ob.name(slice_)] = slice_
+            changed = self._recompute()
+        if changed:
+            self._on_change(changed)
+
+    def _recompute(self) -> set[str]:
+        devices = newest(self._slices)
+        changed = {n for n in set(devices) | set(self._devices) if devices.get(n) != self._devices.get(n)}
+        self._devices = devices
+        self._gpus = {n: tuple(gpu_of(d, i) for i, d in enumerate(ds)) for n, ds in devices.items()}
+        self._by_gpu = {g.id: d for n, ds in devices.items() for g, d in zip(self._gpus[n], ds, strict=True)}
+        return changed
+
+    # ------------------------------------------------------------ reads (any thread)
+    def gpus_of(self, node: str) -> tuple[GpuInfo, ...]:
+        """The node's GPUs as its slices publish them (() when it has none)."""
+        with self._lock:
+            return self._gpus.get(node, ())
+
+    def devices(self) -> dict[str, tuple[Device, ...]]:
+        """Node -> its GPU devices (a copy of the map; the tuples are immutable)."""
+        with self._lock:
+            return dict(self._devices)
+
+    def device_of(self, gpu_id: str) -> Device | None:
+        with self._lock:
+            return self._by_gpu.get(gpu_id)
