@@ -31,8 +31,9 @@ from jupyter_gpupool.connection import PoolConnection, PoolSettings
 from jupyter_gpupool.handlers import handlers as gpupool_handlers
 from jupyter_gpupool.hub import shared_scheduler_token, shared_scheduler_url
 from jupyter_gpupool.idle_cull import IdleCuller
+from jupyter_gpupool.kernel_share import share_request
 from jupyter_gpupool.kernelspecs import register_kernel_dir, write_kernelspecs
-from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free, share_request
+from jupyter_gpupool.provisioner import make_plain_kernels_gpu_free
 from jupyter_gpupool.sessions import session_handlers
 
 

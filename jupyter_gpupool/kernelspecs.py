@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jupyter_gpupool.provisioner import fraction_label, share_request
+from jupyter_gpupool.kernel_share import fraction_label, share_request
 
 PREFIX = "gpupool-"
 PROVISIONER_NAME = "gpupool-provisioner"

@@ -20,6 +20,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 
 from gpupool.wire.errors import GpupoolError
 from gpupool.wire.states import LIVE_STATES
+from jupyter_gpupool.kernel_share import fraction_label
 from jupyter_gpupool.promote import (
     PromoteRequest,
     build_spec,
@@ -27,7 +28,6 @@ from jupyter_gpupool.promote import (
     run_paths,
     snapshot_dropped_on_error,
 )
-from jupyter_gpupool.provisioner import fraction_label
 
 
 def _value(text: str) -> Any:

@@ -37,7 +37,7 @@ from typing import Any
 import ipywidgets as w
 
 from gpupool.wire.states import LIVE_STATES
-from jupyter_gpupool.provisioner import fraction_label
+from jupyter_gpupool.kernel_share import fraction_label
 
 LIVE_JOB_STATES = ",".join(LIVE_STATES)
 GIB = 1024**3

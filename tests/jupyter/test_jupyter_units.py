@@ -9,10 +9,10 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 
 from gpupool.wire.errors import Forbidden, InvalidRequest, NotFound
+from jupyter_gpupool.kernel_share import fraction_label, share_request
 from jupyter_gpupool.kernelspecs import base_kernel, register_kernel_dir, write_kernelspecs
 from jupyter_gpupool.paths import resolve_notebook
 from jupyter_gpupool.promote import PromoteRequest, papermill_args, run_paths
-from jupyter_gpupool.provisioner import fraction_label, share_request
 from jupyter_gpupool.runner import main as runner_main
 
 

@@ -102,7 +102,7 @@ def test_hook_chains_to_other_sitecustomize(tmp_path):
 
 
 def test_kernel_env_keeps_the_kernels_pythonpath_behind_the_local_hook():
-    from jupyter_gpupool.provisioner import with_kernel_pythonpath
+    from jupyter_gpupool.kernel_share import with_kernel_pythonpath
 
     # As a remote scheduler sends it: its own hook path and its own PYTHONPATH.
     remote = {"CUDA_VISIBLE_DEVICES": "GPU-1", "PYTHONPATH": "/srv/gpupool/_torch_hook:/srv/service-only"}
