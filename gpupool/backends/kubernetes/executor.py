@@ -7,7 +7,8 @@ A refused bind (409, node gone) deletes the pod and reports the attempt
 create the API server refuses (a ResourceQuota, an admission rule) reports it
 "refused" with the server's message: the core holds the job for a backoff and
 fails it after a bounded number of refusals in a row. A gang's pods are all
-created before any is bound (:meth:`PodExecutor.launch_gang`).
+created before any is bound (:meth:`PodExecutor.launch_gang`). The create and
+bind calls themselves are :mod:`gpupool.backends.kubernetes.pod_starts`'s.
 Watch: our pods (label ``app.kubernetes.io/managed-by=gpupool``) are kept in a
 cache by a list+watch thread, so :meth:`alive` and the exit status are answered
 from memory, on the loop. Stop: delete with the grace period (the kubelet sends
@@ -25,7 +26,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,24 +34,20 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.calls import (
-    START_GIVE_UP_S,
-    STOP_WAIT_AFTER_GRACE_S,
-    Calls,
-    Refused,
-    StartBackoff,
-    pods_path,
-    post_json,
-    raw_json,
-    raw_status,
-    refusal,
-)
+from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
 from gpupool.backends.kubernetes.disruption import disruption
 from gpupool.backends.kubernetes.gang_pods import GangHandle, GangPods
 from gpupool.backends.kubernetes.health import Health, describe
 from gpupool.backends.kubernetes.logs import LiveLogs
 from gpupool.backends.kubernetes.names import ATTEMPT_LABEL, JOB_LABEL, MANAGED_SELECTOR, pod_name
 from gpupool.backends.kubernetes.objects import Obj
+from gpupool.backends.kubernetes.pod_starts import (
+    PodAttempt,
+    PodStarts,
+    rv_number,
+    start_error,
+    start_refused,
+)
 from gpupool.backends.kubernetes.pods import (
     WORKDIR_ROOT,
     PodEnd,
@@ -65,37 +61,6 @@ from gpupool.backends.kubernetes.pods import (
 from gpupool.backends.kubernetes.watcher import ListWatch
 
 log = logging.getLogger("gpupool.backends.kubernetes")
-
-@dataclass
-class _Attempt:
-    """What we know of one attempt's pod (guarded by the executor's lock)."""
-
-    handle: PodHandle
-    start: Any = None  # the create+bind future (None for an adopted pod)
-    adopted: bool = False  # found by recovery: a list without its pod means it is gone
-    created_rv: int | None = None  # resourceVersion of the created pod: a later list without it means gone
-    uid: str | None = None  # the pod's uid: events of an earlier pod of the same name (a refused start) are not its
-    seen: bool = False
-    gone: bool = False
-    end: PodEnd | None = None
-    stuck: str | None = None  # why its container cannot start (ImagePullBackOff: ...), while it cannot
-    stuck_since: float = 0.0  # (time.monotonic) since when
-    never_starts: bool = False  # no retry can cure it (an invalid image name): give up at once
-    disrupted: str = ""  # its pod shows a disruption (deleted, evicted), in words: a gang stops its other replicas
-    disrupted_since: Any = None  # (datetime) when that disruption began, where the pod says
-    extra: dict[str, Any] = field(default_factory=dict)
-    main: bool = field(init=False)  # the attempt's own pod, not a gang replica's (live logs follow these)
-
-    def __post_init__(self) -> None:
-        self.main = self.handle.name == pod_name(self.handle.job_id, self.handle.attempt)
-
-
-def _rv(text: str | None) -> int | None:
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
-
 
 class PodExecutor:
     """Runs attempts as pods in ``settings.namespace`` (a :class:`gpupool.backends.base.Executor`)."""
@@ -113,9 +78,8 @@ class PodExecutor:
         self.sync_timeout_s = sync_timeout_s
         self._lock = threading.Lock()
         self._pods: dict[str, Obj] = {}  # the watch's view of our pods (their JSON), by name
-        self._attempts: dict[str, _Attempt] = {}  # attempts the core holds, by pod name
+        self._attempts: dict[str, PodAttempt] = {}  # attempts the core holds, by pod name
         self._finished: dict[tuple[str, int], PodEnd] = {}  # ends found by recovery
-        self._start_backoff = StartBackoff()  # starts refused in a row: the next one waits
         self._copying: dict[str, int] = {}  # job id -> final log copies still to land (see log_settled)
         self._marks = itertools.count(1)
         self.changes = 0
@@ -125,6 +89,7 @@ class PodExecutor:
                                namespace=settings.namespace, label_selector=MANAGED_SELECTOR)
         # Running pods' output copied into their jobs' log files as it comes (logs.py).
         self.live = LiveLogs(api, settings.namespace, self._log_file, self._live_pods, calls.submit)
+        self.starts = PodStarts(api, settings.namespace, calls, self._lock, self._delete_quietly)
         self.gangs = GangPods(self)  # multi-node gangs: a pod per replica, each one of ours (gang_pods.py)
 
     def start(self) -> None:
@@ -139,7 +104,7 @@ class PodExecutor:
     def _on_reset(self, pods: list[Obj]) -> None:
         with self._lock:
             listed = {ob.name(p): p for p in pods}
-            list_rv = max((_rv(ob.resource_version(p)) or 0 for p in pods), default=0)
+            list_rv = max((rv_number(ob.resource_version(p)) or 0 for p in pods), default=0)
             self._pods = listed
             for name, a in self._attempts.items():
                 pod = listed.get(name)
@@ -171,7 +136,7 @@ class PodExecutor:
         self.changes = next(self._marks)
 
     @staticmethod
-    def _mine(a: _Attempt, pod: Obj) -> bool:
+    def _mine(a: PodAttempt, pod: Obj) -> bool:
         """Whether this pod object is the attempt's own, not an earlier pod of the same name.
 
         A start that was refused requeues the job with the same attempt number,
@@ -185,7 +150,7 @@ class PodExecutor:
             a.uid = uid
         return a.uid is not None and a.uid == uid
 
-    def _observe(self, a: _Attempt, pod: Obj) -> None:
+    def _observe(self, a: PodAttempt, pod: Obj) -> None:
         a.seen = True
         if not a.disrupted and (d := disruption(pod)) is not None:
             a.disrupted, a.disrupted_since = d.what, d.since
@@ -203,7 +168,7 @@ class PodExecutor:
             a.stuck, a.never_starts = problem
             self._changed()
 
-    def unstartable(self, a: _Attempt) -> str | None:
+    def unstartable(self, a: PodAttempt) -> str | None:
         """Why the attempt's pod will not start, once it has failed to for ``start_timeout_s`` (at once for a
         problem no retry cures); None while it may still start. Its job then fails: held GPUs are freed."""
         if a.stuck is None:
@@ -231,8 +196,8 @@ class PodExecutor:
         owned by the pod, so made after it); if it raises, the pod is deleted and the start fails with it.
         """
         handle = PodHandle(job_id, attempt, name, node)
-        a = _Attempt(handle)
-        a.start = self.calls.submit(self._create_and_bind, a, manifest, node, before_bind)
+        a = PodAttempt(handle)
+        a.start = self.starts.one(a, manifest, node, before_bind)
         a.start.add_done_callback(self._start_done)
         with self._lock:
             self._attempts[handle.name] = a
@@ -242,8 +207,8 @@ class PodExecutor:
         """Create every pod of a gang's attempt (``(name, node, manifest)`` in rank order), then bind them all;
         one worker task for the whole gang, whose future every replica shares: a refusal of any pod deletes
         the ones created, so no pod of the gang is bound unless all of them exist."""
-        attempts = [_Attempt(PodHandle(job_id, attempt, name, node)) for name, node, _m in pods]
-        future = self.calls.submit(self._create_all_then_bind, attempts, [m for _n, _node, m in pods])
+        attempts = [PodAttempt(PodHandle(job_id, attempt, name, node)) for name, node, _m in pods]
+        future = self.starts.gang(attempts, [m for _n, _node, m in pods])
         with self._lock:
             for a in attempts:
                 a.start = future
@@ -251,103 +216,9 @@ class PodExecutor:
         future.add_done_callback(self._start_done)
         return [a.handle for a in attempts]
 
-    def _create_all_then_bind(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
-        """A gang's start (see :meth:`launch_gang`), after the same back-off as any start."""
-        self._backed_off(lambda: self._create_all_then_bind_now(attempts, manifests))
-
-    def _create_all_then_bind_now(self, attempts: list[_Attempt], manifests: list[dict[str, Any]]) -> None:
-        created: list[_Attempt] = []
-        at = 0  # the rank being created or bound
-        try:
-            for at, (a, manifest) in enumerate(zip(attempts, manifests, strict=True)):  # noqa: B007 (read in the except)
-                self.create(a, manifest)
-                created.append(a)
-            for at, a in enumerate(attempts):  # noqa: B007 (read in the except)
-                self.bind(a, a.handle.node)
-        except BaseException as e:
-            for a in created:  # refused, or a bind failed: none of the gang stays (nothing ran: grace 0)
-                self._delete_quietly(a.handle.name, 0)
-            if isinstance(e, Refused) or not isinstance(e, Exception):
-                raise  # a refusal's message names the pod
-            what = str(e) if isinstance(e, RuntimeError) else \
-                f"could not create pod {attempts[at].handle.name}: {describe(e)}"
-            raise RuntimeError(f"replica {at}: {what}") from e
-
     def _start_done(self, f: Any) -> None:
         if f.cancelled() or f.exception() is not None:
             self._changed()  # a refused start ends the attempt
-
-    def _create_and_bind(self, a: _Attempt, manifest: dict[str, Any], node: str,
-                         before_bind: Callable[[Obj], None] | None = None) -> None:
-        def start() -> None:
-            created = self.create(a, manifest)
-            if before_bind is not None:
-                try:
-                    before_bind(created)
-                except BaseException:
-                    self._delete_quietly(a.handle.name, 0)  # never bound: nothing ran
-                    raise
-            self.bind(a, node)
-
-        self._backed_off(start)
-
-    def _backed_off(self, start: Callable[[], object]) -> None:
-        """Run ``start`` (create and bind) after the wait that starts failed in a row call for (:class:`StartBackoff`).
-
-        A create the API server refuses (:class:`Refused`) does not count: the core backs that job off (it
-        waits queued), not this thread while the job shows "running".
-        """
-        self._start_backoff.run(start, counts=lambda e: not isinstance(e, Refused))
-
-    def create(self, a: _Attempt, manifest: dict[str, Any]) -> Obj:
-        """Create the attempt's pod (Pending, not yet bound); a refusal raises :class:`Refused` with the API
-        server's message. Posted as plain JSON (post_json: no per-call argument checks), its reply read raw
-        for two fields."""
-        ns, name = self.settings.namespace, a.handle.name
-
-        def post() -> dict[str, Any]:  # a refusal is an answer: raised at once, never retried as an outage
-            try:
-                return raw_json(post_json(self.api, pods_path(ns), manifest))
-            except ApiException as e:
-                why = refusal(e)
-                if why is None:
-                    raise
-                raise Refused(f"the API server refused pod {name}: {why}") from e
-
-        created = self.calls.retrying("start", post, START_GIVE_UP_S)
-        meta = created.get("metadata") or {}
-        with self._lock:
-            a.created_rv = _rv(meta.get("resourceVersion"))
-            a.uid = meta.get("uid")
-        return created
-
-    def bind(self, a: _Attempt, node: str) -> None:
-        """Bind the created pod to ``node``; a refused bind deletes it (never bound: nothing ran) and raises.
-        The binding's reply is a Status the client cannot read as a V1Binding anyway: only its code is read."""
-        ns, name = self.settings.namespace, a.handle.name
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        try:
-            status = self.calls.retrying("start", lambda: raw_status(post_json(
-                self.api, pods_path(ns, name, "binding"), body)), START_GIVE_UP_S)
-            if status != 201:
-                raise RuntimeError(f"binding {name} to {node} answered HTTP {status}")
-        except Exception as e:
-            self._delete_quietly(name, 0)  # never bound: nothing ran; free the name for nobody
-            raise RuntimeError(f"could not bind pod {name} to node {node}: {describe(e)}") from e
-
-    def _start_error(self, a: _Attempt) -> str | None:
-        f = a.start
-        if f is None or not f.done() or f.cancelled():
-            return "the start was cancelled" if f is not None and f.cancelled() else None
-        e = f.exception()
-        return None if e is None else describe(e) if not isinstance(e, RuntimeError) else str(e)
-
-    @staticmethod
-    def refused(a: _Attempt) -> bool:
-        """Whether the attempt's start ended in the API server's refusal of its pod (see :class:`Refused`)."""
-        f = a.start
-        return f is not None and f.done() and not f.cancelled() and isinstance(f.exception(), Refused)
 
     def pod_jobs(self) -> dict[str, str]:
         """Pod UID -> job id of the pods gpupool made, as the watch shows them now (its job label)."""
@@ -375,7 +246,7 @@ class PodExecutor:
                 return False
             if a.start is not None and not a.start.done():
                 return True  # still being created and bound: a refused bind deletes the pod before it says so
-            if self._start_error(a) is not None or self.unstartable(a) is not None:
+            if start_error(a) is not None or self.unstartable(a) is not None:
                 return False
             return a.end is None and not a.gone
 
@@ -403,8 +274,8 @@ class PodExecutor:
             a = self._attempts.get(handle.name)
             if a is None:
                 return Interrupted("lost", "its pod is unknown to the scheduler; requeued")
-            err = self._start_error(a)
-            if err is not None and self.refused(a):
+            err = start_error(a)
+            if err is not None and start_refused(a):
                 return Interrupted("refused", err)
             if err is not None:
                 return Interrupted("not-started", f"{err}; requeued")
@@ -476,7 +347,7 @@ class PodExecutor:
             return self.gangs.release(handle)
         with self._lock:
             a = self._attempts.pop(handle.name, None)
-        if a is None or self._start_error(a) is not None:
+        if a is None or start_error(a) is not None:
             return
         self._archive_later(handle.job_id, handle.attempt, handle.name)
 
@@ -528,7 +399,7 @@ class PodExecutor:
         """
         name = pod_name(job_id, attempt)
         handle = PodHandle(job_id, attempt, name)
-        a = _Attempt(handle, adopted=True)
+        a = PodAttempt(handle, adopted=True)
         if not self.watch.synced.wait(self.sync_timeout_s):
             with self._lock:
                 self._attempts[name] = a

@@ -46,6 +46,7 @@ from gpupool.backends.kubernetes.names import (
     MANAGED_SELECTOR,
     pod_name,
 )
+from gpupool.backends.kubernetes.pod_starts import PodAttempt, start_error, start_refused
 from gpupool.backends.kubernetes.pods import PodEnd, PodHandle, PodSettings, label_value, pod_manifest
 from gpupool.backends.rendezvous import rendezvous_env
 
@@ -205,7 +206,7 @@ class GangPods:
                 return "gone", None
             if a.start is not None and not a.start.done():
                 return "starting", None
-            if px._start_error(a) is not None:
+            if start_error(a) is not None:
                 return "refused", None
             if a.end is not None:
                 return "ended", a.end
@@ -263,7 +264,7 @@ class GangPods:
             a = self.px._attempts.get(h.name)
             if a is None or not a.disrupted or (a.end is not None and a.end.on_its_own):
                 return False
-            if a.start is not None and not (a.start.done() and self.px._start_error(a) is None):
+            if a.start is not None and not (a.start.done() and start_error(a) is None):
                 return False
             since = a.disrupted_since
             if since is None:
@@ -321,8 +322,8 @@ class GangPods:
             if how == "refused":
                 with self.px._lock:
                     a = self.px._attempts.get(h.name)
-                    err = self.px._start_error(a) if a is not None else None
-                    refused = a is not None and self.px.refused(a)
+                    err = start_error(a) if a is not None else None
+                    refused = a is not None and start_refused(a)
                 if refused and err:  # the gang's pods are created together: the message names the refused one
                     return Interrupted("refused", err)
                 if err and err.startswith("replica "):  # the gang's start says which replica it failed at
@@ -363,7 +364,7 @@ class GangPods:
                 if a is None or a.handle is not h:
                     continue  # not ours (any more)
                 del self.px._attempts[h.name]
-                if self.px._start_error(a) is None:
+                if start_error(a) is None:
                     started[rank] = a.uid
         self.px.calls.submit(self._archive, g, started)
 
@@ -403,14 +404,13 @@ class GangPods:
             n = int(ob.annotations(pods[0]).get(REPLICAS_ANNOTATION, ""))
         except ValueError:
             n = 1 + max(int(ob.labels(p)[REPLICA_LABEL]) for p in pods)
-        from gpupool.backends.kubernetes.executor import _Attempt
 
         g = GangHandle(job_id, attempt, pod_name(job_id, attempt), "", [])
         with px._lock:
             for rank in range(n):
                 name = replica_pod_name(job_id, attempt, rank)
                 h = PodHandle(job_id, attempt, name)
-                a = _Attempt(h, adopted=True)
+                a = PodAttempt(h, adopted=True)
                 pod = px._pods.get(name)
                 if pod is not None and ob.node_name(pod):
                     a.uid = ob.uid(pod)
