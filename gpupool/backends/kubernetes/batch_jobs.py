@@ -470,9 +470,9 @@ class BatchJobs:
             with self._lock:
                 self._finished[(job_id, attempt)] = code
             return Recovered("gone", exit_code=code)
-        if suspended(job) or ob.annotations(job).get(ADMITTED_ANNOTATION) != f"{job_id}/{attempt}":
+        if suspended(job) or ob.annotations_of(job).get(ADMITTED_ANNOTATION) != f"{job_id}/{attempt}":
             return Recovered("not-started")
-        slots = [n for n in ob.annotations(job).get(NODES_ANNOTATION, "").split(",") if n]
+        slots = [n for n in ob.annotations_of(job).get(NODES_ANNOTATION, "").split(",") if n]
         run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, slots)
         with self._lock:
             self._runs[job_id] = run

@@ -135,7 +135,7 @@ def read_pod(pod: Obj) -> KubectlPod:
     """The job spec for a pending kubectl pod (its JSON), or (``problem``) why it cannot be queued."""
     name = ob.name(pod)
     labels = ob.labels(pod)
-    ann = ob.annotations(pod)
+    ann = ob.annotations_of(pod)
     ref = PodRef(ob.namespace(pod), name, ob.uid(pod))
     project = labels.get(PROJECT_LABEL, "")
     user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"

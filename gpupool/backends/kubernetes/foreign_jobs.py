@@ -268,7 +268,7 @@ class KubectlPods:
                    f"gpupool assigned {ref.text} to {node} as job {run.handle.job_id} (GPUs {gpus or 'none'}, "
                    f"fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in {where})")
         if pod is not None and not reads_config_map(pod) and not reads_env_annotations(pod):
-            ann = ob.annotations(pod)
+            ann = ob.annotations_of(pod)
             if FRACTION_ANNOTATION in ann or MEMORY_ANNOTATION in ann:
                 post_event(self.api, ref, "Warning", "GpupoolNoGpuEnv",
                            f"this pod holds a share of one GPU but reads neither its annotations "

@@ -401,7 +401,7 @@ class GangPods:
         if not pods:
             return None
         try:
-            n = int(ob.annotations(pods[0]).get(REPLICAS_ANNOTATION, ""))
+            n = int(ob.annotations_of(pods[0]).get(REPLICAS_ANNOTATION, ""))
         except ValueError:
             n = 1 + max(int(ob.labels(p)[REPLICA_LABEL]) for p in pods)
 

@@ -81,7 +81,7 @@ def read_node(node: Obj, dra_gpus: tuple[GpuInfo, ...] = ()) -> PoolNode | None:
         return None
     name = ob.name(node)
     labels = ob.labels(node)
-    annotations = ob.annotations(node)
+    annotations = ob.annotations_of(node)
     mem_mib = _int(labels.get(GPU_MEMORY_LABEL), 0)
     product = labels.get(GPU_PRODUCT_LABEL, "")
     model = normalize_model(product.replace("NVIDIA-", "NVIDIA ", 1), mem_mib * MIB) if product else "unknown"

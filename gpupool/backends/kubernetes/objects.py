@@ -50,7 +50,8 @@ def labels(obj: Obj) -> dict[str, str]:
     return meta(obj).get("labels") or {}
 
 
-def annotations(obj: Obj) -> dict[str, str]:
+def annotations_of(obj: Obj) -> dict[str, str]:
+    """The object's annotations ({} when none); not named ``annotations``, which is the ``__future__`` import's name."""
     return meta(obj).get("annotations") or {}
 
 
