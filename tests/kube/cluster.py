@@ -274,10 +274,14 @@ class Kubelet:
     def _run(self) -> None:
         while not self._halt.is_set():
             try:
-                for pod in self.api.list_namespaced_pod(self.ns).items:
-                    self._step(pod)
+                pods = self.api.list_namespaced_pod(self.ns).items
             except ApiException:
-                pass
+                pods = []
+            for pod in pods:
+                try:
+                    self._step(pod)
+                except ApiException:  # this pod or its node went meanwhile: as each node's kubelet, the rest go on
+                    pass
             self._halt.wait(0.05)
 
     def _terminated(self, pod: Any, code: int, phase: str | None) -> None:

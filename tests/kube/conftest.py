@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.kube import scheduler_account as account
+
 KUBE = Path(os.environ.get("GPUPOOL_KUBE_DIR", Path(__file__).resolve().parents[2] / "scripts" / "kube"))
 
 
@@ -113,4 +115,24 @@ async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIt
 
     async for make in cores_made(lambda **overrides: kube_config(tmp_path / "state", kubeconfig, namespace,
                                                                  **overrides)):
+        yield make
+
+
+@pytest.fixture
+def scheduler_account(api: Any, kubeconfig: Path, tmp_path: Path) -> Iterator[account.SchedulerAccount]:
+    """deploy/kubernetes/rbac.yaml's ServiceAccount, its rights in effect, in namespace ``gpupool`` emptied first;
+    after the test, the namespace emptied again and rbac.yaml's objects deleted (tests/kube/scheduler_account.py)."""
+    with account.scheduler_account(api, kubeconfig, tmp_path) as sa:
+        yield sa
+
+
+@pytest.fixture
+async def make_account_core(tmp_path: Path, scheduler_account: account.SchedulerAccount
+                            ) -> AsyncIterator[Callable[..., Any]]:
+    """``await make_account_core(**overrides)``: a started core in namespace ``gpupool`` that reaches the API
+    server as the scheduler's ServiceAccount (only rbac.yaml's rights); stopped before the namespace is emptied."""
+    from tests.service.helpers import cores_made
+
+    async for make in cores_made(lambda **overrides: kube_config(
+            tmp_path / "state", scheduler_account.kubeconfig, account.NAMESPACE, **overrides)):
         yield make

@@ -323,47 +323,28 @@ async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu
 
 
 async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(
-        api: Any, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+        api: Any, gpu_nodes: Any, kubeconfig: Path, make_account_core: Any) -> None:
     """As the ServiceAccount of deploy/kubernetes/rbac.yaml (its own namespace): watch Jobs (and JobSets, where
     an earlier test of this file started their controller), unsuspend, suspend and delete one; nothing fails."""
-    from tests.kube.cluster import wait
-    from tests.kube.test_deploy import as_scheduler_account, remove_deploy_rbac
-
     gpu_nodes(1, gpus=8)
-    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
-    sa_batch = batch_api(sa_config)
-
-    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see the roles
-        try:
-            sa_batch.list_job_for_all_namespaces(limit=1)
-        except client.ApiException:
-            return False
-        return True
-
-    wait(rbac_in_effect, what="the roles in effect")
     batch = batch_api(kubeconfig)
     name = f"sa-{uuid.uuid4().hex[:6]}"
-    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
-    await core.start()
-    try:
-        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
-        core.set_project(ADMIN, "vision", {"train_guarantee": 8})
-        with Kubelet(api, "gpupool") as kubelet:
-            batch.create_namespaced_job("gpupool", job_body(name, parallelism=1, gpus=2))
-            (pod,) = await wait_for(lambda: [p for p in job_pods(api, "gpupool", name)
-                                             if p.metadata.name in kubelet.started], what="admitted and bound as the SA")
-            (job,) = jobs_of(core, "gpupool", name)
-            await core.pause(ADMIN, job["id"])
-            await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "paused", what="paused: suspended")
-            assert batch.read_namespaced_job(name, "gpupool").spec.suspend is True
-            assert pod.metadata.name in kubelet.stopped
-            await core.cancel(ADMIN, job["id"])
-            await wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job("gpupool").items},
-                           what="the Job deleted as the SA")
-        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
-    finally:
-        await core.stop()
-        remove_deploy_rbac(api)
+    core = await make_account_core()
+    await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    with Kubelet(api, "gpupool") as kubelet:
+        batch.create_namespaced_job("gpupool", job_body(name, parallelism=1, gpus=2))
+        (pod,) = await wait_for(lambda: [p for p in job_pods(api, "gpupool", name)
+                                         if p.metadata.name in kubelet.started], what="admitted and bound as the SA")
+        (job,) = jobs_of(core, "gpupool", name)
+        await core.pause(ADMIN, job["id"])
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "paused", what="paused: suspended")
+        assert batch.read_namespaced_job(name, "gpupool").spec.suspend is True
+        assert pod.metadata.name in kubelet.stopped
+        await core.cancel(ADMIN, job["id"])
+        await wait_for(lambda: name not in {j.metadata.name for j in batch.list_namespaced_job("gpupool").items},
+                       what="the Job deleted as the SA")
+    assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
 
 
 def test_a_jobset_is_read_as_one_gang_of_every_replicated_jobs_pods() -> None:

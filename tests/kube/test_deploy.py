@@ -2,68 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config, utils
+from kubernetes import utils
 
-from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.gang_pods import gang_service_name
 from gpupool.service.actor import Actor
-from tests.kube.cluster import Kubelet, wait
-from tests.kube.conftest import kube_config
+from tests.kube.cluster import Kubelet
+from tests.kube.scheduler_account import DEPLOY, documents, ensure_namespace, remove_deploy_rbac
 from tests.service.helpers import wait_for
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 ADMIN = Actor("admin", True)
-
-
-def documents(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
-
-
-def ensure_namespace(api: Any) -> None:
-    if not any(n.metadata.name == "gpupool" for n in api.list_namespace().items):
-        utils.create_from_dict(api.api_client, documents("namespace.yaml")[0])
-
-
-def as_scheduler_account(api: Any, kubeconfig: Path, tmp_path: Path) -> tuple[Path, Any]:
-    """Apply rbac.yaml; a kubeconfig of its ServiceAccount (only those rights) and a client that uses it."""
-    ensure_namespace(api)
-    for doc in documents("rbac.yaml"):
-        try:
-            utils.create_from_dict(api.api_client, doc)
-        except utils.FailToCreateError as e:
-            if not all(x.status == 409 for x in e.api_exceptions):  # made by an earlier test
-                raise
-    token = api.create_namespaced_service_account_token(
-        "gpupool-scheduler", "gpupool", client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))).status.token
-    sa = yaml.safe_load(kubeconfig.read_text())
-    sa["users"] = [{"name": "sa", "user": {"token": token}}]
-    sa["contexts"] = [{"name": "sa", "context": {"cluster": sa["contexts"][0]["context"]["cluster"], "user": "sa"}}]
-    sa["current-context"] = "sa"
-    sa_config = tmp_path / "sa.kubeconfig"
-    sa_config.write_text(yaml.safe_dump(sa))
-    return sa_config, client.CoreV1Api(config.new_client_from_config(config_file=str(sa_config)))
-
-
-def remove_deploy_rbac(api: Any) -> None:
-    """Delete what rbac.yaml made (tests running as its ServiceAccount leave it), so a dry run of it is not a 409."""
-    rbac = client.RbacAuthorizationV1Api(api.api_client)
-    deletes: dict[str, Any] = {"ServiceAccount": api.delete_namespaced_service_account,
-                               "ClusterRole": rbac.delete_cluster_role,
-                               "ClusterRoleBinding": rbac.delete_cluster_role_binding,
-                               "Role": rbac.delete_namespaced_role, "RoleBinding": rbac.delete_namespaced_role_binding}
-    for doc in documents("rbac.yaml"):
-        meta = doc["metadata"]
-        args = (meta["name"], meta["namespace"]) if "namespace" in meta else (meta["name"],)
-        try:
-            deletes[doc["kind"]](*args)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
 
 
 def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
@@ -71,7 +21,7 @@ def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
                                                              "node-agent-rbac.yaml", "node-agent.yaml", "rbac.yaml",
                                                              "scheduler.yaml"]
     ensure_namespace(api)  # namespaced objects are checked inside an existing namespace
-    remove_deploy_rbac(api)  # made by an earlier test's as_scheduler_account: a dry run of it would be a 409
+    remove_deploy_rbac(api)  # a test killed mid-way may leave them: a dry run of them would be a 409
     kinds = []
     for name in ("rbac.yaml", "scheduler.yaml", "node-agent-rbac.yaml", "node-agent.yaml",
                  "kernel-network-policy.yaml"):
@@ -91,42 +41,26 @@ def test_every_manifest_is_a_valid_object_to_the_api_server(api: Any) -> None:
         raise AssertionError("the dry run accepted an invalid container name: it checks nothing")
 
 
-async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, kubeconfig: Path,
-                                                     tmp_path: Path) -> None:
+async def test_the_deploy_rbac_is_enough_to_schedule(api: Any, gpu_nodes: Any, make_account_core: Any) -> None:
     """The scheduler runs as the ServiceAccount of rbac.yaml, with only those rights, and binds a job's pod."""
     gpu_nodes(1, gpus=8)
-    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
-
-    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see new roles
-        try:
-            as_sa.list_namespaced_pod("gpupool")
-            as_sa.list_node()
-        except client.ApiException:
-            return False
-        return True
-
-    wait(rbac_in_effect, what="the roles in effect")
-    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
-    await core.start()
-    try:
-        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
-        core.set_project(ADMIN, "vision", {"train_guarantee": 1})
-        j, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "t.py"]})
-        with Kubelet(api, "gpupool") as kubelet:
-            name = f"gpupool-{j['id']}-1"
-            await wait_for(lambda: name in kubelet.started, what="the pod bound by the service account")
-            kubelet.finish(name, 0)
-            await wait_for(lambda: core.get_job(ADMIN, j["id"])["state"] == "succeeded", what="success")
-            # a gang: one pod per replica and the headless Service through which they find rank 0
-            g, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "replicas": 2,
-                                             "command": ["python", "t.py"]})
-            await wait_for(lambda: sum(p.startswith(f"gpupool-{g['id']}-") for p in kubelet.started) == 2,
-                           what="both replica pods bound by the service account")
-            services = [s.metadata.name for s in api.list_namespaced_service("gpupool").items]
-            assert gang_service_name(g["id"]) in services
-        assert core.status(ADMIN)["backend"]["ok"] is True
-    finally:
-        await core.stop()
+    core = await make_account_core()
+    await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    j, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "command": ["python", "t.py"]})
+    with Kubelet(api, "gpupool") as kubelet:
+        name = f"gpupool-{j['id']}-1"
+        await wait_for(lambda: name in kubelet.started, what="the pod bound by the service account")
+        kubelet.finish(name, 0)
+        await wait_for(lambda: core.get_job(ADMIN, j["id"])["state"] == "succeeded", what="success")
+        # a gang: one pod per replica and the headless Service through which they find rank 0
+        g, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 1, "replicas": 2,
+                                         "command": ["python", "t.py"]})
+        await wait_for(lambda: sum(p.startswith(f"gpupool-{g['id']}-") for p in kubelet.started) == 2,
+                       what="both replica pods bound by the service account")
+        services = [s.metadata.name for s in api.list_namespaced_service("gpupool").items]
+        assert gang_service_name(g["id"]) in services
+    assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
 
 
 _PATHS = {"PersistentVolumeClaim": "/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}",
@@ -163,6 +97,8 @@ SCHEDULER_RIGHTS = {
     "gpupool-scheduler-nodes": {("", "nodes"): {"list", "watch"}, ("", "pods"): {"list", "watch"},
                                 ("batch", "jobs"): {"list", "watch"}, ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
                                 ("scheduling.k8s.io", "podgroups"): {"list", "watch"},
+                                **{("resource.k8s.io", r): {"list", "watch"}
+                                   for r in ("resourceslices", "deviceclasses", "resourceclaims")},
                                 ("authentication.k8s.io", "tokenreviews"): {"create"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete", "patch"},
                                ("", "pods/binding"): {"create"}, ("batch", "jobs"): {"patch", "delete"},
@@ -171,11 +107,15 @@ SCHEDULER_RIGHTS = {
                                ("", "services"): {"create", "list", "delete"}, ("", "events"): {"create"},
                                ("", "secrets"): {"create", "delete"},
                                ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
-                               ("coordination.k8s.io", "leases"): {"create", "get", "update"}},
+                               ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+                               ("resource.k8s.io", "resourceclaims"): {"get"},
+                               ("resource.k8s.io", "resourceclaims/status"): {"update"}},
     "gpupool-kubectl-pods": {("", "pods"): {"delete", "patch"}, ("", "pods/binding"): {"create"},
                              ("batch", "jobs"): {"patch", "delete"}, ("jobset.x-k8s.io", "jobsets"): {"patch", "delete"},
                              ("", "pods/log"): {"get"},
-                             ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"}},
+                             ("", "configmaps"): {"create", "delete"}, ("", "events"): {"create"},
+                             ("resource.k8s.io", "resourceclaims"): {"get"},
+                             ("resource.k8s.io", "resourceclaims/status"): {"update"}},
 }
 
 
@@ -210,5 +150,8 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
                             ("`pods/log`", "get"), ("`configmaps`", "create, delete"),
                             ("`services`", "create, list, delete"), ("`events`", "create"),
                             ("`secrets`", "create, delete"), ("`networkpolicies`", "create, delete"),
-                            ("`leases`", "get, create, update"), ("`tokenreviews`", "create")):
+                            ("`leases`", "get, create, update"), ("`tokenreviews`", "create"),
+                            ("`resourceslices`", "list, watch"), ("`deviceclasses`", "list, watch"),
+                            ("`resourceclaims` in every namespace", "list, watch"), ("`resourceclaims`", "get"),
+                            ("`resourceclaims/status`", "update")):
         assert f"{resource}: {verbs}" in least, (resource, verbs, least)

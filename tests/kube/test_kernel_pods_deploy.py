@@ -9,14 +9,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupool.app.backend import build_core
 from gpupool.backends.base import Launch
 from gpupool.backends.kubernetes.kernel_pods import KernelHome, kernel_network_policy, kernel_pod_manifest
 from gpupool.backends.kubernetes.pods import PodSettings
 from gpupool.service.actor import Actor
-from tests.kube.cluster import wait
-from tests.kube.conftest import kube_config
-from tests.kube.test_deploy import as_scheduler_account, documents
+from tests.kube.scheduler_account import documents
 from tests.kube.test_kubespawner import User, hub_config, hub_kubeconfig, server_pod  # noqa: F401 (autouse)
 from tests.service.helpers import wait_for
 
@@ -72,67 +69,29 @@ def test_the_deny_by_default_policy_selects_every_kernel_pod_and_admits_nothing(
     assert "k" * 64 not in text and "user-token" not in text  # the secrets are in the Secret only
 
 
-async def test_the_deploy_rbac_is_enough_to_make_a_kernel_pod(api: Any, gpu_nodes: Any, kubeconfig: Path,
-                                                              tmp_path: Path) -> None:
+async def test_the_deploy_rbac_is_enough_to_make_a_kernel_pod(api: Any, gpu_nodes: Any,
+                                                              make_account_core: Any) -> None:
     """The scheduler as rbac.yaml's ServiceAccount makes a kernel's pod, its Secret and its NetworkPolicy."""
     gpu_nodes(1, gpus=4)
-    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
-
-    def rbac_in_effect() -> bool:
-        try:
-            as_sa.list_namespaced_pod("gpupool")
-        except client.ApiException:
-            return False
-        return True
-
-    wait(rbac_in_effect, what="the roles in effect")
-    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
-    await core.start()
-    try:
-        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
-        core.set_project(ADMIN, "vision", {"build_quota": 1})
-        share, _ = await core.submit(ADMIN, {"project": "vision", "kind": "build", "gpu_fraction": 0.25,
-                                             "kernel_pod": REQUEST})
-        assert share["state"] == "running", share
-        name = await wait_for(lambda: (core.get_job(ADMIN, share["id"]).get("kernel_pod") or {}).get("name"),
-                              what="the kernel pod")
-        pod = await wait_for(lambda: next((p for p in api.list_namespaced_pod("gpupool").items
-                                           if p.metadata.name == name and p.spec.node_name), None),
-                             what="the kernel pod bound by the service account")
-        secret = api.read_namespaced_secret(f"{name}-kernel", "gpupool")
-        assert secret.metadata.owner_references[0].uid == pod.metadata.uid
-        policy = client.NetworkingV1Api(api.api_client).read_namespaced_network_policy(f"{name}-kernel", "gpupool")
-        assert policy.metadata.owner_references[0].uid == pod.metadata.uid
-        await core.cancel(ADMIN, share["id"])
-        await wait_for(lambda: all(p.metadata.deletion_timestamp is not None
-                                   for p in api.list_namespaced_pod("gpupool").items if p.metadata.name == name),
-                       what="the kernel pod's deletion by the service account")
-    finally:
-        await core.stop()
-        leave_nothing(api, tmp_path)
-
-
-def leave_nothing(api: Any, tmp_path: Path) -> None:
-    """The shared namespace gpupool as before: no kubelet here ends the pod, no controller collects what it
-    owned, and test_deploy dry-runs rbac.yaml's objects (which must not exist yet)."""
-    net, rbac = client.NetworkingV1Api(api.api_client), client.RbacAuthorizationV1Api(api.api_client)
-    for pod in api.list_namespaced_pod("gpupool", label_selector="gpupool.io/component=kernel").items:
-        api.delete_namespaced_pod(pod.metadata.name, "gpupool", grace_period_seconds=0)
-        for delete in (api.delete_namespaced_secret, net.delete_namespaced_network_policy):
-            try:
-                delete(f"{pod.metadata.name}-kernel", "gpupool")
-            except client.ApiException:
-                pass
-    deleters = {"ServiceAccount": lambda d: api.delete_namespaced_service_account(d["metadata"]["name"], "gpupool"),
-                "Role": lambda d: rbac.delete_namespaced_role(d["metadata"]["name"], "gpupool"),
-                "RoleBinding": lambda d: rbac.delete_namespaced_role_binding(d["metadata"]["name"], "gpupool"),
-                "ClusterRole": lambda d: rbac.delete_cluster_role(d["metadata"]["name"]),
-                "ClusterRoleBinding": lambda d: rbac.delete_cluster_role_binding(d["metadata"]["name"])}
-    for doc in documents("rbac.yaml"):
-        try:
-            deleters[doc["kind"]](doc)
-        except client.ApiException:
-            pass
+    core = await make_account_core()
+    await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+    core.set_project(ADMIN, "vision", {"build_quota": 1})
+    share, _ = await core.submit(ADMIN, {"project": "vision", "kind": "build", "gpu_fraction": 0.25,
+                                         "kernel_pod": REQUEST})
+    assert share["state"] == "running", share
+    name = await wait_for(lambda: (core.get_job(ADMIN, share["id"]).get("kernel_pod") or {}).get("name"),
+                          what="the kernel pod")
+    pod = await wait_for(lambda: next((p for p in api.list_namespaced_pod("gpupool").items
+                                       if p.metadata.name == name and p.spec.node_name), None),
+                         what="the kernel pod bound by the service account")
+    secret = api.read_namespaced_secret(f"{name}-kernel", "gpupool")
+    assert secret.metadata.owner_references[0].uid == pod.metadata.uid
+    policy = client.NetworkingV1Api(api.api_client).read_namespaced_network_policy(f"{name}-kernel", "gpupool")
+    assert policy.metadata.owner_references[0].uid == pod.metadata.uid
+    await core.cancel(ADMIN, share["id"])
+    await wait_for(lambda: all(p.metadata.deletion_timestamp is not None
+                               for p in api.list_namespaced_pod("gpupool").items if p.metadata.name == name),
+                   what="the kernel pod's deletion by the service account")
 
 
 def test_the_users_home_claim_is_mounted_in_the_kernel_pod_when_the_admin_names_one(api: Any,

@@ -11,13 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpupool.app.backend import build_core
 from gpupool.backends.kubernetes.pod_namespaces import PodNamespaces, parse_flag
 from gpupool.service.actor import Actor
 from gpupool.service.config import ServiceConfig
 from gpupool.wire.errors import InvalidRequest
 from tests.kube.cluster import Kubelet
-from tests.kube.conftest import kube_config
 from tests.kube.test_kubectl_pods import jobs_of, kubectl_pod, pod_events
 from tests.service.helpers import wait_for
 
@@ -145,17 +143,16 @@ async def test_a_namespace_taken_out_of_the_setting_keeps_its_running_pod_s_job(
     assert not jobs_of(core, team, "new-one") and not pod_events(api, team, "new-one")
 
 
-async def test_the_deploy_rbac_bound_in_a_team_namespace_is_enough(api: Any, gpu_nodes: Any, kubeconfig: Path,
-                                                                    tmp_path: Path) -> None:
+async def test_the_deploy_rbac_bound_in_a_team_namespace_is_enough(api: Any, gpu_nodes: Any, scheduler_account: Any,
+                                                                    make_account_core: Any) -> None:
     """As the scheduler's ServiceAccount, with rbac.yaml's ClusterRole bound in the team namespace only."""
     from kubernetes import client
 
     from tests.kube.cluster import wait
-    from tests.kube.test_deploy import as_scheduler_account
 
     gpu_nodes(1, gpus=8)
     team = new_namespace(api, "team")
-    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
+    as_sa = scheduler_account.api
     client.RbacAuthorizationV1Api(api.api_client).create_namespaced_role_binding(team, {
         "metadata": {"name": "gpupool-kubectl-pods"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpupool-kubectl-pods"},
@@ -170,21 +167,16 @@ async def test_the_deploy_rbac_bound_in_a_team_namespace_is_enough(api: Any, gpu
         return True
 
     wait(rbac_in_effect, what="the roles in effect")
-    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool",
-                                     kube_pod_namespaces={"gpupool": ["*"], team: ["vision"]}))
-    await core.start()
-    try:
-        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
-        core.set_project(ADMIN, "vision", {"train_guarantee": 4})
-        kubectl_pod(api, team, "as-sa", annotations={"gpupool.io/gpu-fraction": "0.5"})
-        await wait_for(lambda: api.read_namespaced_pod("as-sa", team).spec.node_name, what="bound as the SA")
-        assert api.read_namespaced_config_map("gpupool-as-sa", team).data["GPUPOOL_GPU_FRACTION"] == "0.5"
-        await wait_for(lambda: "Scheduled" in {e.reason for e in pod_events(api, team, "as-sa")},
-                       what="the pod's event, recorded by the service account")
-        (job,) = jobs_of(core, team, "as-sa")
-        await core.cancel(ADMIN, job["id"])  # deleting the pod is granted there too
-        await wait_for(lambda: all(p.metadata.deletion_timestamp for p in api.list_namespaced_pod(team).items),
-                       what="the pod deleted by the service account")
-        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
-    finally:
-        await core.stop()
+    core = await make_account_core(kube_pod_namespaces={"gpupool": ["*"], team: ["vision"]})
+    await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    kubectl_pod(api, team, "as-sa", annotations={"gpupool.io/gpu-fraction": "0.5"})
+    await wait_for(lambda: api.read_namespaced_pod("as-sa", team).spec.node_name, what="bound as the SA")
+    assert api.read_namespaced_config_map("gpupool-as-sa", team).data["GPUPOOL_GPU_FRACTION"] == "0.5"
+    await wait_for(lambda: "Scheduled" in {e.reason for e in pod_events(api, team, "as-sa")},
+                   what="the pod's event, recorded by the service account")
+    (job,) = jobs_of(core, team, "as-sa")
+    await core.cancel(ADMIN, job["id"])  # deleting the pod is granted there too
+    await wait_for(lambda: all(p.metadata.deletion_timestamp for p in api.list_namespaced_pod(team).items),
+                   what="the pod deleted by the service account")
+    assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]

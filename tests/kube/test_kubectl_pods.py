@@ -217,48 +217,26 @@ async def test_a_build_share_pod_holds_its_share_until_it_ends(api: Any, namespa
 
 
 async def test_the_deploy_rbac_is_enough_for_kubectl_pods_and_other_schedulers_pods(api: Any, gpu_nodes: Any,
-                                                                                   kubeconfig: Path,
-                                                                                   tmp_path: Path) -> None:
+                                                                                   make_account_core: Any) -> None:
     """As the ServiceAccount of deploy/kubernetes/rbac.yaml: watch every namespace's pods, write the ConfigMap,
     bind a kubectl pod, record events; the backend reports no failing call."""
-    from kubernetes import client
-
-    from tests.kube.cluster import wait
-    from tests.kube.test_deploy import as_scheduler_account
-
     (node,) = gpu_nodes(1, gpus=8)
-    sa_config, as_sa = as_scheduler_account(api, kubeconfig, tmp_path)
-
-    def rbac_in_effect() -> bool:  # the API server's RBAC cache takes a moment to see the roles
-        try:
-            as_sa.list_pod_for_all_namespaces(limit=1)
-            as_sa.list_namespaced_pod("gpupool", limit=1)
-        except client.ApiException:
-            return False
-        return True
-
-    wait(rbac_in_effect, what="the roles in effect")
     other_ns = f"o-{uuid.uuid4().hex[:8]}"
     api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other_ns}})
     api.create_namespaced_pod(other_ns, {"metadata": {"name": "placed"}, "spec": {"nodeName": node, "containers": [
         {"name": "c", "image": "cuda:12", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}})
     name = f"sa-{uuid.uuid4().hex[:6]}"
-    core = build_core(kube_config(tmp_path / "state", sa_config, "gpupool"))
-    await core.start()
-    try:
-        await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
-        core.set_project(ADMIN, "vision", {"train_guarantee": 4})
-        kubectl_pod(api, "gpupool", name, annotations={"gpupool.io/gpu-fraction": "0.25"})
-        await wait_for(lambda: api.read_namespaced_pod(name, "gpupool").spec.node_name, what="bound as the SA")
-        assert api.read_namespaced_config_map(f"gpupool-{name}", "gpupool").data["GPUPOOL_GPU_FRACTION"] == "0.25"
-        await wait_for(lambda: "Scheduled" in {e.reason for e in pod_events(api, "gpupool", name)},
-                       what="the pod's event, recorded by the service account")
-        held = [a for n in core.pool()["nodes"] for g in n["gpus"] for a in g["allocations"] if a["kind"] == "other"]
-        assert len(held) == 4
-        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
-    finally:
-        await core.stop()
-        api.delete_namespaced_pod(name, "gpupool", grace_period_seconds=0)
+    core = await make_account_core()
+    await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    kubectl_pod(api, "gpupool", name, annotations={"gpupool.io/gpu-fraction": "0.25"})
+    await wait_for(lambda: api.read_namespaced_pod(name, "gpupool").spec.node_name, what="bound as the SA")
+    assert api.read_namespaced_config_map(f"gpupool-{name}", "gpupool").data["GPUPOOL_GPU_FRACTION"] == "0.25"
+    await wait_for(lambda: "Scheduled" in {e.reason for e in pod_events(api, "gpupool", name)},
+                   what="the pod's event, recorded by the service account")
+    held = [a for n in core.pool()["nodes"] for g in n["gpus"] for a in g["allocations"] if a["kind"] == "other"]
+    assert len(held) == 4
+    assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
 
 
 async def test_a_refused_start_leaves_the_pod_pending_and_says_why(api: Any, namespace: str, gpu_nodes: Any,

@@ -197,18 +197,13 @@ async def test_the_fence_stops_every_write_once_the_lease_is_lost_or_not_renewed
     assert 0.4 < time.monotonic() - t0 < 1.3 and lost and "not renewed within 1 s" in lost[0]
 
 
-def test_the_deploy_rbac_holds_the_lease(api: Any, kubeconfig: Path, tmp_path: Path) -> None:
+def test_the_deploy_rbac_holds_the_lease(kubeconfig: Path, scheduler_account: Any) -> None:
     """As the ServiceAccount of rbac.yaml: create the Lease, renew it, release it; nothing else needed."""
     from gpupool.backends.kubernetes.connect import api_client
     from gpupool.backends.kubernetes.leader import LeaderElector, Leadership, LeaseSettings
-    from tests.kube.test_deploy import as_scheduler_account
 
-    sa_config, _ = as_scheduler_account(api, kubeconfig, tmp_path)
+    sa_config = scheduler_account.kubeconfig  # in namespace gpupool, emptied: no Lease of an earlier test's
     coord = coordination(kubeconfig)
-    try:
-        coord.delete_namespaced_lease(LEASE, "gpupool")  # an earlier run's
-    except client.ApiException:
-        pass
     leadership = Leadership(LeaseSettings(namespace="gpupool", identity="sa-test", duration_s=3,
                                           renew_deadline_s=2, retry_period_s=0.3))
     elector = LeaderElector(leadership, api_client(str(sa_config), pool_size=2))

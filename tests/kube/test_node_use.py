@@ -235,43 +235,34 @@ async def test_an_agents_own_service_account_token_lets_it_report_for_its_node_o
         server.stop()
 
 
-async def test_the_schedulers_deploy_account_may_check_an_agents_token(api: Any, gpu_nodes: Any, kubeconfig: Path,
-                                                                      tmp_path: Path) -> None:
+async def test_the_schedulers_deploy_account_may_check_an_agents_token(api: Any, gpu_nodes: Any,
+                                                                      scheduler_account: Any) -> None:
     """rbac.yaml's one new right is enough: the scheduler's own account reviews an agent's token to its node."""
-    from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     from gpupool.backends.kubernetes.node_use import NodeTokens
     from tests.kube.cluster import wait
-    from tests.kube.test_deploy import as_scheduler_account
 
     (node,) = gpu_nodes(1, gpus=2)
-    _, as_scheduler = as_scheduler_account(api, kubeconfig, tmp_path)
-    try:
-        api.create_namespaced_service_account("gpupool", {"metadata": {"name": "gpupool-node-agent"}})
-    except ApiException as e:
-        if e.status != 409:  # made by an earlier test
-            raise
+    as_scheduler = scheduler_account.api
+    api.create_namespaced_service_account("gpupool", {"metadata": {"name": "gpupool-node-agent"}})
     pod = api.create_namespaced_pod("gpupool", {
         "metadata": {"generateName": "agent-"},
         "spec": {"nodeName": node, "serviceAccountName": "gpupool-node-agent",
                  "containers": [{"name": "agent", "image": "registry.example/gpupool:latest"}]}})
-    try:
-        token = bound_token(api, "gpupool", "gpupool-node-agent", pod, ["gpupool"])
-        tokens = NodeTokens(as_scheduler.api_client, "gpupool", ttl_s=0.0)
+    token = bound_token(api, "gpupool", "gpupool-node-agent", pod, ["gpupool"])
+    tokens = NodeTokens(as_scheduler.api_client, "gpupool", ttl_s=0.0)
 
-        def reviewed() -> str | None:
-            try:
-                return tokens.node_of(token)
-            except Exception:  # 403 until the API server's RBAC cache has the new role
-                return None
+    def reviewed() -> str | None:
+        try:
+            return tokens.node_of(token)
+        except Exception:  # 403 until the API server's RBAC cache has the new role
+            return None
 
-        assert wait(reviewed, what="the agent's token reviewed by the scheduler's account") == node
-        with pytest.raises(ApiException) as refused:  # and the account cannot read pods one by one
-            as_scheduler.read_namespaced_pod(pod.metadata.name, "gpupool")
-        assert refused.value.status == 403
-    finally:
-        api.delete_namespaced_pod(pod.metadata.name, "gpupool", body=client.V1DeleteOptions(grace_period_seconds=0))
+    assert wait(reviewed, what="the agent's token reviewed by the scheduler's account") == node
+    with pytest.raises(ApiException) as refused:  # and the account cannot read pods one by one
+        as_scheduler.read_namespaced_pod(pod.metadata.name, "gpupool")
+    assert refused.value.status == 403
 
 
 async def test_a_kubectl_pods_reported_use_is_its_jobs(api: Any, namespace: str, gpu_nodes: Any,
