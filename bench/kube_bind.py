@@ -68,7 +68,12 @@ ARMS = ("kube-scheduler", "gpupool")
 
 
 def pod_manifest(i: int, arm: str) -> dict[str, Any]:
-    """A user's one-GPU pod; the arms differ only in schedulerName and gpupool's project label."""
+    """A user's one-GPU pod; the arms differ only in schedulerName and gpupool's project label.
+
+    No ``envFrom`` of gpupool's ConfigMap: a whole-GPU pod learns its GPUs from
+    the device plugin (and could read gpupool's binding annotations), so
+    gpupool writes no ConfigMap for it, as for any pod that does not name it.
+    """
     name = f"p-{i:05d}"
     labels = {"app": "bench"}
     if arm == "gpupool":
@@ -77,8 +82,7 @@ def pod_manifest(i: int, arm: str) -> dict[str, Any]:
             "spec": {"schedulerName": "gpupool" if arm == "gpupool" else "default-scheduler",
                      "restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "containers": [
                          {"name": "main", "image": "registry.example/train:1", "command": ["python", "train.py"],
-                          "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                          "envFrom": [{"configMapRef": {"name": f"gpupool-{name}", "optional": True}}]}]}}
+                          "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
 
 
 class GpupoolServe:

@@ -31,13 +31,12 @@ WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "APPLY": "pa
 def start_cluster(d: Path, *components: str) -> Path:
     """etcd + kube-apiserver + kube-controller-manager in ``d`` (scripts/kube/start), then ``components``.
 
-    KWOK renews each node's Lease every 10 s (a 40 s lease). The node-lifecycle
-    controller's grace period is raised to an hour: on 2 loaded cores a late
-    renewal would take nodes for lost and evict pods mid-arm, which measures
-    neither scheduler.
+    KWOK renews each node's 40 s Lease (scripts/kube/start's default). The
+    node-lifecycle controller's grace period is raised to an hour: on 2 loaded
+    cores a late renewal would take nodes for lost and evict pods mid-arm,
+    which measures neither scheduler.
     """
     env = dict(os.environ, GPUPOOL_KUBE_OWNER_PID=str(os.getpid()),
-               GPUPOOL_KUBE_KWOK_ARGS="--node-lease-duration-seconds=40",
                GPUPOOL_KUBE_CONTROLLER_MANAGER_ARGS="--node-monitor-grace-period=1h")
     for args in ([str(d)], [str(d), *components]):
         r = subprocess.run([str(KUBE / "start"), *args], capture_output=True, text=True, env=env)

@@ -125,7 +125,8 @@ def raw_status(resp: Any) -> int:
 def raw_json(resp: Any) -> dict[str, Any]:
     """A raw reply's JSON body as plain dicts (cheaper than the client's model objects); the connection back."""
     try:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
+        body: dict[str, Any] = json.loads(resp.read())
+        return body
     finally:
         resp.release_conn()
 

@@ -237,7 +237,7 @@ class PodExecutor:
             return self._pods.get(name)
 
     # ------------------------------------------------------------ watch
-    def alive(self, handle: PodHandle) -> bool:  # type: ignore[override]
+    def alive(self, handle: PodHandle | GangHandle) -> bool:
         if isinstance(handle, GangHandle):
             return self.gangs.alive(handle)
         with self._lock:
@@ -267,7 +267,7 @@ class PodExecutor:
         end = self._end_of(job_id, attempt)
         return end is not None and end.on_its_own
 
-    def interrupted(self, handle: PodHandle) -> Interrupted | None:  # type: ignore[override]
+    def interrupted(self, handle: PodHandle | GangHandle) -> Interrupted | None:
         if isinstance(handle, GangHandle):
             return self.gangs.interrupted(handle)
         with self._lock:
@@ -289,7 +289,7 @@ class PodExecutor:
             return None
 
     # ------------------------------------------------------------ stop
-    async def stop(self, handle: PodHandle, grace_s: float) -> bool:  # type: ignore[override]
+    async def stop(self, handle: PodHandle | GangHandle, grace_s: float) -> bool:
         """Delete the pod with the grace period; past it, delete it for good if its node is lost."""
         if isinstance(handle, GangHandle):
             return await self.gangs.stop(handle, grace_s)
@@ -341,7 +341,7 @@ class PodExecutor:
             log.warning("could not delete pod %s: %s", name, describe(e))
 
     # ------------------------------------------------------------ after the end
-    def release(self, handle: PodHandle) -> None:  # type: ignore[override]
+    def release(self, handle: PodHandle | GangHandle) -> None:
         """Keep the attempt's log (appended to the job's log file), then delete its finished pod."""
         if isinstance(handle, GangHandle):
             return self.gangs.release(handle)

@@ -140,7 +140,7 @@ def read_pod(pod: Obj) -> KubectlPod:
     project = labels.get(PROJECT_LABEL, "")
     user = labels.get(USER_LABEL) or f"kubectl:{ref.namespace}"
     kind = ann.get(KIND_ANNOTATION, "train")
-    first = (ob.containers(pod) or [None])[0]
+    first = next(iter(ob.containers(pod)), None)
     command = [*(first.get("command") or []), *(first.get("args") or [])] if first is not None else []
     spec: dict[str, Any] = {"project": project, "kind": kind, "name": name[:200],
                             "labels": {POD_JOB_LABEL: ref.text, POD_UID_JOB_LABEL: ref.uid}}

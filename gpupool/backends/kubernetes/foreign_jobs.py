@@ -38,7 +38,15 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.base import Interrupted, Launch, Recovered
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, StartBackoff
+from gpupool.backends.kubernetes.calls import (
+    START_GIVE_UP_S,
+    STOP_WAIT_AFTER_GRACE_S,
+    Calls,
+    StartBackoff,
+    pods_path,
+    post_json,
+    raw_status,
+)
 from gpupool.backends.kubernetes.disruption import DELETED, disruption
 from gpupool.backends.kubernetes.foreign import (
     ENV_ANNOTATION_PREFIX,
@@ -251,14 +259,15 @@ class KubectlPods:
                 raise RuntimeError(f"could not write ConfigMap {cm['metadata']['name']} for pod {ref.text}: "
                                    f"{describe(e)}") from e
         self._ungate(ref)
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=ref.name, uid=ref.uid,
-                                                             annotations=binding_annotations(env)),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        try:
-            resp = self.calls.retrying("start", lambda: self.api.create_namespaced_pod_binding(
-                ref.name, ref.namespace, body, _preload_content=False), START_GIVE_UP_S)
-            if resp.status != 201:
-                raise RuntimeError(f"binding answered HTTP {resp.status}")
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": ref.name, "uid": ref.uid, "annotations": binding_annotations(env)},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        path = pods_path(ref.namespace, ref.name, "binding")
+        try:  # plain JSON, its reply read to the end: the connection goes back to the pool (calls.raw_status)
+            status = self.calls.retrying("start", lambda: raw_status(post_json(self.api, path, body)),
+                                         START_GIVE_UP_S)
+            if status != 201:
+                raise RuntimeError(f"binding answered HTTP {status}")
         except Exception as e:  # the pod is the user's: it stays, Pending, and the job is queued again
             raise RuntimeError(f"could not bind pod {ref.text} to node {node}: {describe(e)}") from e
         gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")

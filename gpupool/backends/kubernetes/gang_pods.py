@@ -172,7 +172,7 @@ class GangPods:
         with self._svc_lock:
             try:
                 self.px.calls.retrying("start", lambda: self.px.api.create_namespaced_service(
-                    ns, service_manifest(job_id, ns)), 30.0)
+                    ns, ob.client_body(service_manifest(job_id, ns))), 30.0)
             except ApiException as e:
                 if e.status != 409:  # 409: it is there from an earlier attempt
                     log.warning("job %s: could not create its headless Service %s (replicas will not find rank 0 "
@@ -293,7 +293,7 @@ class GangPods:
             body["preconditions"] = {"uid": uid}
         try:
             self.px.calls.retrying("stop", lambda: self.px.api.delete_namespaced_pod(
-                name, self.px.settings.namespace, grace_period_seconds=grace, body=body), 60.0)
+                name, self.px.settings.namespace, grace_period_seconds=grace, body=ob.client_body(body)), 60.0)
         except ApiException as e:
             if e.status not in (404, 409):  # gone already, or a newer pod of that name (not ours to delete)
                 log.warning("could not delete pod %s: %s", name, describe(e))

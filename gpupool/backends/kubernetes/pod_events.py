@@ -10,9 +10,11 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from urllib.parse import quote
 
 from kubernetes import client
 
+from gpupool.backends.kubernetes.calls import post_json, raw_status
 from gpupool.backends.kubernetes.foreign import PodRef
 from gpupool.backends.kubernetes.health import describe
 
@@ -23,7 +25,13 @@ MAX_MESSAGE = 1024
 
 
 def post_event(api: client.CoreV1Api, pod: PodRef, kind: str, reason: str, message: str) -> bool:
-    """Record an Event of ``kind`` (Normal or Warning) on ``pod``; False when the API server refused it."""
+    """Record an Event of ``kind`` (Normal or Warning) on ``pod``; False when the API server refused it.
+
+    Posted as plain JSON and its reply read raw (calls.post_json): one per
+    bound kubectl pod, so the client's per-call checks and model objects, and
+    a reply left unread (its connection stranded, the next call's TLS
+    handshake), would cost more than the post itself.
+    """
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
@@ -40,7 +48,7 @@ def post_event(api: client.CoreV1Api, pod: PodRef, kind: str, reason: str, messa
         "count": 1,
     }
     try:
-        api.create_namespaced_event(pod.namespace, body)
+        raw_status(post_json(api, f"/api/v1/namespaces/{quote(pod.namespace, safe='')}/events", body))
     except Exception as e:
         log.warning("could not record event %s on pod %s: %s", reason, pod.text, describe(e))
         return False

@@ -48,13 +48,13 @@ class KubeExecutor:
         return bool(self._for(handle.job_id).alive(handle))
 
     def exit_code(self, job_id: str, attempt: int) -> int | None:
-        return self._for(job_id).exit_code(job_id, attempt)  # type: ignore[no-any-return]
+        return self._for(job_id).exit_code(job_id, attempt)
 
     def ended_on_its_own(self, job_id: str, attempt: int) -> bool:
         return bool(self._for(job_id).ended_on_its_own(job_id, attempt))
 
     def interrupted(self, handle: Any) -> Interrupted | None:
-        return self._for(handle.job_id).interrupted(handle)  # type: ignore[no-any-return]
+        return self._for(handle.job_id).interrupted(handle)
 
     async def stop(self, handle: Any, grace_s: float) -> bool:
         return bool(await self._for(handle.job_id).stop(handle, grace_s))
@@ -67,7 +67,7 @@ class KubeExecutor:
             return self.batch.recover(job_id, attempt)
         if self.gangs is not None and self.gangs.owns(job_id):
             return self.gangs.recover(job_id, attempt)
-        return self._for(job_id).recover(job_id, attempt, pid, pid_start)  # type: ignore[no-any-return]
+        return self._for(job_id).recover(job_id, attempt, pid, pid_start)
 
     def recovered(self, live: set[tuple[str, int]]) -> None:
         self.pods.recovered(live)
