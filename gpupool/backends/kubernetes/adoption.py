@@ -24,7 +24,15 @@ from typing import Any
 
 from gpupool.backends.base import ForeignJobHost, JobFacts
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.foreign import POD_JOB_LABEL, POD_UID_JOB_LABEL, PodRef, job_key, read_pod
+from gpupool.backends.kubernetes.dra_claims import uses_claims
+from gpupool.backends.kubernetes.foreign import (
+    POD_JOB_LABEL,
+    POD_UID_JOB_LABEL,
+    KubectlPod,
+    PodRef,
+    job_key,
+    read_pod,
+)
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.gates import other_gates
 from gpupool.backends.kubernetes.objects import Obj
@@ -70,6 +78,10 @@ class PodAdoption:
         self._seen: Hashable = None  # what the last queueing looked at: nothing changed, nothing to do
         self.made_elsewhere: Callable[[Obj], bool] = lambda pod: False
         """Pods that are another adoption's (a labelled Job's pods): never queued on their own."""
+        self.read_claims: Callable[[Obj, KubectlPod], KubectlPod | None] | None = None
+        """A pod's ResourceClaims into its job spec; None: it waits, or was told why not (dra_allocation.py)."""
+        self.claims_changes: Callable[[], Hashable] = lambda: 0
+        """Moves when claims, classes or slices change: pods waiting on them are read again."""
 
     def stands_for(self, job: JobFacts) -> str | None:
         ref = pod_of(job)
@@ -95,7 +107,7 @@ class PodAdoption:
         kc = self.kubectl
         if not kc.synced:
             return
-        key = (kc.generation, host.fingerprint())
+        key = (kc.generation, self.claims_changes(), host.fingerprint())
         if self._seen == key:
             return
         self._seen = key
@@ -131,6 +143,11 @@ class PodAdoption:
         """One job for this pod, or a Warning event on it saying exactly why not."""
         kc = self.kubectl
         kp = read_pod(pod)
+        if not kp.problem and self.read_claims is not None and uses_claims(pod):
+            amended = self.read_claims(pod, kp)
+            if amended is None:
+                return False
+            kp = amended
         problem = kp.problem
         if not problem and (why := kc.namespaces.refusal(kp.ref.namespace, kp.project)):
             problem = f"gpupool cannot queue this pod: {why}"  # the namespace may not use that project

@@ -31,6 +31,7 @@ from gpupool.backends.kubernetes.batch_adoption import Adoptions, JobAdoption
 from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
+from gpupool.backends.kubernetes.dra_allocation import DraPods
 from gpupool.backends.kubernetes.dra_slices import DraSlices
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
@@ -118,7 +119,12 @@ class KubeBackend:
         """batch/v1 Jobs labelled with a project, admitted as one gang each (suspend, unsuspend, bind)."""
         self.gangs = WorkloadGangs(self.api, self.kubectl, self.calls, self.health_state)
         """PodGroups (the Workload API) whose pods are kubectl pods for gpupool: one gang job each."""
+        self.dra_pods = DraPods(self.api, self.dra_slices, self.calls, self.health_state, self.kubectl.warn_once)
+        """kubectl pods whose GPUs come from ResourceClaims: queued from their claims, devices written at binding."""
+        self.kubectl.before_bind = self.dra_pods.allocate
         pod_adoption = PodAdoption(self.kubectl)
+        pod_adoption.read_claims = self.dra_pods.amend
+        pod_adoption.claims_changes = self.dra_pods.generation
         pod_adoption.made_elsewhere = lambda pod: self.batch_jobs.owns_pod(pod) or self.gangs.owns_pod(pod)
         self.foreign_pods = Adoptions(pod_adoption, JobAdoption(self.batch_jobs, config.kube_scheduler_name),
                                       self.gangs)
@@ -135,6 +141,7 @@ class KubeBackend:
         self.dra_slices.watch.synced.wait(min(initial_sync_s, 5.0))  # (bounded: RBAC may not grant them)
         self.node_watch.start()
         self.pod_executor.start()
+        self.dra_pods.start()
         self.kubectl.start()
         self.batch_jobs.start()
         self.gangs.start()
@@ -148,7 +155,7 @@ class KubeBackend:
     def _on_reset(self, items: list[Obj]) -> None:
         seen = {}
         for n in items:
-            pn = read_node(n, self.dra_slices.gpus_of(name_of(n)))
+            pn = read_node(n, self.dra_slices.node(name_of(n)))
             if pn is not None:
                 seen[pn.name] = pn
         with self._lock:
@@ -161,7 +168,7 @@ class KubeBackend:
         with self._lock:
             for name in names:
                 raw = self._raw.get(name)
-                pn = read_node(raw, self.dra_slices.gpus_of(name)) if raw is not None else None
+                pn = read_node(raw, self.dra_slices.node(name)) if raw is not None else None
                 if pn is None:
                     self._seen.pop(name, None)
                 else:
@@ -170,7 +177,7 @@ class KubeBackend:
 
     def _on_event(self, kind: str, node: Obj) -> None:
         with self._lock:  # (read under the lock: the slice watch re-reads nodes too)
-            pn = None if kind == "DELETED" else read_node(node, self.dra_slices.gpus_of(name_of(node)))
+            pn = None if kind == "DELETED" else read_node(node, self.dra_slices.node(name_of(node)))
             if kind == "DELETED":
                 self._raw.pop(name_of(node), None)
             else:
@@ -238,6 +245,7 @@ class KubeBackend:
     def close(self) -> None:
         self.node_watch.stop(wait_s=0.5)
         self.dra_slices.close()
+        self.dra_pods.close()
         self.other_pods.close()
         self.kubectl.close()
         self.batch_jobs.close()

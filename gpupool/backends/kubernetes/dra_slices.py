@@ -18,6 +18,7 @@ them itself.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -38,12 +39,16 @@ log = logging.getLogger("gpupool.backends.kubernetes")
 
 DRIVER = "gpu.nvidia.com"
 """The driver (and DeviceClass) whose devices are GPUs to gpupool."""
-DRA_NODE_LABEL = "gpupool.io/gpus-from"
-"""A label gpupool gives (in its own view only) to nodes whose GPUs come from ResourceSlices: value ``dra``.
+DRA_NODE_LABEL = "gpupool.io/dra-devices"
+"""A label gpupool gives (in the policy's view only; the Node itself is never labelled) to each node whose
+GPUs come from ResourceSlices: the kind of its devices, a short hash of what a selector can tell apart
+(their count, attributes and capacities, less ``uuid`` and ``index``).
 
-A claimed pod is placed only on such nodes (a node without slices has no
-device to write into its claim); the node object itself is never labelled."""
-DRA_NODE_VALUE = "dra"
+A claimed pod is placed only on nodes of the kinds whose every device its
+selectors accept (a node without slices has no device to write into its
+claim): one node-affinity expression over this label tells the policy,
+whatever the number of nodes, and a node joining later of an accepted kind
+is eligible too."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,24 @@ def read_devices(slice_: Obj) -> list[Device]:
     return out
 
 
+@dataclass(frozen=True)
+class DraNode:
+    """A node's GPUs as its slices publish them, and the kind of its devices (:data:`DRA_NODE_LABEL`)."""
+
+    gpus: tuple[GpuInfo, ...]
+    kind: str
+
+
+_PER_DEVICE = ("uuid", "index")
+
+
+def kind_of(devices: tuple[Device, ...]) -> str:
+    """What tells a node's devices apart from another node's, as 12 hex digits (a label value)."""
+    text = repr(sorted(((d.driver, tuple(a for a in d.attributes if a[1] not in _PER_DEVICE), d.capacity)
+                        for d in devices), key=repr))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def gpu_of(dev: Device, position: int) -> GpuInfo:
     """The pool's GPU for a device: its UUID as id (what node agents report), its model from productName."""
     memory = dev.capacity_of("memory") or 0
@@ -158,9 +181,11 @@ class DraSlices:
         self._lock = threading.Lock()
         self._slices: dict[str, Obj] = {}
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> devices
-        self._gpus: dict[str, tuple[GpuInfo, ...]] = {}  # node -> GPUs
+        self._nodes: dict[str, DraNode] = {}  # node -> its GPUs and kind
         self._by_gpu: dict[str, Device] = {}  # GPU id -> device
         self._on_change = on_change
+        self.generation = 0
+        """Moves when some node's devices change (pods waiting on their claims are read again)."""
         self.watch = ListWatch("resourceslices", client.ResourceV1Api(api).list_resource_slice,
                                self._on_reset, self._on_event, health, field_selector=f"spec.driver={DRIVER}")
 
@@ -190,15 +215,18 @@ class DraSlices:
         devices = newest(self._slices)
         changed = {n for n in set(devices) | set(self._devices) if devices.get(n) != self._devices.get(n)}
         self._devices = devices
-        self._gpus = {n: tuple(gpu_of(d, i) for i, d in enumerate(ds)) for n, ds in devices.items()}
-        self._by_gpu = {g.id: d for n, ds in devices.items() for g, d in zip(self._gpus[n], ds, strict=True)}
+        if changed:
+            self.generation += 1
+        self._nodes = {n: DraNode(tuple(gpu_of(d, i) for i, d in enumerate(ds)), kind_of(ds))
+                       for n, ds in devices.items()}
+        self._by_gpu = {g.id: d for n, ds in devices.items() for g, d in zip(self._nodes[n].gpus, ds, strict=True)}
         return changed
 
     # ------------------------------------------------------------ reads (any thread)
-    def gpus_of(self, node: str) -> tuple[GpuInfo, ...]:
-        """The node's GPUs as its slices publish them (() when it has none)."""
+    def node(self, name: str) -> DraNode | None:
+        """The node's GPUs as its slices publish them (None when it has none)."""
         with self._lock:
-            return self._gpus.get(node, ())
+            return self._nodes.get(name)
 
     def devices(self) -> dict[str, tuple[Device, ...]]:
         """Node -> its GPU devices (a copy of the map; the tuples are immutable)."""

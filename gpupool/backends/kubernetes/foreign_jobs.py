@@ -84,6 +84,7 @@ class _Run:
     disruption: str = ""  # another disruption gpupool did not ask for (a kubelet's eviction), in words
     gone: bool = False
     end: PodEnd | None = None
+    gpu_ids: tuple[str, ...] = ()  # the GPUs the policy chose (a claimed pod's devices)
 
 
 class KubectlPods:
@@ -112,6 +113,9 @@ class KubectlPods:
         self._marks = itertools.count(1)
         self.changes = 0
         """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
+        self.before_bind: Callable[[PodRef, Obj | None, str, list[str]], None] | None = None
+        """Called before a pod's binding (a worker thread): a claimed pod's devices go into its claims
+        (dra_allocation.py); a RuntimeError refuses the start, the pod stays queued."""
         # every namespace (rbac.yaml grants list+watch of pods cluster-wide, for other schedulers' pods too)
         self.watch = ListWatch("kubectl-pods", api.list_pod_for_all_namespaces, self._on_reset, self._on_event,
                                health, field_selector=f"spec.schedulerName={scheduler_name}",
@@ -216,7 +220,7 @@ class KubectlPods:
         ref = self._refs[launch.job_id]
         node = str(launch.assignment.get("node", ""))
         handle = PodHandle(launch.job_id, launch.attempt, ref.name, node)
-        run = _Run(handle, ref)
+        run = _Run(handle, ref, gpu_ids=tuple(str(g["id"]) for g in launch.assignment.get("gpus") or []))
         env = pod_environment(launch)
         env.pop("PYTHONPATH", None)
         with self._lock:
@@ -258,6 +262,8 @@ class KubectlPods:
             except Exception as e:
                 raise RuntimeError(f"could not write ConfigMap {cm['metadata']['name']} for pod {ref.text}: "
                                    f"{describe(e)}") from e
+        if self.before_bind is not None:  # a claimed pod: its devices into its ResourceClaims first
+            self.before_bind(ref, pod, node, list(run.gpu_ids))
         self._ungate(ref)
         body = {"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": ref.name, "uid": ref.uid, "annotations": binding_annotations(env)},

@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, DRA_NODE_VALUE
+from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, DraNode
 from gpupool.backends.kubernetes.names import (
     GPU_MEMORY_LABEL,
     GPU_PRODUCT_LABEL,
@@ -65,13 +65,14 @@ class PoolNode:
                     self.pools, self.group, self.labels, self.taints)
 
 
-def read_node(node: Obj, dra_gpus: tuple[GpuInfo, ...] = ()) -> PoolNode | None:
+def read_node(node: Obj, dra: DraNode | None = None) -> PoolNode | None:
     """The pool's view of a Node (its JSON), or None when it has no GPU (not ours to schedule).
 
-    ``dra_gpus``: its GPUs as the DRA driver's ResourceSlices publish them
+    ``dra``: its GPUs as the DRA driver's ResourceSlices publish them
     (:mod:`.dra_slices`); when there are some they are its GPUs, with or
     without ``nvidia.com/gpu`` in its allocatable.
     """
+    dra_gpus = dra.gpus if dra is not None else ()
     alloc = ob.allocatable(node)
     try:
         count = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
@@ -88,7 +89,7 @@ def read_node(node: Obj, dra_gpus: tuple[GpuInfo, ...] = ()) -> PoolNode | None:
     gpus = dra_gpus or _annotated_gpus(name, annotations.get(GPUS_ANNOTATION), model, mem_mib) or tuple(
         GpuInfo(f"{name}/gpu{i}", i, model, mem_mib * MIB) for i in range(count))
     if dra_gpus:  # (the policy's view only: a claimed pod is placed on such nodes)
-        labels = {**labels, DRA_NODE_LABEL: DRA_NODE_VALUE}
+        labels = {**labels, DRA_NODE_LABEL: dra.kind if dra is not None else ""}
     pool_value = labels.get(POOL_LABEL, "both")
     pools = POOLS.get(pool_value)
     problem = ""

@@ -1,0 +1,155 @@
+"""kubectl pods whose GPUs come from ResourceClaims (DRA): placed by the policy, devices written into the claim.
+
+Real API server and controller-manager (its resourceclaim controller makes a
+template's claim and names it in the pod's status); the DRA driver's
+ResourceSlices and DeviceClass are published by the test (tests/kube/dra_objects.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpupool.service.actor import Actor
+from tests.kube.cluster import Kubelet
+from tests.kube.dra_objects import (
+    claim_of,
+    claim_template,
+    claimed_pod,
+    delete_dra_node,
+    ensure_device_class,
+    make_dra_node,
+    resource_api,
+)
+from tests.kube.test_kubectl_pods import jobs_of, pod_events
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+
+
+@pytest.fixture
+def dra_nodes(api: Any) -> Iterator[Callable[..., str]]:
+    """Factory: ``dra_nodes(gpus=4, product=..., memory=...)`` -> the node's name; its slice published."""
+    ensure_device_class(api)
+    made: list[str] = []
+
+    def make(**options: Any) -> str:
+        name = f"dra-{uuid.uuid4().hex[:6]}"
+        make_dra_node(api, name, **options)
+        made.append(name)
+        return name
+
+    yield make
+    for n in made:
+        delete_dra_node(api, n)
+
+
+def bound_node(api: Any, ns: str, name: str) -> str:
+    return str(api.read_namespaced_pod(name, ns).spec.node_name or "")
+
+
+async def test_a_pod_claiming_a_gpu_from_a_template_gets_the_policys_device_in_its_claim_within_quota(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    node = dra_nodes(gpus=4)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1, "train_limit": 1})
+    claim_template(api, namespace, "one-gpu", count=1)
+    with Kubelet(api, namespace) as kubelet:
+        pod = claimed_pod(api, namespace, "first", template="one-gpu")
+        await wait_for(lambda: bound_node(api, namespace, "first"), what="the claimed pod bound")
+        assert bound_node(api, namespace, "first") == node
+        (job,) = jobs_of(core, namespace, "first")
+        assert job["request"]["gpus"] == 1 and job["state"] == "running"
+        (gpu,) = job["assignment"]["gpus"]
+        claim = claim_of(api, namespace, "first")
+        assert claim is not None
+        alloc = claim["status"]["allocation"]
+        assert alloc["devices"]["results"] == [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": node,
+                                                "device": f"gpu-{gpu['index']}"}]
+        assert alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": "first", "uid": pod.metadata.uid}]
+        # A second claimed pod is over the project's limit of one GPU: it waits, unbound, its claim untouched.
+        claimed_pod(api, namespace, "second", template="one-gpu")
+        (second,) = await wait_for(lambda: jobs_of(core, namespace, "second"), what="the second pod queued")
+        await wait_for(lambda: core.get_job(ADMIN, second["id"])["reason"], what="the second job's wait reason")
+        assert core.get_job(ADMIN, second["id"])["state"] == "queued"
+        assert not bound_node(api, namespace, "second")
+        second_claim = await wait_for(lambda: claim_of(api, namespace, "second"), what="the second claim made")
+        assert not (second_claim.get("status") or {}).get("allocation")
+        # The first pod ends: its GPU goes back, and the second pod gets it.
+        await wait_for(lambda: "first" in kubelet.started, what="the first pod running")
+        kubelet.finish("first", 0)
+        await wait_for(lambda: bound_node(api, namespace, "second"), what="the second pod bound after the first")
+        claim2 = claim_of(api, namespace, "second")
+        assert claim2 is not None and [r["pool"] for r in claim2["status"]["allocation"]["devices"]["results"]] == [
+            node]
+
+
+async def test_a_selector_on_product_and_memory_picks_the_node_whose_devices_match(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    h100 = dra_nodes(gpus=2, product="NVIDIA H100 80GB HBM3", memory="80Gi")
+    a100 = dra_nodes(gpus=8, product="NVIDIA A100-SXM4-40GB", memory="40Gi")
+    core = await make_core()
+    await wait_for(lambda: {h100, a100} <= {n["name"] for n in core.pool()["nodes"]}, what="both nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    claim_template(api, namespace, "h100", count=2, selectors=[
+        'device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3"'])
+    claim_template(api, namespace, "big-memory", count=1, selectors=[
+        'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("60Gi")) >= 0'])
+    claim_template(api, namespace, "small", count=1, selectors=[
+        'device.capacity["gpu.nvidia.com"].memory.isLessThan(quantity("60Gi"))'])
+    claimed_pod(api, namespace, "on-h100", template="h100")
+    claimed_pod(api, namespace, "big", template="small")
+    await wait_for(lambda: bound_node(api, namespace, "on-h100") and bound_node(api, namespace, "big"),
+                   what="both pods bound")
+    assert bound_node(api, namespace, "on-h100") == h100
+    assert bound_node(api, namespace, "big") == a100
+    claim = claim_of(api, namespace, "on-h100")
+    assert claim is not None
+    assert sorted(r["device"] for r in claim["status"]["allocation"]["devices"]["results"]) == ["gpu-0", "gpu-1"]
+    # The H100 node is full now: a pod whose selector only it passes waits for it, never lands on the A100s.
+    claimed_pod(api, namespace, "waits", template="big-memory")
+    (job,) = await wait_for(lambda: jobs_of(core, namespace, "waits"), what="the pod queued")
+    await wait_for(lambda: core.get_job(ADMIN, job["id"])["reason"], what="its wait reason")
+    assert not bound_node(api, namespace, "waits")
+
+
+async def test_a_claim_gpupool_cannot_place_is_told_on_the_pod_and_checked_again_when_it_changes(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    dra_nodes(gpus=2)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    claim_template(api, namespace, "other-driver", device_class="example.com-fpga")
+    claim_template(api, namespace, "bad-cel", selectors=[  # valid for the API server, not for gpupool
+        'device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("550.0.0"))'])
+    resource_api(api).create_namespaced_resource_claim_template(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "alternatives"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2},
+            {"name": "one", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]}}}})
+    claimed_pod(api, namespace, "fpga", template="other-driver")
+    claimed_pod(api, namespace, "typo", template="bad-cel")
+    claimed_pod(api, namespace, "either", template="alternatives")
+    claimed_pod(api, namespace, "named", claim="later")
+    for pod, says in (("fpga", "device class 'example.com-fpga'"), ("typo", "calls semver(), which gpupool cannot evaluate"),
+                      ("either", "firstAvailable"), ("named", f"ResourceClaim {namespace}/later does not exist")):
+        (ev,) = await wait_for(lambda p=pod: [e for e in pod_events(api, namespace, p)
+                                              if e.reason == "GpupoolClaimUnsupported"], what=f"{pod} told why")
+        assert ev.type == "Warning" and says in ev.message, ev.message
+        assert not jobs_of(core, namespace, pod) and not bound_node(api, namespace, pod)
+    # The missing claim is created: the pod is read again, placed, and its named claim allocated for it.
+    resource_api(api).create_namespaced_resource_claim(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "later"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    await wait_for(lambda: bound_node(api, namespace, "named"), what="the pod with its claim now made bound")
+    claim = claim_of(api, namespace, "named")
+    assert claim is not None and claim["status"]["reservedFor"][0]["name"] == "named"
+    # Its pod deleted, the controller-manager ends the reservation and gpupool gives the named claim's GPU back.
+    api.delete_namespaced_pod("named", namespace, grace_period_seconds=0)
+    await wait_for(lambda: not (resource_api(api).read_namespaced_resource_claim("later", namespace).status
+                                .allocation), what="the named claim deallocated")
