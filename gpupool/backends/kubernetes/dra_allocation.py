@@ -160,7 +160,8 @@ class DraPods:
         return raw_json(self.rapi.read_namespaced_resource_claim(name, ns, _preload_content=False))
 
     def _replace_status(self, ns: str, name: str, claim: Obj) -> Obj:
-        return raw_json(self.rapi.replace_namespaced_resource_claim_status(name, ns, claim, _preload_content=False))
+        return raw_json(self.rapi.replace_namespaced_resource_claim_status(
+            name, ns, ob.client_body(claim), _preload_content=False))
 
     def _write(self, ns: str, name: str, status: dict[str, Any]) -> None:
         """Set the claim's status (read-modify-write on its resourceVersion; a conflict is read again)."""

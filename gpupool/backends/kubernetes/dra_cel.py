@@ -15,7 +15,7 @@ allocate a device its selector cannot evaluate to true.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import celpy
 from celpy import celtypes
@@ -81,7 +81,8 @@ def _activation(device: Device) -> dict[str, Any]:
     capacity: dict[str, dict[str, Any]] = {}
     for domain, name, amount in device.capacity:
         capacity.setdefault(domain, {})[name] = amount
-    cel = celpy.json_to_cel({"driver": device.driver, "attributes": attributes})
+    # json_to_cel turns a dict into a MapType (its type says only "a CEL value"), which takes the capacity key
+    cel = cast(celtypes.MapType, celpy.json_to_cel({"driver": device.driver, "attributes": attributes}))
     cel[celtypes.StringType("capacity")] = celtypes.MapType({
         celtypes.StringType(d): celtypes.MapType({celtypes.StringType(n): Quantity(v) for n, v in caps.items()})
         for d, caps in capacity.items()})

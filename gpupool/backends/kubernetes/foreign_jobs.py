@@ -307,7 +307,8 @@ class KubectlPods:
         """Create the ConfigMap; one left by an earlier try (a restart, a refused bind) is replaced."""
         ns, name = cm["metadata"]["namespace"], cm["metadata"]["name"]
         try:
-            self.calls.retrying("start", lambda: self.api.create_namespaced_config_map(ns, cm), START_GIVE_UP_S)
+            self.calls.retrying("start", lambda: self.api.create_namespaced_config_map(ns, ob.client_body(cm)),
+                                START_GIVE_UP_S)
             return
         except ApiException as e:
             if e.status != 409:
@@ -317,7 +318,8 @@ class KubectlPods:
         except ApiException as e:
             if e.status != 404:
                 raise
-        self.calls.retrying("start", lambda: self.api.create_namespaced_config_map(ns, cm), START_GIVE_UP_S)
+        self.calls.retrying("start", lambda: self.api.create_namespaced_config_map(ns, ob.client_body(cm)),
+                            START_GIVE_UP_S)
 
     @staticmethod
     def _start_error(run: _Run) -> str | None:
