@@ -153,3 +153,47 @@ async def test_a_claim_gpupool_cannot_place_is_told_on_the_pod_and_checked_again
     api.delete_namespaced_pod("named", namespace, grace_period_seconds=0)
     await wait_for(lambda: not (resource_api(api).read_namespaced_resource_claim("later", namespace).status
                                 .allocation), what="the named claim deallocated")
+
+
+async def test_half_gpu_shares_claimed_through_dra_share_one_device_written_in_both_claims(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    node = dra_nodes(gpus=1)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    claim_template(api, namespace, "one-gpu", count=1)
+    for name in ("half-a", "half-b"):
+        claimed_pod(api, namespace, name, template="one-gpu", annotations={"gpupool.io/gpu-fraction": "0.5"})
+    await wait_for(lambda: bound_node(api, namespace, "half-a") and bound_node(api, namespace, "half-b"),
+                   what="both halves bound to the one GPU")
+    for name in ("half-a", "half-b"):
+        (job,) = jobs_of(core, namespace, name)
+        assert job["request"]["gpu_fraction"] == 0.5 and job["assignment"]["gpus"][0]["milli"] == 500
+        claim = claim_of(api, namespace, name)
+        assert claim is not None
+        assert claim["status"]["allocation"]["devices"]["results"] == [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": "gpu-0"}]
+        assert claim["status"]["reservedFor"][0]["name"] == name
+    # A third half does not fit (the GPU is shared out): it waits.
+    claimed_pod(api, namespace, "half-c", template="one-gpu", annotations={"gpupool.io/gpu-fraction": "0.5"})
+    (job,) = await wait_for(lambda: jobs_of(core, namespace, "half-c"), what="the third half queued")
+    await wait_for(lambda: core.get_job(ADMIN, job["id"])["reason"], what="its wait reason")
+    assert not bound_node(api, namespace, "half-c")
+
+
+async def test_a_pod_asking_for_nvidia_gpu_is_kept_off_nodes_whose_gpus_come_from_slices(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any, gpu_nodes: Any) -> None:
+    dra = dra_nodes(gpus=2)  # an exact fit for a 2-GPU pod: best fit would choose it, were it allowed
+    (plugin,) = gpu_nodes(1, gpus=4)
+    core = await make_core()
+    await wait_for(lambda: {dra, plugin} <= {n["name"] for n in core.pool()["nodes"]}, what="both nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    from tests.kube.test_kubectl_pods import kubectl_pod
+    for name in ("two-a", "two-b", "two-c"):
+        kubectl_pod(api, namespace, name, gpus=2)
+    await wait_for(lambda: bound_node(api, namespace, "two-a") and bound_node(api, namespace, "two-b"),
+                   what="two pods bound")
+    assert {bound_node(api, namespace, n) for n in ("two-a", "two-b")} == {plugin}
+    (job,) = await wait_for(lambda: jobs_of(core, namespace, "two-c"), what="the third pod queued")
+    await wait_for(lambda: core.get_job(ADMIN, job["id"])["reason"], what="its wait reason")
+    assert not bound_node(api, namespace, "two-c")  # the DRA node's kubelet has no nvidia.com/gpu to admit it

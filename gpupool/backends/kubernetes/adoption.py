@@ -24,7 +24,6 @@ from typing import Any
 
 from gpupool.backends.base import ForeignJobHost, JobFacts
 from gpupool.backends.kubernetes import objects as ob
-from gpupool.backends.kubernetes.dra_claims import uses_claims
 from gpupool.backends.kubernetes.foreign import (
     POD_JOB_LABEL,
     POD_UID_JOB_LABEL,
@@ -79,7 +78,8 @@ class PodAdoption:
         self.made_elsewhere: Callable[[Obj], bool] = lambda pod: False
         """Pods that are another adoption's (a labelled Job's pods): never queued on their own."""
         self.read_claims: Callable[[Obj, KubectlPod], KubectlPod | None] | None = None
-        """A pod's ResourceClaims into its job spec; None: it waits, or was told why not (dra_allocation.py)."""
+        """A pod's GPUs on a cluster with DRA nodes (its ResourceClaims, or the nodes its nvidia.com/gpu limit
+        can go to) into its job spec; None: it waits, or was told why not (dra_allocation.py)."""
         self.claims_changes: Callable[[], Hashable] = lambda: 0
         """Moves when claims, classes or slices change: pods waiting on them are read again."""
 
@@ -143,7 +143,7 @@ class PodAdoption:
         """One job for this pod, or a Warning event on it saying exactly why not."""
         kc = self.kubectl
         kp = read_pod(pod)
-        if not kp.problem and self.read_claims is not None and uses_claims(pod):
+        if not kp.problem and self.read_claims is not None:
             amended = self.read_claims(pod, kp)
             if amended is None:
                 return False

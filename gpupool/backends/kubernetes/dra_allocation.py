@@ -34,7 +34,7 @@ from kubernetes.client.rest import ApiException
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.calls import Calls, raw_json
 from gpupool.backends.kubernetes.dra_claims import Ask, ClaimProblem, read_ask, uses_claims
-from gpupool.backends.kubernetes.dra_slices import Device, DraSlices
+from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, Device, DraSlices
 from gpupool.backends.kubernetes.dra_watch import DraClaims, unreserved_gpu_allocation
 from gpupool.backends.kubernetes.foreign import FRACTION_ANNOTATION, MEMORY_ANNOTATION, KubectlPod, PodRef
 from gpupool.backends.kubernetes.health import Health, describe
@@ -101,7 +101,17 @@ class DraPods:
         return read_ask(pod, claims, self.claims.classes(), self.slices.devices())
 
     def amend(self, pod: Obj, kp: KubectlPod) -> KubectlPod | None:
-        """The pod's job spec with its claims' GPUs and node kinds; None when it waits or was told why not."""
+        """The pod's job spec with its claims' GPUs and node kinds; None when it waits or was told why not.
+
+        A pod without claims that asks for ``nvidia.com/gpu`` is kept off the
+        nodes whose GPUs come from slices: their kubelet has no such resource
+        to admit it with.
+        """
+        if not uses_claims(pod):
+            if "gpus" in kp.spec and self.slices.devices():
+                return dataclasses.replace(kp, spec=with_affinity(kp.spec, {"key": DRA_NODE_LABEL,
+                                                                            "operator": "DoesNotExist"}))
+            return kp
         if not self.claims.synced:
             return None
         try:
