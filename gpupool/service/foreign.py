@@ -49,9 +49,13 @@ class ForeignJobs:
         return job_id in self.book.live
 
     def job_for_key(self, client_key: str) -> str:
-        with self.book.store.transaction() as db:
-            row = db.execute("SELECT id FROM jobs WHERE client_key=? ORDER BY num LIMIT 1", (client_key,)).fetchone()
-        return str(row[0]) if row is not None else ""
+        """The first job with this ``client_key`` (any user, any state), "" when none.
+
+        Asked once per new kubectl pod: an index lookup (jobs_client_key) and
+        a plain read, not a scan of every job under the write lock.
+        """
+        rows = self.book.store.query("SELECT id FROM jobs WHERE client_key=? ORDER BY num LIMIT 1", (client_key,))
+        return str(rows[0][0]) if rows else ""
 
     def queue(self, spec: dict[str, Any], user: str, reason: str, client_key: str) -> str:
         """Validate ``spec`` as a submit is validated, then store it as ``user``'s queued job (and its event)."""

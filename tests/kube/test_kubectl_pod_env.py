@@ -117,3 +117,31 @@ def test_which_pods_read_their_binding_annotations_and_which_name_their_config_m
     assert names_config_map(optional) and not reads_config_map(optional)
     assert not names_config_map(pod({"envFrom": [{"configMapRef": {"name": "other"}}]}))
     assert binding_annotations({"GPUPOOL_JOB_ID": "j-1", "bad name": "x"}) == {"env.gpupool.io/GPUPOOL_JOB_ID": "j-1"}
+
+
+async def test_a_queued_pod_deleted_or_bound_by_someone_else_ends_its_job(api: Any, namespace: str, gpu_nodes: Any,
+                                                                          make_core: Any) -> None:
+    """The queueing looks only at the pods the watch changed between its full passes: a change to a queued
+    pod (its deletion, another scheduler's binding) still ends that pod's job, among pods that do not change."""
+    (node,) = gpu_nodes(1, gpus=1)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 1})
+    kubectl_pod(api, namespace, "holder", gpus=1, env_from=False)
+    await wait_for(lambda: api.read_namespaced_pod("holder", namespace).spec.node_name, what="the first pod bound")
+    for name in ("doomed", "taken", "waits"):
+        kubectl_pod(api, namespace, name, gpus=1, env_from=False)
+    queued = await wait_for(lambda: len(js := {n: jobs_of(core, namespace, n) for n in ("doomed", "taken", "waits")})
+                            == 3 and all(js.values()) and {n: j[0] for n, j in js.items()}, what="three queued jobs")
+    assert {j["state"] for j in queued.values()} == {"queued"}
+    api.delete_namespaced_pod("doomed", namespace, grace_period_seconds=0)
+    api.create_namespaced_pod_binding("taken", namespace, {
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "taken"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+    ended = await wait_for(lambda: all(core.get_job(ADMIN, queued[n]["id"])["state"] == "cancelled"
+                                       for n in ("doomed", "taken"))
+                           and {n: core.get_job(ADMIN, queued[n]["id"]) for n in ("doomed", "taken")},
+                           what="both jobs cancelled")
+    assert "its pod" in ended["doomed"]["reason"] and "was deleted before gpupool bound it" in ended["doomed"]["reason"]
+    assert f"was bound to {node} by someone else" in ended["taken"]["reason"], ended["taken"]["reason"]
+    assert core.get_job(ADMIN, queued["waits"]["id"])["state"] == "queued"

@@ -19,6 +19,7 @@ watching, binding and attempts of such pods are
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -37,6 +38,8 @@ from gpupool.backends.kubernetes.gates import other_gates
 from gpupool.backends.kubernetes.objects import Obj
 from gpupool.wire.errors import InvalidRequest
 
+FULL_PASS_S = 30.0
+"""Longest time between two passes over every kubectl pod while pods change (else only the changed ones)."""
 REQUEUE_NOTE = "its owner (a Job, a Deployment) may recreate it, which queues it again"
 STOP_EVENTS = {"preempt": "GpupoolPreempted", "cancel": "GpupoolCancelled", "watchdog": "GpupoolWatchdog",
                "pause": "GpupoolEvicted", "shutdown": "GpupoolEvicted"}
@@ -75,6 +78,8 @@ class PodAdoption:
         Only this process makes jobs for pods, so once the store has been
         asked about a pod, memory answers for it: the store is read once per pod."""
         self._seen: Hashable = None  # what the last queueing looked at: nothing changed, nothing to do
+        self._outer: Hashable = None  # the claims and the core's fingerprint at the last full pass
+        self._full_at = float("-inf")  # when that was (time.monotonic)
         self.made_elsewhere: Callable[[Obj], bool] = lambda pod: False
         """Pods that are another adoption's (a labelled Job's pods): never queued on their own."""
         self.read_claims: Callable[[Obj, KubectlPod], KubectlPod | None] | None = None
@@ -103,17 +108,37 @@ class PodAdoption:
 
     # ------------------------------------------------------------ queueing pods (the monitor's tick)
     def sync(self, host: ForeignJobHost) -> None:
-        """Queue new kubectl pods, and end queued jobs whose pod went away; only after a change."""
+        """Queue new kubectl pods, and end queued jobs whose pod went away; only after a change.
+
+        Between full passes only the pods the watch changed are looked at: a
+        tick costs what changed, not every kubectl pod (tens of thousands at a
+        cluster's scale, each tick while pods arrive). A full pass comes after a
+        relist, when what a pod's validity depends on changes (projects, pool
+        size, claims), and at least every ``FULL_PASS_S`` while pods change.
+        """
         kc = self.kubectl
         if not kc.synced:
             return
-        key = (kc.generation, self.claims_changes(), host.fingerprint())
+        outer = (self.claims_changes(), host.fingerprint())
+        key = (kc.generation, outer)
         if self._seen == key:
             return
         self._seen = key
-        pods = kc.pods()
-        for job_id in [j for j in self._pod_jobs.values() if j]:
-            job = host.waiting_job(job_id)
+        touched = kc.take_touched()
+        now = time.monotonic()
+        if touched is None or outer != self._outer or now - self._full_at >= FULL_PASS_S:
+            self._outer, self._full_at = outer, now
+            self._look(host, kc.pods(), None)
+        else:
+            self._look(host, kc.pods_of(touched), touched)
+
+    def _look(self, host: ForeignJobHost, pods: dict[str, Obj], uids: set[str] | None) -> None:
+        """The pass over the pods with these ``uids`` (``pods``: those that exist), or over every pod (None)."""
+        known = self._pod_jobs
+        looked = list(known) if uids is None else [u for u in uids if u in known]
+        for uid in looked:
+            job_id = known[uid]
+            job = host.waiting_job(job_id) if job_id else None
             ref = pod_of(job) if job is not None else None
             if job is None or ref is None:
                 continue
@@ -122,11 +147,12 @@ class PodAdoption:
                 host.cancel(job_id, f"its pod {ref.text} was deleted before gpupool bound it")
             elif ob.node_name(pod):
                 host.cancel(job_id, f"its pod {ref.text} was bound to {ob.node_name(pod)} by someone else")
-        for uid in [u for u, j in self._pod_jobs.items() if u not in pods and (not j or not host.is_live(j))]:
-            del self._pod_jobs[uid]  # a deleted pod's uid never comes back: forget it
+        for uid in [u for u in looked if u not in pods and (not known[u] or not host.is_live(known[u]))]:
+            del known[uid]  # a deleted pod's uid never comes back: forget it
         queued = False
-        taken = kc.namespaces.takes
-        for pod in sorted(pods.values(), key=_oldest_first):
+        taken = self.kubectl.namespaces.takes
+        new = [p for p in pods.values() if not known.get(ob.uid(p))]  # a pod with a job: nothing to queue
+        for pod in sorted(new, key=_oldest_first):
             if ob.node_name(pod) or ob.being_deleted(pod) or not taken(ob.namespace(pod)):
                 continue  # (a namespace the setting does not name: not ours to queue, nor to warn about)
             if self.made_elsewhere(pod):

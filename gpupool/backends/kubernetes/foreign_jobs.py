@@ -103,6 +103,8 @@ class KubectlPods:
         self._pods: dict[str, Obj] = {}  # their JSON, by uid
         self.generation = 0
         """Bumped on every change the watch sees: the core re-reads the pending pods only then."""
+        self._touched: set[str] | None = None
+        """Uids of the pods the watch changed since the core last took them; None: every pod (a relist)."""
         self._refs: dict[str, PodRef] = {}  # job id -> its pod
         self._job_of_uid: dict[str, str] = {}  # pod uid -> job id (a watch event finds its attempt at once)
         self._runs: dict[str, _Run] = {}  # job id -> its current attempt
@@ -132,6 +134,7 @@ class KubectlPods:
         with self._lock:
             self._pods = {ob.uid(p): p for p in pods}
             self.generation += 1
+            self._touched = None
             for run in self._runs.values():
                 pod = self._pods.get(run.ref.uid)
                 if pod is not None:
@@ -148,6 +151,8 @@ class KubectlPods:
             else:
                 self._pods[uid] = pod
             self.generation += 1
+            if self._touched is not None:
+                self._touched.add(uid)
             job_id = self._job_of_uid.get(uid)
             run = self._runs.get(job_id) if job_id is not None else None
             if run is not None:
@@ -179,6 +184,21 @@ class KubectlPods:
         """Every kubectl pod now (its JSON), by uid (a copy of the map)."""
         with self._lock:
             return dict(self._pods)
+
+    def take_touched(self) -> set[str] | None:
+        """The uids of the pods changed (added, modified, deleted) since the last call; None: look at every pod.
+
+        The core's queueing looks only at these between its full passes, so a
+        tick costs what changed, not every kubectl pod in the cluster.
+        """
+        with self._lock:
+            touched, self._touched = self._touched, set()
+        return touched
+
+    def pods_of(self, uids: set[str]) -> dict[str, Obj]:
+        """The pods among ``uids`` that exist now (their JSON), by uid."""
+        with self._lock:
+            return {u: p for u in uids if (p := self._pods.get(u)) is not None}
 
     def pod_jobs(self) -> dict[str, str]:
         """Pod UID -> job id of every kubectl pod a job stands for (a copy)."""
