@@ -27,6 +27,8 @@ from typing import Any
 KERNEL_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 POLL_S = 0.1  # how often a starting or restarting pod is looked at
 STATE_MAX_AGE_S = 1.0  # a poll of a running kernel reuses the share's state this long
+HEARTBEAT_S = 0.5  # how long a starting kernel's heartbeat may take to echo
+CRASH_LOOP = "CrashLoopBackOff"  # the kubelet's reason (the Job's kernel_pod.reason) for a container that keeps exiting
 _pod_schedulers: dict[str, bool] = {}  # scheduler URL -> whether it runs kernel pods (asked once per server)
 
 
@@ -124,8 +126,10 @@ class PodKernel:
     async def wait_listening(self, client: Any, deadline: float, after_restarts: int = -1,
                              on_wait: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Wait until the pod runs its kernel (has an address, is ready, restarted more than
-        ``after_restarts`` times); the pod as the Job shows it. ``TimeoutError`` with the pod's own words.
-        ``on_wait(message)``: each new reason the pod gives for not running yet (the server's log says it)."""
+        ``after_restarts`` times, and the kernel answers on its heartbeat); the pod as the Job shows it.
+        ``TimeoutError`` with the pod's own words; ``RuntimeError`` when the kernel is gone for good (its share
+        or pod ended, or its container keeps exiting). ``on_wait(message)``: each new reason the pod gives for
+        not running yet (the server's log says it)."""
         pod: dict[str, Any] = {}
         said = ""
         while True:
@@ -133,15 +137,41 @@ class PodKernel:
             if self.ended:
                 raise RuntimeError(self.ended)
             pod = job.get("kernel_pod") or {}
+            waiting = str(pod.get("message") or "")
+            if pod.get("reason") == CRASH_LOOP and pod.get("last_exit_code"):
+                # It failed at start and failed again when the kubelet restarted it: a kernel that cannot start
+                # (a kernel asked to end, by a restart, exits 0: its kubelet may back off, and this waits).
+                raise RuntimeError(f"its container keeps exiting ({waiting})")
             if pod.get("ip") and pod.get("ready") and int(pod.get("restarts") or 0) > after_restarts:
-                self.ip, self.restarts = str(pod["ip"]), int(pod.get("restarts") or 0)
-                return pod
+                # A running container is not yet a kernel: one that fails at start (an image without ipykernel)
+                # runs for a moment too, and is then restarted until the kubelet backs off (CrashLoopBackOff).
+                if await self.answers(str(pod["ip"])):
+                    self.ip, self.restarts = str(pod["ip"]), int(pod.get("restarts") or 0)
+                    return pod
+                waiting = "the kernel's container runs; waiting for the kernel to answer"
             if time.monotonic() > deadline:
-                raise TimeoutError(pod.get("message") or "its pod did not start")
-            if on_wait is not None and pod.get("message") and pod["message"] != said:
-                said = str(pod["message"])
+                raise TimeoutError(waiting or "its pod did not start")
+            if on_wait is not None and waiting and waiting != said:
+                said = waiting
                 on_wait(said)
             await asyncio.sleep(POLL_S)
+
+    async def answers(self, ip: str, timeout_s: float = HEARTBEAT_S) -> bool:
+        """Whether the kernel at ``ip`` answers on its heartbeat channel (a kernel echoes what it gets there)."""
+        import zmq
+        import zmq.asyncio
+
+        sock = zmq.asyncio.Context.instance().socket(zmq.REQ)
+        sock.linger = 0
+        try:
+            sock.connect(f"tcp://{ip}:{self.connection['hb_port']}")
+            await sock.send(b"gpupool")
+            if not await sock.poll(int(timeout_s * 1000)):
+                return False
+            await sock.recv()
+            return True
+        finally:
+            sock.close()
 
     async def exited(self, client: Any) -> bool:
         """Whether the kernel process has ended since it was last seen listening (its container restarted, or

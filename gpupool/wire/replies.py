@@ -68,10 +68,15 @@ JOB: dict[str, Any] = {
         "command": {"type": "array", "nullable": True, "items": {"type": "string"}},
         "labels": {"type": "object"},
         "kernel_pod": {"type": "object", "nullable": True, "description": "A share with a kernel pod (owner and "
-                       "admin only): the pod's name, ip, phase, ready, restarts, and why it is not running yet.",
+                       "admin only): the pod's name, ip, phase, ready, restarts, the kubelet's reason its container is "
+                       "not running (CrashLoopBackOff, ImagePullBackOff, ...; '' when it runs), its container's last exit "
+                       "code (null if it never exited), and why it is not "
+                       "running yet in words (with the exit code and last lines of a container that exited).",
                        "properties": {"name": {"type": "string"}, "ip": {"type": "string"},
                                       "phase": {"type": "string"}, "ready": {"type": "boolean"},
-                                      "restarts": {"type": "integer"}, "message": {"type": "string"}}},
+                                      "restarts": {"type": "integer"}, "reason": {"type": "string"},
+                                      "last_exit_code": {"type": "integer", "nullable": True},
+                                      "message": {"type": "string"}}},
         "lease_expires_at": {"type": "number", "nullable": True},
         "image": {"type": "string", "description": "The spec's container image; absent when it named none."},
         "env": {"type": "object", "nullable": True},

@@ -17,10 +17,13 @@ container runtime would, on this machine:
   container's mount namespace, the mount path in the command is replaced by
   that folder;
 * ``restartPolicy: Always``: a container that exits is shown ended (not
-  ready) at once and started again (``restartCount`` + 1, the end in
-  ``lastState``): at once the first time, then after a doubling back-off
-  while it keeps exiting within 10 s (a kubelet's CrashLoopBackOff, shorter);
-  otherwise its exit is reported as the container's end and the pod's phase;
+  ready) and started again (``restartCount`` + 1, the end in ``lastState``):
+  at once the first time, then, while it keeps exiting within 10 s, after a
+  doubling back-off shown as a kubelet shows it (waiting, reason
+  ``CrashLoopBackOff``; shorter than a kubelet's); otherwise its exit is
+  reported as the container's end and the pod's phase. Under
+  ``terminationMessagePolicy: FallbackToLogsOnError`` a failed end's message
+  is the log's tail, as a kubelet writes it;
 * a deleted pod's process group gets SIGTERM, SIGKILL after the grace period
   (at most ``max_grace_s``), then the pod is removed.
 
@@ -80,6 +83,8 @@ class RunningPod:
     started_mono: float = 0.0
     crashes: int = 0  # quick exits in a row
     backoff_until: float = 0.0
+    last_end: dict[str, Any] | None = None  # its container's last end (lastState), between exit and restart
+    log_from: int = 0  # where this run's output starts in the log (a termination message is this run's)
     ended: bool = False
     log: Path = field(init=False)
 
@@ -178,21 +183,36 @@ class ProcessKubelet:
                 mine.crashes = mine.crashes + 1 if quick else 0
                 wait_s = min(0.2 * 2 ** (mine.crashes - 1), 5.0) if mine.crashes > 1 else 0.0
                 mine.backoff_until = time.monotonic() + wait_s
-                self._report(pod, mine, {"terminated": {  # the end is seen at once, the restart follows
-                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": mine.started_at, "finishedAt": now_text()}}, phase="Running", ready=False)
+                mine.last_end = self._end(pod, mine, code)
+                if wait_s:  # a kubelet waits before the restart, saying why, the end in lastState
+                    self._report(pod, mine, {"waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": f"back-off {wait_s:g}s restarting failed container={pod.spec.containers[0].name} "
+                                   f"pod={pod.metadata.name}"}}, phase="Running", ready=False, last=mine.last_end)
+                else:  # the end is seen at once, the restart follows
+                    self._report(pod, mine, mine.last_end, phase="Running", ready=False)
             if time.monotonic() < mine.backoff_until:
                 return
             mine.backoff_until = 0.0
             mine.restarts += 1
-            last = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                   "startedAt": mine.started_at, "finishedAt": now_text()}}
-            self._start(pod, mine, last)
+            self._start(pod, mine, mine.last_end)
         else:
             mine.ended = True
-            self._report(pod, mine, {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                                    "startedAt": mine.started_at, "finishedAt": now_text()}},
-                         phase="Succeeded" if code == 0 else "Failed", ready=False)
+            self._report(pod, mine, self._end(pod, mine, code), phase="Succeeded" if code == 0 else "Failed",
+                         ready=False)
+
+    @staticmethod
+    def _end(pod: Any, p: RunningPod, code: int) -> dict[str, Any]:
+        """The container's ``terminated`` state; with ``terminationMessagePolicy: FallbackToLogsOnError`` and a
+        failure, its message is the log's tail (a kubelet's last 80 lines, at most 2,048 bytes)."""
+        end: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                               "startedAt": p.started_at, "finishedAt": now_text()}
+        if code != 0 and pod.spec.containers[0].termination_message_policy == "FallbackToLogsOnError":
+            tail = p.log.read_bytes()[p.log_from:][-2048:] if p.log.exists() else b""
+            lines = tail.decode(errors="replace").splitlines()[-80:]
+            if lines:
+                end["message"] = "\n".join(lines)
+        return {"terminated": end}
 
     def _admit(self, pod: Any) -> RunningPod:
         n = self._next_ip
@@ -270,6 +290,7 @@ class ProcessKubelet:
         proc_env = {"PATH": self.path, "HOME": str(p.folder / "home"),
                     "LANG": "C.UTF-8", **env}
         with p.log.open("ab") as out:
+            p.log_from = out.tell()
             p.process = subprocess.Popen(argv, cwd=workdir, env=proc_env, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         p.started_at, p.started_mono = now_text(), time.monotonic()

@@ -322,6 +322,37 @@ async def test_a_kernel_pod_that_does_not_start_in_time_fails_its_start_and_free
         server.stop()
 
 
+async def test_a_kernel_that_fails_as_it_starts_fails_its_start_at_once_saying_what_it_printed(
+        api: Any, namespace: str, pool: Pool, tmp_path: Path) -> None:
+    """An image whose kernel cannot start (here its ``python`` exits at once, as one without ipykernel does):
+    the container runs for a moment, exits 1, is restarted and exits again (CrashLoopBackOff). The start fails
+    well within kernel_start_timeout with the exit code and what the kernel printed; the share goes back and
+    the pod is deleted."""
+    broken = tmp_path / "image-bin"
+    broken.mkdir()
+    (broken / "python").write_text("#!/bin/sh\necho \"/usr/bin/python: No module named ipykernel_launcher\" >&2\n"
+                                   "exit 1\n")
+    (broken / "python").chmod(0o755)
+    server = lab(tmp_path, pool, "alice", kernel_start_timeout=60.0)
+    try:
+        with ProcessKubelet(api, namespace, path=os.pathsep.join([str(broken), "/usr/bin", "/bin"])) as kubelet:
+            started = time.monotonic()
+            code, refused = start_kernel(server)
+            assert code == 409, refused
+            assert time.monotonic() - started < 30
+            message = refused["message"]
+            assert message.startswith("The kernel's pod ended before it started: its container keeps exiting "
+                                      "(CrashLoopBackOff: its container exited with code 1: "), message
+            assert message.count("No module named ipykernel_launcher") == 1, message  # the last run's words
+            (job,) = [j for j in gpupool(pool.url, "list", "--all") if j["user"] == "alice"]
+            assert job["state"] == "cancelled"
+            (name,) = kubelet.started
+            wait(lambda: pod_gone(api, namespace, name), what="the kernel pod removed")
+            assert jupyter(server.port, "/api/kernels")[1] == []
+    finally:
+        server.stop()
+
+
 async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at_shutdown(
         api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
     """gpupool serve restarted under a running kernel: the pod is adopted (not swept as a stray), the

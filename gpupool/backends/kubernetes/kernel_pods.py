@@ -123,6 +123,8 @@ def kernel_pod_manifest(launch: Launch, user: str, request: dict[str, Any], sett
         "secretName": secret, "defaultMode": SECRET_MODE, "items": [{"key": "connection.json",
                                                                      "path": "connection.json"}]}}]
     container = spec["containers"][0]
+    # A kernel that exits at start (an image without ipykernel, a broken kernelspec) says why in its status.
+    container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     container["volumeMounts"] = [{"name": "kernel-connection", "mountPath": CONNECTION_DIR, "readOnly": True}]
     env = [e for e in container["env"] if e["name"] != POD_IP_VAR]
     env.insert(0, {"name": POD_IP_VAR, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
@@ -169,24 +171,53 @@ def kernel_network_policy(pod: Obj, user: str, request: dict[str, Any]) -> Obj:
                          OWNER_LABEL: label_value(user), ROLE_LABEL: SERVER_ROLE}}}], "ports": ports}]}}
 
 
+CRASH_LOOP = "CrashLoopBackOff"
+"""The kubelet's reason for a container it keeps restarting because it keeps exiting."""
+TAIL_CHARS = 600
+
+
+def _last_end(cs: Obj) -> Obj | None:
+    return ob.terminated(cs) or (cs.get("lastState") or {}).get("terminated")
+
+
+def last_exit(cs: Obj) -> str:
+    """A container's latest exit as a user reads it: its code and the last lines it printed (the kubelet's
+    termination message, which ``FallbackToLogsOnError`` fills from the log's tail); "" if it never exited."""
+    term = _last_end(cs)
+    if not term:
+        return ""
+    code = ob.exit_code(term)
+    words = f"its container exited with code {code}" if code is not None else "its container ended"
+    tail = " | ".join(line.strip() for line in str(term.get("message") or "").strip().splitlines()[-5:])
+    return f"{words}: {tail[-TAIL_CHARS:]}" if tail else words
+
+
 def describe_pod(pod: Obj | None, name: str) -> dict[str, Any]:
-    """What the Job shows of its kernel pod: where it listens, and why it does not yet."""
+    """What the Job shows of its kernel pod: where it listens, and why it does not yet (the kubelet's reason,
+    and for a container that exited, its code and last lines: a kernel that cannot start says why)."""
     if pod is None:
-        return {"name": name, "ip": "", "phase": "Creating", "ready": False, "restarts": 0,
-                "message": "the kernel's pod is being created"}
+        return {"name": name, "ip": "", "phase": "Creating", "ready": False, "restarts": 0, "reason": "",
+                "last_exit_code": None, "message": "the kernel's pod is being created"}
     statuses = [cs for cs in ob.container_statuses(pod) if cs.get("name") == CONTAINER]
     cs = statuses[0] if statuses else {}
     waiting = ob.waiting(cs) or {}
+    term = ob.terminated(cs)
+    reason = "" if cs.get("ready") else str(waiting.get("reason") or (term or {}).get("reason") or "")
     if not ob.node_name(pod):
         message = "the kernel's pod is being bound to its node"
+    elif waiting.get("reason") == CRASH_LOOP:
+        message = f"{CRASH_LOOP}: {last_exit(cs) or waiting.get('message') or 'its container keeps exiting'}"
     elif waiting:
         message = f"{waiting.get('reason') or 'waiting'}: {waiting.get('message') or ''}".strip(": ")
+    elif term is not None:
+        message = last_exit(cs)
     elif not cs.get("ready"):
         message = "the kernel's container is starting"
     else:
         message = ""
     return {"name": name, "ip": str(ob.status(pod).get("podIP") or ""), "phase": str(ob.phase(pod) or "Pending"),
-            "ready": bool(cs.get("ready")), "restarts": int(cs.get("restartCount") or 0), "message": message}
+            "ready": bool(cs.get("ready")), "restarts": int(cs.get("restartCount") or 0), "reason": reason,
+            "last_exit_code": ob.exit_code(end) if (end := _last_end(cs)) is not None else None, "message": message}
 
 
 class KernelPodRunner:
