@@ -197,3 +197,28 @@ async def test_a_pod_asking_for_nvidia_gpu_is_kept_off_nodes_whose_gpus_come_fro
     (job,) = await wait_for(lambda: jobs_of(core, namespace, "two-c"), what="the third pod queued")
     await wait_for(lambda: core.get_job(ADMIN, job["id"])["reason"], what="its wait reason")
     assert not bound_node(api, namespace, "two-c")  # the DRA node's kubelet has no nvidia.com/gpu to admit it
+
+
+async def test_the_deploy_rbac_is_enough_to_read_slices_and_claims_and_write_an_allocation(
+        api: Any, dra_nodes: Any, make_account_core: Any) -> None:
+    """As the ServiceAccount of deploy/kubernetes/rbac.yaml: the slices, classes and claims watched, a claim
+    allocated and its named claim given back, with no failing call in the backend's health."""
+    node = dra_nodes(gpus=2)
+    core = await make_account_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node, as the SA")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    claim = f"sa-{uuid.uuid4().hex[:6]}"
+    resource_api(api).create_namespaced_resource_claim("gpupool", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": claim},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+    try:
+        claimed_pod(api, "gpupool", claim, claim=claim)
+        await wait_for(lambda: bound_node(api, "gpupool", claim), what="the claimed pod bound as the SA")
+        got = resource_api(api).read_namespaced_resource_claim(claim, "gpupool")
+        assert [r.pool for r in got.status.allocation.devices.results] == [node]
+        api.delete_namespaced_pod(claim, "gpupool", grace_period_seconds=0)
+        await wait_for(lambda: not resource_api(api).read_namespaced_resource_claim(claim, "gpupool").status
+                       .allocation, what="the named claim given back as the SA")
+        assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
+    finally:
+        resource_api(api).delete_namespaced_resource_claim(claim, "gpupool")

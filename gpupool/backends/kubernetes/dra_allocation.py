@@ -24,6 +24,7 @@ Three moments of such a pod (docs/kubernetes.md, "GPUs claimed through DRA"):
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,16 @@ def results_for(ask: Ask, devices: list[Device]) -> dict[str, list[dict[str, str
                             for d in chosen)
         pos += take
     return out
+
+
+def said(e: BaseException) -> str:
+    """An API error with the API server's own message (a 422 says which field it refused)."""
+    body = getattr(e, "body", None)
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    return f"{describe(e)}: {message}" if message else describe(e)
 
 
 class DraPods:
@@ -164,7 +175,7 @@ class DraPods:
             try:
                 self._write(ref.namespace, claim, status)
             except Exception as e:
-                raise RuntimeError(f"could not allocate ResourceClaim {ref.namespace}/{claim}: {describe(e)}") from e
+                raise RuntimeError(f"could not allocate ResourceClaim {ref.namespace}/{claim}: {said(e)}") from e
 
     def _read(self, ns: str, name: str) -> Obj:
         return raw_json(self.rapi.read_namespaced_resource_claim(name, ns, _preload_content=False))
