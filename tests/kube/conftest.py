@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,33 @@ async def make_core(tmp_path: Path, kubeconfig: Path, namespace: str) -> AsyncIt
     async for make in cores_made(lambda **overrides: kube_config(tmp_path / "state", kubeconfig, namespace,
                                                                  **overrides)):
         yield make
+
+
+CoreOnNodes = Callable[..., Awaitable[tuple[Any, list[str]]]]
+
+
+@pytest.fixture
+def core_on_nodes(gpu_nodes: Callable[..., list[str]], make_core: Callable[..., Any]) -> CoreOnNodes:
+    """``core, nodes = await core_on_nodes(nodes=1, gpus=8, projects={name: quotas}, **overrides)``.
+
+    What most tests here start from: ``nodes`` GPU nodes made, a core started
+    (``make_core(**overrides)``), every node in its pool (the watch has seen
+    them: a job submitted earlier would wait for a cycle), then the projects set
+    as an admin sets them.
+    """
+    from gpupool.service.actor import Actor
+    from tests.service.helpers import wait_for
+
+    async def start(nodes: int = 1, gpus: int = 8, projects: dict[str, dict[str, Any]] | None = None,
+                    **overrides: Any) -> tuple[Any, list[str]]:
+        names = gpu_nodes(nodes, gpus=gpus)
+        core = await make_core(**overrides)
+        await wait_for(lambda: len(core.pool()["nodes"]) == nodes, what=f"{nodes} node(s) in the pool")
+        for name, quotas in (projects or {}).items():
+            core.set_project(Actor("admin", True), name, quotas)
+        return core, names
+
+    return start
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client, config
 
 from gpupool.app.backend import build_core
@@ -27,6 +28,12 @@ ADMIN = Actor("admin", True)
 
 def batch_api(kubeconfig: Path) -> client.BatchV1Api:
     return client.BatchV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+@pytest.fixture
+def batch(kubeconfig: Path) -> client.BatchV1Api:
+    """batch/v1 on the test API server, as a team's kubectl uses it."""
+    return batch_api(kubeconfig)
 
 
 def job_body(name: str, *, project: str = "vision", parallelism: int = 2, gpus: int = 1, suspend: bool = True,
@@ -75,12 +82,8 @@ def test_a_job_is_read_as_one_gang_of_parallelism_replicas() -> None:
 
 
 async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
-    nodes = gpu_nodes(2, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        api: Any, namespace: str, batch: Any, core_on_nodes: Any) -> None:
+    core, nodes = await core_on_nodes(2, projects={"vision": {"train_guarantee": 8}})
     with Kubelet(api, namespace) as kubelet:
         body = job_body("train", parallelism=2, gpus=4)
         body["spec"]["template"]["spec"]["schedulingGates"] = [{"name": "gpupool.io/admission"}]  # removed, then bound
@@ -115,12 +118,8 @@ async def test_a_suspended_job_that_fits_is_admitted_bound_and_succeeds(
 
 
 async def test_a_job_over_its_quota_stays_suspended_and_queued_until_room_frees(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 4})
+        api: Any, namespace: str, batch: Any, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 0, "train_limit": 4}})
     with Kubelet(api, namespace):
         first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 3, "command": ["python", "a.py"]})
         await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
@@ -138,13 +137,8 @@ async def test_a_job_over_its_quota_stays_suspended_and_queued_until_room_frees(
 
 
 async def test_a_reclaimed_job_is_suspended_then_resumed_with_the_resume_signal(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
-    core.set_project(ADMIN, "owner", {"train_guarantee": 8})
+        api: Any, namespace: str, batch: Any, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"scrappy": {"train_guarantee": 0}, "owner": {"train_guarantee": 8}})
     with Kubelet(api, namespace) as kubelet:
         batch.create_namespaced_job(namespace, job_body("borrow", project="scrappy", parallelism=2, gpus=4))
         first = await wait_for(lambda: len(p := job_pods(api, namespace, "borrow")) == 2 and all(
@@ -169,12 +163,8 @@ async def test_a_reclaimed_job_is_suspended_then_resumed_with_the_resume_signal(
 
 
 async def test_cancel_deletes_the_job_and_a_job_created_running_is_suspended(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        api: Any, namespace: str, batch: Any, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 8}})
     with Kubelet(api, namespace):
         batch.create_namespaced_job(namespace, job_body("eager", suspend=False, parallelism=1, gpus=2))
         await wait_for(lambda: [e for e in job_events(api, namespace, "eager") if e.reason == "GpupoolSuspended"],
@@ -192,9 +182,8 @@ async def test_cancel_deletes_the_job_and_a_job_created_running_is_suspended(
 
 
 async def test_a_restart_finds_the_admitted_job_again_and_runs_nothing_twice(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, batch: Any, tmp_path: Path) -> None:
     gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
     cfg = kube_config(tmp_path / "state", kubeconfig, namespace)
     core = build_core(cfg)
     await core.start()
@@ -263,14 +252,10 @@ def jobset_pods(api: Any, ns: str, name: str) -> list[Any]:
 
 
 async def test_a_jobset_is_one_gang_suspended_on_reclaim_resumed_and_succeeds(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+        api: Any, namespace: str, kubeconfig: Path, core_on_nodes: Any) -> None:
     start_components(kubeconfig, "jobset")  # the JobSet CRD, controller and webhooks (before the core starts)
-    gpu_nodes(2, gpus=8)
     custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
-    core = await make_core()
-    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="2 nodes in the pool")
-    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
-    core.set_project(ADMIN, "owner", {"train_guarantee": 16})
+    core, _ = await core_on_nodes(2, projects={"scrappy": {"train_guarantee": 0}, "owner": {"train_guarantee": 16}})
     with Kubelet(api, namespace) as kubelet:
         custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", jobset_body("ring", project="scrappy"))
         (job,) = await wait_for(lambda: [j for j in core.list_jobs(ADMIN)
@@ -303,13 +288,9 @@ async def test_a_jobset_is_one_gang_suspended_on_reclaim_resumed_and_succeeds(
         assert done["state"] == "succeeded" and done["attempts"] == 2, done
 
 
-async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path,
-                                                   make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, batch: Any,
+                                                   core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 8}})
     with Kubelet(api, namespace) as kubelet:
         batch.create_namespaced_job(namespace, job_body("flaky", parallelism=1, gpus=1))  # backoffLimit 0
         (pod,) = await wait_for(lambda: [p for p in job_pods(api, namespace, "flaky")
@@ -323,11 +304,10 @@ async def test_a_job_whose_pod_fails_fails_its_job(api: Any, namespace: str, gpu
 
 
 async def test_the_deploy_rbac_is_enough_to_admit_suspend_and_cancel_a_job(
-        api: Any, gpu_nodes: Any, kubeconfig: Path, make_account_core: Any) -> None:
+        api: Any, gpu_nodes: Any, batch: Any, make_account_core: Any) -> None:
     """As the ServiceAccount of deploy/kubernetes/rbac.yaml (its own namespace): watch Jobs (and JobSets, where
     an earlier test of this file started their controller), unsuspend, suspend and delete one; nothing fails."""
     gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
     name = f"sa-{uuid.uuid4().hex[:6]}"
     core = await make_account_core()
     await wait_for(lambda: core.pool()["nodes"], what="nodes listed with the service account")
@@ -360,13 +340,10 @@ def test_a_jobset_is_read_as_one_gang_of_every_replicated_jobs_pods() -> None:
 
 
 async def test_a_jobset_over_its_limit_is_told_why_and_a_queued_one_cancelled_is_deleted(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
+        api: Any, namespace: str, kubeconfig: Path, core_on_nodes: Any) -> None:
     start_components(kubeconfig, "jobset")
-    gpu_nodes(1, gpus=8)
     custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 8})
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 0, "train_limit": 8}})
 
     def jobset_jobs(name: str) -> list[dict[str, Any]]:
         return [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/jobset") == f"{namespace}/{name}"]
@@ -390,12 +367,8 @@ async def test_a_jobset_over_its_limit_is_told_why_and_a_queued_one_cancelled_is
 
 
 async def test_a_running_job_deleted_outside_gpupool_ends_its_job_cancelled(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    batch = batch_api(kubeconfig)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        api: Any, namespace: str, batch: Any, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 8}})
     with Kubelet(api, namespace) as kubelet:
         batch.create_namespaced_job(namespace, job_body("gone", parallelism=1, gpus=2))
         await wait_for(lambda: [p for p in job_pods(api, namespace, "gone") if p.metadata.name in kubelet.started],

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -41,23 +42,38 @@ class Pool:
     tokens: dict[str, str]
 
 
+def serve_on_cluster(folder: Path, kubeconfig: Path, namespace: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """``gpupool serve --backend kubernetes`` on the test's namespace, state in ``folder``; its stderr drained to
+    a log there (a full pipe would stop the scheduler). A restart in the same folder finds the same state."""
+    folder.mkdir(exist_ok=True)
+    proc, url = serve(folder, "--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
+                      *args)
+    log = folder / f"serve-{proc.pid}.log"
+    threading.Thread(target=lambda: log.write_text("".join(proc.stderr or [])), daemon=True).start()
+    return proc, url
+
+
+def ready_pool(url: str, node: str, users: tuple[str, ...] = ("alice", "bob")) -> Pool:
+    """Once gpupool sees its one node: project vision (build quota ½ GPU) and a token per user."""
+    wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
+    gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
+    return Pool(url, node, {u: gpupool(url, "tokens", "create", u)["token"] for u in users})
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    proc.wait(20)
+
+
 @pytest.fixture
 def pool(api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> Iterator[Pool]:
     """``gpupool serve --backend kubernetes`` on one 4-GPU node; project vision (build quota ½ GPU)."""
     (node,) = gpu_nodes(1, gpus=4)
-    (tmp_path / "pool").mkdir()
-    proc, url = serve(tmp_path / "pool", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
-                      "--namespace", namespace)
-    log = tmp_path / "pool" / "serve.log"  # its stderr, drained (a full pipe would stop the scheduler)
-    threading.Thread(target=lambda: log.write_text("".join(proc.stderr or [])), daemon=True).start()
+    proc, url = serve_on_cluster(tmp_path / "pool", kubeconfig, namespace)
     try:
-        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
-        gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
-        tokens = {u: gpupool(url, "tokens", "create", u)["token"] for u in ("alice", "bob")}
-        yield Pool(url, node, tokens)
+        yield ready_pool(url, node)
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
 
 
 def lab(tmp_path: Path, pool: Pool, user: str, **settings: Any) -> ServerProcess:
@@ -357,16 +373,11 @@ async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at
         api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
     """gpupool serve restarted under a running kernel: the pod is adopted (not swept as a stray), the
     kernel keeps its state and its share, and its shutdown still deletes the pod."""
-    gpu_nodes(1, gpus=4)
-    port = free_port()
-    (tmp_path / "pool").mkdir()
-    args = ("--backend", "kubernetes", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
-            "--port", str(port))
-    proc, url = serve(tmp_path / "pool", *args)
+    (node,) = gpu_nodes(1, gpus=4)
+    port = str(free_port())
+    proc, url = serve_on_cluster(tmp_path / "pool", kubeconfig, namespace, "--port", port)
     try:
-        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
-        gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
-        pool = Pool(url, "", {"alice": gpupool(url, "tokens", "create", "alice")["token"]})
+        pool = ready_pool(url, node, ("alice",))
         server = lab(tmp_path, pool, "alice")
         try:
             with ProcessKubelet(api, namespace) as kubelet:
@@ -377,7 +388,7 @@ async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at
                 pid = kubelet.pid(name)
                 proc.terminate()
                 assert proc.wait(30) == 0
-                proc, again_url = serve(tmp_path / "pool", *args)
+                proc, again_url = serve_on_cluster(tmp_path / "pool", kubeconfig, namespace, "--port", port)
                 assert again_url == url
                 wait(lambda: gpupool(url, "describe", share["id"]).get("kernel_pod", {}).get("ready"),
                      what="the share and its pod found again")
@@ -392,25 +403,20 @@ async def test_a_kernel_pod_outlives_a_scheduler_restart_and_is_still_deleted_at
         finally:
             server.stop()
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
 
 
 async def test_the_pod_of_a_killed_jupyter_server_goes_when_its_lease_runs_out(
         api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, tmp_path: Path) -> None:
     """Nothing renews the share of a kernel whose server was killed: the scheduler cancels it when its lease
     runs out and deletes its pod, as it frees a local kernel's share."""
-    gpu_nodes(1, gpus=4)
-    (tmp_path / "pool").mkdir()
-    fast = tmp_path / "pool" / "lease.json"
+    (node,) = gpu_nodes(1, gpus=4)
+    fast = tmp_path / "lease.json"
     fast.write_text(json.dumps({"poll_s": 0.05, "tick_s": 0.2, "min_runtime_s": 0, "resume_backoff_s": 0,
                                 "pause_grace_s": 2, "run_jobs_as": "service", "lease_s": 3}))
-    proc, url = serve(tmp_path / "pool", "--backend", "kubernetes", "--kubeconfig", str(kubeconfig),
-                      "--namespace", namespace, "--config", str(fast))
+    proc, url = serve_on_cluster(tmp_path / "pool", kubeconfig, namespace, "--config", str(fast))
     try:
-        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 1, what="the node in gpupool status")
-        gpupool(url, "projects", "set", "vision", "--build-quota", "0.5")
-        pool = Pool(url, "", {"alice": gpupool(url, "tokens", "create", "alice")["token"]})
+        pool = ready_pool(url, node, ("alice",))
         server = lab(tmp_path, pool, "alice", lease_seconds=3.0)
         try:
             with ProcessKubelet(api, namespace) as kubelet:
@@ -429,8 +435,7 @@ async def test_the_pod_of_a_killed_jupyter_server_goes_when_its_lease_runs_out(
         finally:
             server.stop()
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)
 
 
 async def test_a_kernel_pod_deleted_from_outside_ends_its_share_and_jupyter_restarts_the_kernel_in_a_new_one(

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from tornado.netutil import bind_sockets
 from gpupool.api.app import make_app
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet, pod_env
+from tests.kube.test_node_agent import agent as start_agent
+from tests.kube.test_node_agent import agent_once
 from tests.service.helpers import wait_for
 
 ADMIN = Actor("admin", True)
@@ -43,6 +46,23 @@ for line in sys.stdin:
 """
 
 
+@pytest.fixture
+def http_api() -> Iterator[Callable[[Any], str]]:
+    """``url = http_api(core)``: the core's HTTP API (where agents report) on a free loopback port; stopped after."""
+    servers: list[HTTPServer] = []
+
+    def serve(core: Any) -> str:
+        sockets = bind_sockets(0, "127.0.0.1")
+        server = HTTPServer(make_app(core))
+        server.add_sockets(sockets)
+        servers.append(server)
+        return f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
 def pod_cgroup(proc_root: Path, pid: int, uid: str) -> None:
     """What the kernel shows for a container's process under the systemd driver (cgroup v2)."""
     (proc_root / str(pid)).mkdir(parents=True)
@@ -52,24 +72,19 @@ def pod_cgroup(proc_root: Path, pid: int, uid: str) -> None:
 
 
 async def test_the_agent_reports_a_pods_use_and_the_job_shows_it_then_goes_idle(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, http_api: Any, tmp_path: Path,
         monkeypatch: Any) -> None:
     (node,) = gpu_nodes(1, gpus=2)
     monkeypatch.setenv("GPUPOOL_NODE_AGENT_TOKEN", TOKEN)
     core = await make_core()
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(make_app(core))
-    server.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    url = http_api(core)
     proc_root, sim_dir = tmp_path / "proc", tmp_path / "sim-use"
     proc_root.mkdir()
     sim_dir.mkdir()
     (tmp_path / "token").write_text(TOKEN + "\n")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", node,
-         "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url, "--token-file", str(tmp_path / "token"),
-         "--use-interval", "0.3", "--proc-root", str(proc_root), "--sim-use-dir", str(sim_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    agent = start_agent(kubeconfig, node, "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url,
+                        "--token-file", str(tmp_path / "token"), "--use-interval", "0.3",
+                        "--proc-root", str(proc_root), "--sim-use-dir", str(sim_dir))
     work: subprocess.Popen[str] | None = None
     try:
         await wait_for(lambda: any(g["id"].startswith("GPU-") for n in core.pool()["nodes"] for g in n["gpus"]),
@@ -139,24 +154,17 @@ async def test_the_agent_reports_a_pods_use_and_the_job_shows_it_then_goes_idle(
         if agent.poll() is None:
             agent.kill()
             agent.communicate()
-        server.stop()
 
 
 async def test_an_agent_with_a_wrong_token_says_so_and_keeps_annotating(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, http_api: Any,
         monkeypatch: Any) -> None:
     (node,) = gpu_nodes(1, gpus=2)
     monkeypatch.setenv("GPUPOOL_NODE_AGENT_TOKEN", TOKEN)
     core = await make_core()
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(make_app(core))
-    server.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", node,
-         "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url, "--use-interval", "0.3"],
-        env={**os.environ, "GPUPOOL_NODE_AGENT_TOKEN": "not-the-token-at-all-0000"},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = http_api(core)
+    agent = start_agent(kubeconfig, node, "--simulate", "2xA100-80GB", "--interval", "0.3", "--scheduler", url,
+                        "--use-interval", "0.3", env={"GPUPOOL_NODE_AGENT_TOKEN": "not-the-token-at-all-0000"})
     try:
         await wait_for(lambda: any(g["id"].startswith("GPU-") for n in core.pool()["nodes"] for g in n["gpus"]),
                        what="the agent's GPUs in the pool (its annotation still written)")
@@ -165,7 +173,6 @@ async def test_an_agent_with_a_wrong_token_says_so_and_keeps_annotating(
     finally:
         agent.send_signal(signal.SIGTERM)
         _, err = agent.communicate(timeout=20)
-        server.stop()
     assert agent.returncode == 0, err
     assert err.count("the scheduler refused the GPU use report (HTTP 401: invalid token)") == 1, err
 
@@ -181,7 +188,7 @@ def bound_token(api: Any, namespace: str, account: str, pod: Any, audiences: lis
 
 
 async def test_an_agents_own_service_account_token_lets_it_report_for_its_node_only(
-        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, tmp_path: Path,
+        api: Any, namespace: str, gpu_nodes: Any, kubeconfig: Path, make_core: Any, http_api: Any, tmp_path: Path,
         monkeypatch: Any) -> None:
     """No shared secret: the agent's pod token, checked by a TokenReview, names the node it runs on."""
     from tornado.httpclient import AsyncHTTPClient
@@ -197,42 +204,34 @@ async def test_an_agents_own_service_account_token_lets_it_report_for_its_node_o
                  "containers": [{"name": "agent", "image": "registry.example/gpupool:latest"}]}})
         for account in ("gpupool-node-agent", "someone-else"))
     own = bound_token(api, namespace, "gpupool-node-agent", pod, ["gpupool"])
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(make_app(core))
-    server.add_sockets(sockets)
-    url = f"http://127.0.0.1:{sockets[0].getsockname()[1]}"
+    url = http_api(core)
     (tmp_path / "token").write_text(own)
-    try:
-        # the agent, as the DaemonSet runs it, with its projected token: annotates, then reports once
-        done = await asyncio.to_thread(subprocess.run, [
-            sys.executable, "-m", "gpupool", "node-agent", "--kubeconfig", str(kubeconfig), "--node", n1,
-            "--simulate", "2xA100-80GB", "--once", "--scheduler", url, "--token-file", str(tmp_path / "token")],
-            capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert n1 in core.reported_use.freshness()
+    # the agent, as the DaemonSet runs it, with its projected token: annotates, then reports once
+    done = await asyncio.to_thread(agent_once, kubeconfig, n1, "--simulate", "2xA100-80GB", "--scheduler", url,
+                                   "--token-file", str(tmp_path / "token"))
+    assert done.returncode == 0, done.stderr
+    assert n1 in core.reported_use.freshness()
 
-        async def post(node: str, token: str) -> tuple[int, str]:
-            reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/nodes/{node}/use", method="POST",
-                                                  raise_error=False, body='{"gpus": []}',
-                                                  headers={"Authorization": f"Bearer {token}"})
-            return reply.code, reply.body.decode()
+    async def post(node: str, token: str) -> tuple[int, str]:
+        reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/nodes/{node}/use", method="POST",
+                                              raise_error=False, body='{"gpus": []}',
+                                              headers={"Authorization": f"Bearer {token}"})
+        return reply.code, reply.body.decode()
 
-        assert (await post(n1, own))[0] == 200
-        status, text = await post(n2, own)  # the same token, for the other node
-        assert status == 403 and f"bound to node '{n1}'" in text, text
-        assert core.backend.node_tokens.reviews == 1  # one TokenReview, then its answer is kept a while
-        # a token for the API server (its default audience), another account's, and a forged one: 401
-        for token in (bound_token(api, namespace, "gpupool-node-agent", pod, []),
-                      bound_token(api, namespace, "someone-else", other_pod, ["gpupool"]),
-                      own[:-4] + "AAAA"):
-            status, text = await post(n1, token)
-            assert status == 401, text
-        # and the agent's token reads nothing
-        reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/jobs", raise_error=False,
-                                              headers={"Authorization": f"Bearer {own}"})
-        assert reply.code == 401  # not a user's token: only the report endpoint asks the cluster about it
-    finally:
-        server.stop()
+    assert (await post(n1, own))[0] == 200
+    status, text = await post(n2, own)  # the same token, for the other node
+    assert status == 403 and f"bound to node '{n1}'" in text, text
+    assert core.backend.node_tokens.reviews == 1  # one TokenReview, then its answer is kept a while
+    # a token for the API server (its default audience), another account's, and a forged one: 401
+    for token in (bound_token(api, namespace, "gpupool-node-agent", pod, []),
+                  bound_token(api, namespace, "someone-else", other_pod, ["gpupool"]),
+                  own[:-4] + "AAAA"):
+        status, text = await post(n1, token)
+        assert status == 401, text
+    # and the agent's token reads nothing
+    reply = await AsyncHTTPClient().fetch(f"{url}/api/v1/jobs", raise_error=False,
+                                          headers={"Authorization": f"Bearer {own}"})
+    assert reply.code == 401  # not a user's token: only the report endpoint asks the cluster about it
 
 
 async def test_the_schedulers_deploy_account_may_check_an_agents_token(api: Any, gpu_nodes: Any,
@@ -265,16 +264,12 @@ async def test_the_schedulers_deploy_account_may_check_an_agents_token(api: Any,
     assert refused.value.status == 403
 
 
-async def test_a_kubectl_pods_reported_use_is_its_jobs(api: Any, namespace: str, gpu_nodes: Any,
-                                                      make_core: Any) -> None:
+async def test_a_kubectl_pods_reported_use_is_its_jobs(api: Any, namespace: str, core_on_nodes: Any) -> None:
     """A pod a user made with kubectl (schedulerName: gpupool), adopted as a job: its UID maps to that job."""
     from gpupool.service.reported_use import NodeAgentActor
     from tests.kube.test_kubectl_pods import jobs_of, kubectl_pod
 
-    gpu_nodes(1, gpus=4)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    core, _ = await core_on_nodes(gpus=4, projects={"vision": {"train_guarantee": 4}})
     with Kubelet(api, namespace):
         pod = kubectl_pod(api, namespace, "notebook-train", annotations={"gpupool.io/gpu-fraction": "0.25"})
         (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "notebook-train")
