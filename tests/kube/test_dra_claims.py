@@ -222,3 +222,31 @@ async def test_the_deploy_rbac_is_enough_to_read_slices_and_claims_and_write_an_
         assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
     finally:
         resource_api(api).delete_namespaced_resource_claim(claim, "gpupool")
+
+
+async def test_reclaim_evicts_a_claimed_pod_its_claim_goes_with_it_and_the_guaranteed_pod_gets_the_devices(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    node = dra_nodes(gpus=2)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 2})
+    claim_template(api, namespace, "both", count=2)
+    with Kubelet(api, namespace, stop_exit_code=0) as kubelet:
+        claimed_pod(api, namespace, "borrower", template="both", project="scrappy")
+        await wait_for(lambda: "borrower" in kubelet.started, what="the borrowing pod running")
+        borrowed = claim_of(api, namespace, "borrower")
+        assert borrowed is not None and len(borrowed["status"]["allocation"]["devices"]["results"]) == 2
+        claimed_pod(api, namespace, "owned", template="both", project="owner")
+        await wait_for(lambda: "borrower" in kubelet.stopped, what="the borrowing pod evicted")
+        (victim,) = jobs_of(core, namespace, "borrower")
+        await wait_for(lambda: core.get_job(ADMIN, victim["id"])["state"] == "cancelled", what="its job cancelled")
+        await wait_for(lambda: bound_node(api, namespace, "owned"), what="the guaranteed pod bound")
+    owned = claim_of(api, namespace, "owned")
+    assert owned is not None and sorted(r["device"] for r in owned["status"]["allocation"]["devices"]["results"]) \
+        == ["gpu-0", "gpu-1"]
+    # The evicted pod's claim (its template's, owned by the pod) is gone with the pod.
+    name = borrowed["metadata"]["name"]
+    await wait_for(lambda: name not in {c.metadata.name for c in
+                                        resource_api(api).list_namespaced_resource_claim(namespace).items},
+                   what="the evicted pod's claim deleted with it")
