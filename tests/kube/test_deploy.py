@@ -109,7 +109,7 @@ SCHEDULER_RIGHTS = {
                                ("", "secrets"): {"create", "delete"},
                                ("networking.k8s.io", "networkpolicies"): {"create", "delete"},
                                ("coordination.k8s.io", "leases"): {"create", "get", "update"},
-                               ("resource.k8s.io", "resourceclaims"): {"get"},
+                               ("resource.k8s.io", "resourceclaims"): {"get", "create", "delete"},
                                ("resource.k8s.io", "resourceclaims/status"): {"update"}},
     "gpupool-kubectl-pods": {("", "pods"): {"delete", "patch"}, ("", "pods/binding"): {"create"},
                              ("batch", "jobs"): {"patch", "delete"}, ("jobset.x-k8s.io", "jobsets"): {"patch", "delete"},

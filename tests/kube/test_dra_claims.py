@@ -250,3 +250,29 @@ async def test_reclaim_evicts_a_claimed_pod_its_claim_goes_with_it_and_the_guara
     await wait_for(lambda: name not in {c.metadata.name for c in
                                         resource_api(api).list_namespaced_resource_claim(namespace).items},
                    what="the evicted pod's claim deleted with it")
+
+
+async def test_gpupools_own_job_pod_on_a_dra_node_names_a_claim_it_owns_allocated_with_the_chosen_gpus(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    node = dra_nodes(gpus=4)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    with Kubelet(api, namespace) as kubelet:
+        job, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 2, "command": ["python", "train.py"]})
+        pod_name = f"gpupool-{job['id'].lower()}-1"
+        await wait_for(lambda: pod_name in kubelet.started, what="the job's pod running")
+        pod = api.read_namespaced_pod(pod_name, namespace)
+        assert pod.spec.node_name == node
+        assert [(c.name, c.resource_claim_name) for c in pod.spec.resource_claims] == [("gpu", f"{pod_name}-gpu")]
+        assert [c.name for c in pod.spec.containers[0].resources.claims] == ["gpu"]
+        claim = api.api_client.sanitize_for_serialization(
+            resource_api(api).read_namespaced_resource_claim(f"{pod_name}-gpu", namespace))
+        assert [(o["kind"], o["uid"]) for o in claim["metadata"]["ownerReferences"]] == [("Pod", pod.metadata.uid)]
+        assert claim["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+        chosen = core.get_job(ADMIN, job["id"])["assignment"]["gpus"]
+        assert [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]] == [
+            f"gpu-{g['index']}" for g in chosen]
+        assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": pod_name, "uid": pod.metadata.uid}]
+        kubelet.finish(pod_name, 0)
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="the job done")

@@ -32,6 +32,7 @@ from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.calls import Calls
 from gpupool.backends.kubernetes.connect import api_client
 from gpupool.backends.kubernetes.dra_allocation import DraPods
+from gpupool.backends.kubernetes.dra_own_pods import OwnPodClaims
 from gpupool.backends.kubernetes.dra_slices import DraSlices
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
@@ -122,6 +123,8 @@ class KubeBackend:
         self.dra_pods = DraPods(self.api, self.dra_slices, self.calls, self.health_state, self.kubectl.warn_once)
         """kubectl pods whose GPUs come from ResourceClaims: queued from their claims, devices written at binding."""
         self.kubectl.before_bind = self.dra_pods.allocate
+        self.pod_executor.starts.claims = OwnPodClaims(self.api, self.dra_slices).prepare
+        """gpupool's own pods on nodes whose GPUs come from slices: each with a claim of its GPUs."""
         pod_adoption = PodAdoption(self.kubectl)
         pod_adoption.read_claims = self.dra_pods.amend
         pod_adoption.claims_changes = self.dra_pods.generation

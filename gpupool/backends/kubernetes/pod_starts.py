@@ -102,6 +102,9 @@ class PodStarts:
         self._lock = lock
         self._delete_quietly = delete_quietly
         self._backoff = StartBackoff()  # starts failed in a row: the next one waits
+        self.claims: Callable[[dict[str, Any], str], tuple[dict[str, Any], Callable[[Obj], None] | None]] | None = None
+        """On a node whose GPUs come from ResourceSlices: the manifest naming the pod's claim, and what makes and
+        allocates that claim once the pod exists (dra_own_pods.py); None elsewhere."""
 
     def one(self, a: PodAttempt, manifest: dict[str, Any], node: str,
             before_bind: Callable[[Obj], None] | None = None) -> Future[None]:
@@ -121,8 +124,11 @@ class PodStarts:
         at = 0  # the rank being created or bound
         try:
             for at, (a, manifest) in enumerate(zip(attempts, manifests, strict=True)):  # noqa: B007 (read in the except)
-                self.create(a, manifest)
+                manifest, claimed = self._claimed(manifest, a.handle.node)
+                pod = self.create(a, manifest)
                 created.append(a)
+                if claimed is not None:
+                    claimed(pod)
             for at, a in enumerate(attempts):  # noqa: B007 (read in the except)
                 self.bind(a, a.handle.node)
         except BaseException as e:
@@ -137,16 +143,23 @@ class PodStarts:
     def _create_and_bind(self, a: PodAttempt, manifest: dict[str, Any], node: str,
                          before_bind: Callable[[Obj], None] | None = None) -> None:
         def start() -> None:
-            created = self.create(a, manifest)
-            if before_bind is not None:
+            claimed_manifest, claimed = self._claimed(manifest, node)
+            created = self.create(a, claimed_manifest)
+            if before_bind is not None or claimed is not None:
                 try:
-                    before_bind(created)
+                    if claimed is not None:
+                        claimed(created)
+                    if before_bind is not None:
+                        before_bind(created)
                 except BaseException:
                     self._delete_quietly(a.handle.name, 0)  # never bound: nothing ran
                     raise
             self.bind(a, node)
 
         self._backed_off(start)
+
+    def _claimed(self, manifest: dict[str, Any], node: str) -> tuple[dict[str, Any], Callable[[Obj], None] | None]:
+        return self.claims(manifest, node) if self.claims is not None else (manifest, None)
 
     def _backed_off(self, start: Callable[[], object]) -> None:
         """Run ``start`` (create and bind) after the wait that starts failed in a row call for (:class:`StartBackoff`).
