@@ -53,18 +53,25 @@ def pid_of(d: Path, program: str) -> int:
     return int((d / f"{program}.pid").read_text().split()[0])
 
 
-def make_kwok_nodes(api: client.CoreV1Api, count: int, threads: int = 16) -> float:
+def make_kwok_nodes(api: client.CoreV1Api, count: int, threads: int = 16, *, device_plugin: bool = True) -> float:
     """``count`` nodes played by KWOK, each with 8 allocatable nvidia.com/gpu and GFD-like labels; seconds taken.
 
     The not-ready taint the API server's admission adds is removed as
-    tests/kube/cluster.py's make_gpu_node does.
+    tests/kube/cluster.py's make_gpu_node does. ``device_plugin=False``: no
+    ``nvidia.com/gpu`` and no GFD labels, as on a node whose GPUs a DRA
+    driver publishes as ResourceSlices instead (bench/kube_bind_dra.py
+    publishes them).
     """
-    res = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(GPUS_PER_NODE)}
+    res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    if device_plugin:
+        res["nvidia.com/gpu"] = str(GPUS_PER_NODE)
 
     def one(i: int) -> None:
         name = f"kwok-n{i:05d}"
-        labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
-                  "nvidia.com/gpu.count": str(GPUS_PER_NODE), "kubernetes.io/hostname": name, "type": "kwok"}
+        labels = {"kubernetes.io/hostname": name, "type": "kwok"}
+        if device_plugin:
+            labels |= {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
+                       "nvidia.com/gpu.count": str(GPUS_PER_NODE)}
         api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}}}, _preload_content=False)
         # no Ready condition of ours: KWOK initializes a node that is not Ready (phase Running, Ready), then
@@ -78,7 +85,8 @@ def make_kwok_nodes(api: client.CoreV1Api, count: int, threads: int = 16) -> flo
     deadline = time.monotonic() + 120
     while True:  # every node Ready, untainted, its GPUs allocatable: what both schedulers wait for
         nodes = api.list_node(label_selector="type=kwok").items
-        ready = [n for n in nodes if not n.spec.taints and (n.status.allocatable or {}).get("nvidia.com/gpu")
+        ready = [n for n in nodes if not n.spec.taints
+                 and (not device_plugin or (n.status.allocatable or {}).get("nvidia.com/gpu"))
                  and any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
         if len(ready) == count:
             return time.perf_counter() - t0
