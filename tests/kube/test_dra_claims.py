@@ -276,3 +276,43 @@ async def test_gpupools_own_job_pod_on_a_dra_node_names_a_claim_it_owns_allocate
         assert claim["status"]["reservedFor"] == [{"resource": "pods", "name": pod_name, "uid": pod.metadata.uid}]
         kubelet.finish(pod_name, 0)
         await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "succeeded", what="the job done")
+
+
+async def test_devices_another_scheduler_allocated_to_its_pod_are_used_capacity_exactly_those(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:
+    node = dra_nodes(gpus=4)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    # What another scheduler does for its pod: allocate the claim (devices gpu-2 and gpu-3), reserve it, bind.
+    rapi = resource_api(api)
+    rapi.create_namespaced_resource_claim(namespace, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "theirs"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                      "count": 2}}]}}})
+    pod = api.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "elsewhere"},
+        "spec": {"schedulerName": "another-scheduler", "resourceClaims": [{"name": "gpu", "resourceClaimName": "theirs"}],
+                 "containers": [{"name": "c", "image": "cuda:12", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    claim = api.api_client.sanitize_for_serialization(rapi.read_namespaced_resource_claim("theirs", namespace))
+    claim["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": d} for d in ("gpu-2", "gpu-3")]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "elsewhere", "uid": pod.metadata.uid}]}
+    rapi.replace_namespaced_resource_claim_status("theirs", namespace, claim)
+    api.create_namespaced_pod_binding("elsewhere", namespace, {
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "elsewhere"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, _preload_content=False)
+
+    def held() -> dict[int, list[str]]:
+        (n,) = [n for n in core.pool()["nodes"] if n["name"] == node]
+        return {g["index"]: [a["kind"] for a in g["allocations"]] for g in n["gpus"] if g["allocations"]}
+    assert await wait_for(lambda: held(), what="the other pod's devices held") == {2: ["other"], 3: ["other"]}
+    # gpupool places its own claimed pod around them: two GPUs fit (gpu-0, gpu-1), the claim says so.
+    claim_template(api, namespace, "two", count=2)
+    claimed_pod(api, namespace, "ours", template="two")
+    await wait_for(lambda: bound_node(api, namespace, "ours"), what="our claimed pod bound")
+    ours = claim_of(api, namespace, "ours")
+    assert ours is not None
+    assert sorted(r["device"] for r in ours["status"]["allocation"]["devices"]["results"]) == ["gpu-0", "gpu-1"]

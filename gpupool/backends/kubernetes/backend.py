@@ -133,6 +133,8 @@ class KubeBackend:
                                       self.gangs)
         """Those pods as jobs: the core queues a job for each (gpupool.backends.base.AdoptsForeignPods)."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
+        self.other_pods.claimed_gpus = self.dra_pods.claimed_gpus  # (their DRA claims: exactly which GPUs)
+        self.dra_pods.claims.on_change = self.other_pods.touch
         """Other schedulers' pods holding GPUs on pool nodes: used capacity."""
         self.executor = KubeExecutor(self.pod_executor, self.kubectl, self.batch_jobs, self.gangs)
         self.kernel_pods = KernelPodRunner(self.pod_executor, settings, self.calls,

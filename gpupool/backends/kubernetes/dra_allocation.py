@@ -203,6 +203,11 @@ class DraPods:
                 if e.status != 409 or attempt == 2:
                     raise
 
+    def claimed_gpus(self, pod_uid: str) -> tuple[str, ...]:
+        """The pool's GPU ids that claims reserved for this pod hold (another scheduler's pod: used capacity)."""
+        ids = (self.slices.gpu_id(*d) for d in self.claims.held_by(pod_uid))
+        return tuple(i for i in ids if i is not None)
+
     # ------------------------------------------------------------ the end (watch thread -> a worker)
     def _unreserved(self, claim: Obj) -> None:
         self.calls.submit(self.give_back, ob.namespace(claim), ob.name(claim))

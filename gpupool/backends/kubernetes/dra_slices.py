@@ -183,6 +183,7 @@ class DraSlices:
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> devices
         self._nodes: dict[str, DraNode] = {}  # node -> its GPUs and kind
         self._by_gpu: dict[str, Device] = {}  # GPU id -> device
+        self._gpu_of_device: dict[tuple[str, str, str], str] = {}  # (driver, pool, device) -> GPU id
         self._on_change = on_change
         self.generation = 0
         """Moves when some node's devices change (pods waiting on their claims are read again)."""
@@ -220,6 +221,7 @@ class DraSlices:
         self._nodes = {n: DraNode(tuple(gpu_of(d, i) for i, d in enumerate(ds)), kind_of(ds))
                        for n, ds in devices.items()}
         self._by_gpu = {g.id: d for n, ds in devices.items() for g, d in zip(self._nodes[n].gpus, ds, strict=True)}
+        self._gpu_of_device = {(d.driver, d.pool, d.name): g for g, d in self._by_gpu.items()}
         return changed
 
     # ------------------------------------------------------------ reads (any thread)
@@ -232,6 +234,11 @@ class DraSlices:
         """Node -> its GPU devices (a copy of the map; the tuples are immutable)."""
         with self._lock:
             return dict(self._devices)
+
+    def gpu_id(self, driver: str, pool: str, device: str) -> str | None:
+        """The pool's GPU id of a device an allocation names (None when no slice publishes it)."""
+        with self._lock:
+            return self._gpu_of_device.get((driver, pool, device))
 
     def device_of(self, gpu_id: str) -> Device | None:
         with self._lock:

@@ -43,6 +43,9 @@ class DraClaims:
         self.generation = 0
         """Moves on every change of a claim or class: pods waiting on one are read again."""
         self._on_unreserved = on_unreserved
+        self._held: tuple[int, dict[str, tuple[tuple[str, str, str], ...]]] = (-1, {})  # (generation, by pod uid)
+        self.on_change: Callable[[], None] = lambda: None
+        """Called (on the watch thread) after a claim changed: other schedulers' claims hold GPUs."""
         rapi = client.ResourceV1Api(api)
         self.claim_watch = ListWatch("resourceclaims", rapi.list_resource_claim_for_all_namespaces,
                                      self._claims_reset, self._claim_event, health)
@@ -68,6 +71,7 @@ class DraClaims:
         for c in items:
             if unreserved_gpu_allocation(c):
                 self._on_unreserved(c)
+        self.on_change()
 
     def _claim_event(self, kind: str, claim: Obj) -> None:
         with self._lock:
@@ -78,6 +82,7 @@ class DraClaims:
             self.generation = next(self._marks)
         if kind != "DELETED" and unreserved_gpu_allocation(claim):
             self._on_unreserved(claim)
+        self.on_change()
 
     def _classes_reset(self, items: list[Obj]) -> None:
         with self._lock:
@@ -101,6 +106,23 @@ class DraClaims:
         """Those claims of the namespace that exist, by name."""
         with self._lock:
             return {n: c for n in names if (c := self._claims.get((namespace, n))) is not None}
+
+    def held_by(self, pod_uid: str) -> tuple[tuple[str, str, str], ...]:
+        """(driver, pool, device) of every device allocated in a claim reserved for that pod."""
+        with self._lock:
+            gen, held = self._held
+            if gen != self.generation:
+                held = {}
+                for c in self._claims.values():
+                    st = ob.status(c)
+                    results = ((st.get("allocation") or {}).get("devices") or {}).get("results") or []
+                    devices = tuple((str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+                                    for r in results)
+                    for r in st.get("reservedFor") or []:
+                        if r.get("resource") == "pods" and r.get("uid"):
+                            held[str(r["uid"])] = held.get(str(r["uid"]), ()) + devices
+                self._held = (self.generation, held)
+            return held.get(pod_uid, ())
 
     def classes(self) -> dict[str, Obj]:
         with self._lock:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kubernetes import client
@@ -44,6 +44,7 @@ class OtherPod:
     node: str
     gpus: int
     created: float
+    claims: bool = False  # it uses ResourceClaims: the devices allocated to it are the GPUs it holds
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,12 @@ def read_other(pod: Obj) -> OtherPod | None:
     """An other scheduler's pod (its JSON) as a GPU holder, or None when it asks for no GPU."""
     n = gpus_asked(pod)
     node = ob.node_name(pod)
-    if n <= 0 or not node:
+    claims = bool(ob.spec(pod).get("resourceClaims"))
+    if (n <= 0 and not claims) or not node:
         return None
     created = ob.creation_time(pod)
     return OtherPod(ob.uid(pod), f"{ob.namespace(pod)}/{ob.name(pod)}", node, n,
-                    created.timestamp() if created is not None else 0.0)
+                    created.timestamp() if created is not None else 0.0, claims)
 
 
 class OtherPods:
@@ -79,6 +81,8 @@ class OtherPods:
         self._changed = True
         self._sticky: dict[str, tuple[str, ...]] = {}  # uid -> GPU ids it was shown on (loop side)
         self.holdings: tuple[Holding, ...] = ()
+        self.claimed_gpus: Callable[[str], tuple[str, ...]] = lambda uid: ()
+        """Pod uid -> the GPU ids its DRA claims were allocated (dra_allocation.py): exact, not chosen here."""
         """The current holdings (set by :meth:`refresh` on the core's loop)."""
         selector = (f"spec.nodeName!=,spec.schedulerName!={scheduler_name},"
                     "status.phase!=Succeeded,status.phase!=Failed")
@@ -113,6 +117,11 @@ class OtherPods:
                 self._pods[uid] = o
                 self._changed = True
 
+    def touch(self) -> None:
+        """Something its holdings depend on changed elsewhere (a claim's allocation): recompute at the next refresh."""
+        with self._lock:
+            self._changed = True
+
     def refresh(self, nodes: Iterable[Node], force: bool = False) -> bool:
         """Recompute the holdings on ``nodes`` (the pool) after a change; True when they changed."""
         with self._lock:
@@ -120,7 +129,7 @@ class OtherPods:
                 return False
             self._changed = False
             pods = sorted(self._pods.values(), key=lambda o: (o.created, o.text))
-        held = assign(nodes, pods, self._sticky)
+        held = assign(nodes, pods, self._sticky, self.claimed_gpus)
         self._sticky = {h.pod.uid: h.gpu_ids for h in held}
         if held == self.holdings:
             return False
@@ -136,7 +145,8 @@ class OtherPods:
                      for h in self.holdings if h.gpu_ids)
 
 
-def assign(nodes: Iterable[Node], pods: list[OtherPod], sticky: dict[str, tuple[str, ...]]) -> tuple[Holding, ...]:
+def assign(nodes: Iterable[Node], pods: list[OtherPod], sticky: dict[str, tuple[str, ...]],
+           claimed: Callable[[str], tuple[str, ...]] = lambda uid: ()) -> tuple[Holding, ...]:
     """Which GPU ids each pod is shown holding (pure; ``pods`` in creation order).
 
     A pod keeps the ids it had while they are still its node's and no earlier
@@ -148,7 +158,14 @@ def assign(nodes: Iterable[Node], pods: list[OtherPod], sticky: dict[str, tuple[
     taken: dict[str, set[str]] = {}
     out: list[Holding] = []
     later: list[OtherPod] = []
-    for o in pods:
+    for o in [o for o in pods if o.claims]:  # DRA: the devices allocated to it, exactly
+        node = by_node.get(o.node)
+        if node is not None:
+            ids = {g.id for g in node.gpus}
+            got = tuple(dict.fromkeys(g for g in claimed(o.uid) if g in ids))
+            taken.setdefault(o.node, set()).update(got)
+            out.append(Holding(o, got))
+    for o in [o for o in pods if not o.claims]:
         node = by_node.get(o.node)
         if node is None:
             continue  # not a pool node: nothing of ours to count
