@@ -266,7 +266,7 @@ class KubectlPods:
             raise
 
     def _configure_and_bind_now(self, run: _Run, env: dict[str, str], node: str) -> None:
-        """The ConfigMap if the pod reads it, the gate off if it has one, then the binding and its event.
+        """The ConfigMap if the pod names it, the gate off if it has one, then the binding and its event.
 
         A pod that names no ConfigMap costs kube-scheduler's two writes: the
         binding (its annotations carry the GPU environment) and the event.
