@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,12 +23,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from types import FrameType
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config  # noqa: E402
+from server_lifetime import Lifetime, quiet_lab_notifications  # noqa: E402
 
 from gpupool.client import GpupoolClient  # noqa: E402
 from tests.jupyter.server_process import free_port  # noqa: E402
@@ -64,9 +63,7 @@ def lab(tmp: Path, url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
     root, cfg = tmp / "root", tmp / "config"
     root.mkdir()
     cfg.mkdir()
-    news = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-    news.parent.mkdir(parents=True)
-    news.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
+    quiet_lab_notifications(tmp / "lab-settings")
     (cfg / "jupyter_server_config.json").write_text(json.dumps({
         "ServerApp": {"ip": "127.0.0.1", "port": port, "port_retries": 0, "open_browser": False,
                       "root_dir": str(root), "allow_root": True,
@@ -96,56 +93,31 @@ def lab(tmp: Path, url: str, token: str) -> tuple[subprocess.Popen[bytes], str]:
 
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpupool-ui-kpods-"))
-    done = threading.Event()
     procs: list[subprocess.Popen[bytes] | subprocess.Popen[str]] = []
     kube_up = False
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    watched = os.dup(0)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     try:
-        r = subprocess.run([str(KUBE / "start"), str(tmp / "kube")], capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"kernel_pods_server: the API server did not start:\n{r.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        kube_up = True
-        kubeconfig = tmp / "kube" / "kubeconfig"
-        api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
-        api.create_namespace({"metadata": {"name": NAMESPACE}})
-        make_gpu_node(api, "gpu-node-1", 4)
-        pool, url = serve(tmp, kubeconfig)
-        procs.append(pool)
-        admin = GpupoolClient(url, ADMIN_TOKEN)
-        while not admin.status()["pool"]["nodes"]:
-            time.sleep(0.1)
-        admin.set_project("vision", build_quota=1)
-        token = admin.create_token("alice")["token"]
-        with ProcessKubelet(api, NAMESPACE):
-            server, lab_url = lab(tmp, url, token)
-            procs.append(server)
-            print(json.dumps({"url": lab_url, "token": LAB_TOKEN, "dir": str(tmp)}), flush=True)
-
-            def watch() -> None:
-                os.set_blocking(watched, True)
-                try:
-                    while os.read(watched, 4096):
-                        pass
-                finally:
-                    done.set()
-
-            threading.Thread(target=watch, daemon=True).start()
-            while not done.wait(1):
-                if server.poll() is not None:
-                    print(f"kernel_pods_server: jupyter lab exited:\n{(tmp / 'lab.log').read_text()[-4000:]}",
-                          file=sys.stderr, flush=True)
-                    return 1
-        return 0
+        with Lifetime("kernel_pods_server") as life:
+            r = subprocess.run([str(KUBE / "start"), str(tmp / "kube")], capture_output=True, text=True)
+            if r.returncode != 0:
+                life.say(f"the API server did not start:\n{r.stderr[-3000:]}")
+                return 1
+            kube_up = True
+            kubeconfig = tmp / "kube" / "kubeconfig"
+            api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+            api.create_namespace({"metadata": {"name": NAMESPACE}})
+            make_gpu_node(api, "gpu-node-1", 4)
+            pool, url = serve(tmp, kubeconfig)
+            procs.append(pool)
+            admin = GpupoolClient(url, ADMIN_TOKEN)
+            while not admin.status()["pool"]["nodes"]:
+                time.sleep(0.1)
+            admin.set_project("vision", build_quota=1)
+            token = admin.create_token("alice")["token"]
+            with ProcessKubelet(api, NAMESPACE):
+                server, lab_url = lab(tmp, url, token)
+                procs.append(server)
+                life.announce({"url": lab_url, "token": LAB_TOKEN, "dir": str(tmp)})
+                return life.serve(server, "jupyter lab", lambda: (tmp / "lab.log").read_text()[-4000:])
     except Exception as exc:  # noqa: BLE001 (said on stderr, for the test's failure)
         print(f"kernel_pods_server: {exc}", file=sys.stderr, flush=True)
         return 1
