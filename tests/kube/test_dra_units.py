@@ -9,7 +9,7 @@ import pytest
 
 from gpupool.backends.kubernetes.dra_allocation import results_for, with_affinity
 from gpupool.backends.kubernetes.dra_cel import SelectorError, compile_selector, matches
-from gpupool.backends.kubernetes.dra_claims import ClaimProblem, read_ask
+from gpupool.backends.kubernetes.dra_claims import ClaimProblem, kind_check, read_ask
 from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, Device, DraNode, gpu_of, kind_of, newest
 from gpupool.backends.kubernetes.nodes import read_node
 
@@ -54,6 +54,7 @@ def pod(*claims: str, uid: str = "u1") -> dict[str, Any]:
 
 DEVICES = newest({"a": a_slice("h1", 8), "b": a_slice("h2", 8), "c": a_slice("small", 2, "NVIDIA A100-SXM4-40GB",
                                                                                  "40Gi")})
+CHECK = kind_check(DEVICES)
 
 
 def test_slices_become_devices_and_gpus_newest_generation_only_and_no_mig() -> None:
@@ -91,7 +92,7 @@ def test_counts_add_up_and_selectors_choose_the_kinds_of_nodes() -> None:
     claims = {"one": claim("one", exactly("a", 2), exactly("b", 1)),
               "big": claim("big", exactly("gpu", 1, 'device.capacity["gpu.nvidia.com"].memory.isGreaterThan('
                                                     'quantity("60Gi"))'))}
-    ask = read_ask(pod("one", "big"), claims, {"gpu.nvidia.com": CLASS}, DEVICES)
+    ask = read_ask(pod("one", "big"), claims, {"gpu.nvidia.com": CLASS}, CHECK)
     assert ask is not None and ask.gpus == 4 and ask.claims == ("one", "big")
     assert ask.kinds == (kind_of(DEVICES["h1"]),)  # the 40 GiB A100s fail the memory selector
     assert with_affinity({"node_affinity": {"required": [[{"key": "k", "operator": "Exists"}]]}},
@@ -106,19 +107,19 @@ def test_counts_add_up_and_selectors_choose_the_kinds_of_nodes() -> None:
 
 
 def test_all_takes_every_device_of_the_largest_accepted_nodes() -> None:
-    ask = read_ask(pod("all"), {"all": claim("all", exactly("gpu", None))}, {"gpu.nvidia.com": CLASS}, DEVICES)
+    ask = read_ask(pod("all"), {"all": claim("all", exactly("gpu", None))}, {"gpu.nvidia.com": CLASS}, CHECK)
     assert ask is not None and ask.gpus == 8 and ask.kinds == (kind_of(DEVICES["h1"]),)
     a100 = 'device.attributes["gpu.nvidia.com"].productName.contains("A100")'
-    ask = read_ask(pod("all"), {"all": claim("all", exactly("gpu", None, a100))}, {"gpu.nvidia.com": CLASS}, DEVICES)
+    ask = read_ask(pod("all"), {"all": claim("all", exactly("gpu", None, a100))}, {"gpu.nvidia.com": CLASS}, CHECK)
     assert ask is not None and ask.gpus == 2 and ask.kinds == (kind_of(DEVICES["small"]),)
 
 
 def test_a_template_claim_not_made_yet_is_a_wait() -> None:
     p = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},
          "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]}, "status": {}}
-    assert read_ask(p, {}, {"gpu.nvidia.com": CLASS}, DEVICES) is None
+    assert read_ask(p, {}, {"gpu.nvidia.com": CLASS}, CHECK) is None
     p["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}
-    ask = read_ask(p, {"p-gpu-x": claim("p-gpu-x", exactly())}, {"gpu.nvidia.com": CLASS}, DEVICES)
+    ask = read_ask(p, {"p-gpu-x": claim("p-gpu-x", exactly())}, {"gpu.nvidia.com": CLASS}, CHECK)
     assert ask is not None and ask.claims == ("p-gpu-x",)
 
 
@@ -138,9 +139,9 @@ def test_a_template_claim_not_made_yet_is_a_wait() -> None:
 ])
 def test_what_gpupool_cannot_place_is_said(the_claim: dict[str, Any], classes: dict[str, Any], says: str) -> None:
     with pytest.raises(ClaimProblem, match=says):
-        read_ask(pod("c"), {"c": the_claim}, classes, DEVICES)
+        read_ask(pod("c"), {"c": the_claim}, classes, CHECK)
     with pytest.raises(ClaimProblem, match="ResourceClaim ns/gone does not exist"):
-        read_ask(pod("gone"), {}, {"gpu.nvidia.com": CLASS}, DEVICES)
+        read_ask(pod("gone"), {}, {"gpu.nvidia.com": CLASS}, CHECK)
 
 
 def test_the_claims_config_goes_into_the_allocation_class_first() -> None:
@@ -148,7 +149,7 @@ def test_the_claims_config_goes_into_the_allocation_class_first() -> None:
                                                                       "parameters": {"a": 1}}}]}}
     c = claim("c", exactly(), config=[{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",
                                                                         "parameters": {"b": 2}}}])
-    ask = read_ask(pod("c"), {"c": c}, {"gpu.nvidia.com": cls}, DEVICES)
+    ask = read_ask(pod("c"), {"c": c}, {"gpu.nvidia.com": cls}, CHECK)
     assert ask is not None
     assert dict(ask.configs)["c"] == (
         {"source": "FromClass", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"a": 1}}},
@@ -158,3 +159,33 @@ def test_the_claims_config_goes_into_the_allocation_class_first() -> None:
 def test_a_device_is_hashable_for_the_selector_memo() -> None:
     d = Device("n", "gpu.nvidia.com", "n", "gpu-0", (("gpu.nvidia.com", "index", 0),), ())
     assert hash(d) == hash(Device("n", "gpu.nvidia.com", "n", "gpu-0", (("gpu.nvidia.com", "index", 0),), ()))
+
+
+def test_a_selector_that_passes_only_some_devices_of_a_kind_makes_no_node_of_it_eligible() -> None:
+    for selector in ('device.attributes["gpu.nvidia.com"].index < 4',  # half of each H100 node's devices
+                     'device.attributes["gpu.nvidia.com"].uuid.startsWith("GPU-h1-")'):  # one node of the kind
+        c = claim("c", exactly("gpu", 1, selector))
+        with pytest.raises(ClaimProblem, match="no node has enough GPU devices that all pass"):
+            read_ask(pod("c"), {"c": c}, {"gpu.nvidia.com": CLASS}, kind_check({k: DEVICES[k] for k in ("h1", "h2")}))
+
+
+def test_the_slice_view_follows_each_event_for_its_node_only_and_a_relist_replaces_it() -> None:
+    from kubernetes import client
+
+    from gpupool.backends.kubernetes.dra_slices import DraSlices
+    from gpupool.backends.kubernetes.health import Health
+
+    told: list[set[str]] = []
+    view = DraSlices(client.ApiClient(), Health(), told.append)  # (its watch is never started here)
+    view._on_reset([a_slice("a", 2), a_slice("b", 2)])
+    assert told == [{"a", "b"}] and view.gpu_id("gpu.nvidia.com", "b", "gpu-1") == "GPU-b-1"
+    view._on_event("ADDED", a_slice("a", 4, generation=2))  # the driver republishes node a: the newest counts
+    assert told[-1] == {"a"} and [d.name for d in view.devices_of("a")] == [f"gpu-{i}" for i in range(4)]
+    view._on_event("MODIFIED", a_slice("b", 2))  # nothing changed for the pool: nobody told
+    assert len(told) == 2
+    view._on_event("DELETED", a_slice("b", 2))
+    assert told[-1] == {"b"} and view.node("b") is None and view.device_of("GPU-b-0") is None
+    node_a = view.node("a")
+    assert node_a is not None and [g.id for g in node_a.gpus] == [f"GPU-a-{i}" for i in range(4)]
+    view._on_reset([a_slice("c", 1)])
+    assert told[-1] == {"a", "c"} and set(view.devices()) == {"c"} and view.device_of("GPU-a-0") is None

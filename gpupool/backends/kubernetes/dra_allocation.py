@@ -34,7 +34,14 @@ from kubernetes.client.rest import ApiException
 
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.calls import Calls, raw_json
-from gpupool.backends.kubernetes.dra_claims import Ask, ClaimProblem, read_ask, uses_claims
+from gpupool.backends.kubernetes.dra_claims import (
+    Ask,
+    ClaimProblem,
+    KindCheck,
+    kind_check,
+    read_ask,
+    uses_claims,
+)
 from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL, Device, DraSlices
 from gpupool.backends.kubernetes.dra_watch import DraClaims, unreserved_gpu_allocation
 from gpupool.backends.kubernetes.foreign import FRACTION_ANNOTATION, MEMORY_ANNOTATION, KubectlPod, PodRef
@@ -93,6 +100,7 @@ class DraPods:
         self.calls = calls
         self.warn = warn
         self.claims = DraClaims(api.api_client, health, self._unreserved)
+        self._check: tuple[int, KindCheck] = (-1, kind_check({}))
 
     def start(self) -> None:
         self.claims.start()
@@ -109,7 +117,16 @@ class DraPods:
         names = [str(c.get("resourceClaimName") or "") for c in ob.spec(pod).get("resourceClaims") or []]
         names += [str(s.get("resourceClaimName") or "") for s in ob.status(pod).get("resourceClaimStatuses") or []]
         claims = self.claims.claims_in(ob.namespace(pod), [n for n in names if n])
-        return read_ask(pod, claims, self.claims.classes(), self.slices.devices())
+        return read_ask(pod, claims, self.claims.classes(), self._kind_check())
+
+    def _kind_check(self) -> KindCheck:
+        """Which kinds of nodes pass which selectors: memoised until the slices' devices change."""
+        gen, check = self._check
+        if gen != self.slices.generation:
+            gen = self.slices.generation  # (read first: a change meanwhile moves it again)
+            check = kind_check(self.slices.devices())
+            self._check = (gen, check)
+        return check
 
     def amend(self, pod: Obj, kp: KubectlPod) -> KubectlPod | None:
         """The pod's job spec with its claims' GPUs and node kinds; None when it waits or was told why not.
@@ -119,7 +136,7 @@ class DraPods:
         to admit it with.
         """
         if not uses_claims(pod):
-            if "gpus" in kp.spec and self.slices.devices():
+            if "gpus" in kp.spec and self.slices.any():
                 return dataclasses.replace(kp, spec=with_affinity(kp.spec, {"key": DRA_NODE_LABEL,
                                                                             "operator": "DoesNotExist"}))
             return kp

@@ -59,7 +59,7 @@ class OwnPodClaims:
 
     def devices_for(self, manifest: dict[str, Any], node: str) -> list[Device]:
         """The devices of the GPUs the pod's environment names, on ``node`` ([] when it is no DRA node)."""
-        on_node = self.slices.devices().get(node)
+        on_node = self.slices.devices_of(node)
         if not on_node:
             return []
         by_index = {d.attribute("index"): d for d in on_node}

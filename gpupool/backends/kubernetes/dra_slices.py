@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from kubernetes import client
@@ -129,18 +130,29 @@ class DraNode:
 _PER_DEVICE = ("uuid", "index")
 
 
+def device_sort(d: Device) -> tuple[Any, ...]:
+    """A device less what only it has (``uuid``, ``index``): equal for devices a selector cannot tell apart
+    unless it names those."""
+    return d.driver, tuple(a for a in d.attributes if a[1] not in _PER_DEVICE), d.capacity
+
+
 def kind_of(devices: tuple[Device, ...]) -> str:
     """What tells a node's devices apart from another node's, as 12 hex digits (a label value)."""
-    text = repr(sorted(((d.driver, tuple(a for a in d.attributes if a[1] not in _PER_DEVICE), d.capacity)
-                        for d in devices), key=repr))
+    text = repr(sorted((device_sort(d) for d in devices), key=repr))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@lru_cache(maxsize=256)
+def _model(product: str, memory: int) -> str:
+    """(every device of a model has the same name: normalised once, not once per device of a thousand nodes)"""
+    return normalize_model(product, memory)
 
 
 def gpu_of(dev: Device, position: int) -> GpuInfo:
     """The pool's GPU for a device: its UUID as id (what node agents report), its model from productName."""
     memory = dev.capacity_of("memory") or 0
     product = dev.attribute("productName")
-    model = normalize_model(str(product), memory) if product else "unknown"
+    model = _model(str(product), memory) if product else "unknown"
     index = dev.attribute("index")
     uuid = dev.attribute("uuid")
     gpu_id = str(uuid) if uuid else f"{dev.node}/{dev.name}"
@@ -179,7 +191,8 @@ class DraSlices:
 
     def __init__(self, api: client.ApiClient, health: Health, on_change: Callable[[set[str]], None]) -> None:
         self._lock = threading.Lock()
-        self._slices: dict[str, Obj] = {}
+        self._slices: dict[str, dict[str, Obj]] = {}  # node -> its slices by name (each event reads one node again)
+        self._node_of: dict[str, str] = {}  # slice name -> its node
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> devices
         self._nodes: dict[str, DraNode] = {}  # node -> its GPUs and kind
         self._by_gpu: dict[str, Device] = {}  # GPU id -> device
@@ -198,30 +211,62 @@ class DraSlices:
 
     def _on_reset(self, items: list[Obj]) -> None:
         with self._lock:
-            self._slices = {ob.name(s): s for s in items}
-            changed = self._recompute()
+            before = set(self._slices)
+            self._slices, self._node_of = {}, {}
+            for s in items:
+                self._put(s)
+            changed = self._recompute(before | set(self._slices))
+            if not self.generation:
+                self.generation = 1
         self._on_change(changed)
 
     def _on_event(self, kind: str, slice_: Obj) -> None:
+        name = ob.name(slice_)
         with self._lock:
-            if kind == "DELETED":
-                self._slices.pop(ob.name(slice_), None)
-            else:
-                self._slices[ob.name(slice_)] = slice_
-            changed = self._recompute()
+            nodes = {n for n in (self._node_of.get(name), self._take(name)) if n}
+            if kind != "DELETED":
+                nodes.add(self._put(slice_))
+            changed = self._recompute(nodes - {""})
         if changed:
             self._on_change(changed)
 
-    def _recompute(self) -> set[str]:
-        devices = newest(self._slices)
-        changed = {n for n in set(devices) | set(self._devices) if devices.get(n) != self._devices.get(n)}
-        self._devices = devices
+    def _put(self, slice_: Obj) -> str:
+        node = str(ob.spec(slice_).get("nodeName") or "")
+        self._slices.setdefault(node, {})[ob.name(slice_)] = slice_
+        self._node_of[ob.name(slice_)] = node
+        return node
+
+    def _take(self, name: str) -> str | None:
+        node = self._node_of.pop(name, None)
+        if node is not None:
+            self._slices.get(node, {}).pop(name, None)
+            if not self._slices.get(node, True):
+                del self._slices[node]
+        return node
+
+    def _recompute(self, nodes: set[str]) -> set[str]:
+        """Read these nodes' devices again from their slices; the nodes whose devices changed."""
+        changed = set()
+        for n in nodes:
+            devices = newest(self._slices.get(n, {})).get(n, ())
+            if devices == self._devices.get(n, ()):
+                continue
+            changed.add(n)
+            old = self._nodes.pop(n, None)
+            for g in old.gpus if old is not None else ():
+                d = self._by_gpu.pop(g.id, None)
+                if d is not None:
+                    self._gpu_of_device.pop((d.driver, d.pool, d.name), None)
+            if not devices:
+                self._devices.pop(n, None)
+                continue
+            self._devices[n] = devices
+            self._nodes[n] = DraNode(tuple(gpu_of(d, i) for i, d in enumerate(devices)), kind_of(devices))
+            for g, d in zip(self._nodes[n].gpus, devices, strict=True):
+                self._by_gpu[g.id] = d
+                self._gpu_of_device[(d.driver, d.pool, d.name)] = g.id
         if changed:
             self.generation += 1
-        self._nodes = {n: DraNode(tuple(gpu_of(d, i) for i, d in enumerate(ds)), kind_of(ds))
-                       for n, ds in devices.items()}
-        self._by_gpu = {g.id: d for n, ds in devices.items() for g, d in zip(self._nodes[n].gpus, ds, strict=True)}
-        self._gpu_of_device = {(d.driver, d.pool, d.name): g for g, d in self._by_gpu.items()}
         return changed
 
     # ------------------------------------------------------------ reads (any thread)
@@ -234,6 +279,14 @@ class DraSlices:
         """Node -> its GPU devices (a copy of the map; the tuples are immutable)."""
         with self._lock:
             return dict(self._devices)
+
+    def devices_of(self, node: str) -> tuple[Device, ...]:
+        with self._lock:
+            return self._devices.get(node, ())
+
+    def any(self) -> bool:
+        """Whether some node's GPUs come from slices."""
+        return bool(self._devices)
 
     def gpu_id(self, driver: str, pool: str, device: str) -> str | None:
         """The pool's GPU id of a device an allocation names (None when no slice publishes it)."""
