@@ -23,6 +23,7 @@ Three moments of such a pod (docs/kubernetes.md, "GPUs claimed through DRA"):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -202,9 +203,15 @@ class DraPods:
             name, ns, ob.client_body(claim), _preload_content=False))
 
     def _write(self, ns: str, name: str, status: dict[str, Any]) -> None:
-        """Set the claim's status (read-modify-write on its resourceVersion; a conflict is read again)."""
+        """Set the claim's status (read-modify-write on its resourceVersion; a conflict is read again).
+
+        The first try writes over the watch's copy of the claim (no read: one
+        request, as kube-scheduler's own allocation); a stale copy is a 409,
+        and the claim is then read from the API server.
+        """
         for attempt in range(3):
-            claim = self._read(ns, name)
+            cached = self.claims.claims_in(ns, [name]).get(name) if attempt == 0 else None
+            claim = copy.deepcopy(cached) if cached is not None else self._read(ns, name)
             now = ob.status(claim)
             have = ((now.get("allocation") or {}).get("devices") or {}).get("results")
             if have == status["allocation"]["devices"]["results"] and now.get("reservedFor") == status["reservedFor"]:
