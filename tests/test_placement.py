@@ -652,7 +652,7 @@ def test_fits_empty_is_kept_with_the_hardware_and_still_refuses_bad_requests() -
 
 def test_fgd_ranks_by_the_authors_integer_node_score() -> None:
     """Near-equal increases of fragmentation tie (then node order decides); large ones saturate."""
-    from gpupool.policy.placement_frag import fgd_node_score
+    from gpupool.policy.placement_scoring import fgd_node_score
 
     score = fgd_node_score(np.array([1.0, 39.0, 45.0, 5000.0, 9000.0, -5000.0, -9000.0, 0.0]))
     assert score[0] == score[1] != score[2]  # within one step of the score (~40 milli near 0)

@@ -49,9 +49,11 @@ from gpupool.policy.cache import scoped
 from gpupool.policy.held import Held, held_by
 from gpupool.policy.model import Assignment, Node, Request, Workload
 from gpupool.policy.placement_capacity import CapacityModel
-from gpupool.policy.placement_frag import FragModel, request_shape
+from gpupool.policy.placement_frag import FragModel
 from gpupool.policy.placement_layout import layout_of
 from gpupool.policy.placement_rules import preferred_first, rule_masks
+from gpupool.policy.placement_scoring import MeasureScorer
+from gpupool.policy.placement_shapes import request_shape
 from gpupool.wire.errors import InvalidRequest
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
@@ -136,12 +138,12 @@ class FreeState:
         self._release_version = 0
         self._version = 0  # bumped by every commit/release: a found place stays valid until then
         self._found: dict[Request, tuple[int, Assignment]] = {}
-        self.pair_cache: tuple | None = None  # see placement_frag.fraction_pairs
+        self.pair_cache: tuple | None = None  # see placement_candidates.fraction_pairs
         self.node_class = lay.node_class
         self._fits_empty = lay.fits_empty  # shared by every state over this hardware
         self._state_ids: dict[tuple, int] = {}
         self._refresh_all()
-        self.frag: FragModel | None = None
+        self.frag: MeasureScorer | None = None
         if policy == "fgd":
             self.frag = FragModel(self, fixed=workload, expect=expect, build=build)
         elif policy == "default":

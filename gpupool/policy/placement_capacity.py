@@ -45,8 +45,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpupool.policy.model import Request
-from gpupool.policy.placement_frag import FragModel, _volume, fraction_pairs
+from gpupool.policy.placement_candidates import fraction_pairs
+from gpupool.policy.placement_frag import FragModel
 from gpupool.policy.placement_memo import MemoTable
+from gpupool.policy.placement_shapes import shape_tables, shape_volume
 
 if TYPE_CHECKING:
     from gpupool.policy.placement import FreeState
@@ -122,14 +124,14 @@ class CapacityModel(FragModel):
         self._weigh()
         self.t_shape = np.array([sidx[k[0]] for k in keys], dtype=np.int64)
         self.t_cpu = np.array([k[1] for k in keys], dtype=np.int64)
-        self.t_vol = np.array([_volume(k[0]) for k in keys], dtype=np.float64)
+        self.t_vol = np.array([shape_volume(k[0]) for k in keys], dtype=np.float64)
         self.t_inv_cpu = np.where(self.t_cpu > 0, 1.0 / np.maximum(self.t_cpu, 1), 0.0)
         self.t_no_cpu = np.where(self.t_cpu > 0, 0.0, np.inf)  # CPU-free types: no CPU limit
         self.whole = np.array([s[0] == "w" for s in shapes], dtype=bool)
         self.n_whole = np.array([max(s[1], 1) if s[0] == "w" else 1 for s in shapes], dtype=np.int64)
         # whole-GPU types: a demand never used by the fraction formula
         never = np.iinfo(np.int32).max  # a demand no GPU meets: the shape can use nothing there
-        demand, self.allowed, cap = self._shape_tables(shapes, whole_demand=never)
+        demand, self.allowed, cap = shape_tables(st, shapes, whole_demand=never)
         # a shape whose models the node lacks gets that demand too, so its packable share is 0
         self.demand = np.where(self.allowed, np.maximum(demand, 1), never)
         self.node_cap = cap
@@ -153,7 +155,7 @@ class CapacityModel(FragModel):
         """p: how often each request type is asked for (types in ``_keys`` order)."""
         weights = np.array([self.counts[k] for k in self._keys], dtype=np.float64)
         self.p = weights / weights.sum() if weights.sum() > 0 else weights  # (only expected types: all 0)
-        volume = np.array([self.counts[k] * _volume(k[0]) for k in self._keys], dtype=np.float64)
+        volume = np.array([self.counts[k] * shape_volume(k[0]) for k in self._keys], dtype=np.float64)
         gang = np.array([k[0][0] == "w" and k[0][1] > 1 for k in self._keys], dtype=bool)
         # The gang share starts from a prior: as if gang work of PRIOR_GANG_SHARE of the pool had been
         # seen. An empty pool's first placements decide which kinds of node get opened, and with
