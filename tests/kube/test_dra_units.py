@@ -189,3 +189,18 @@ def test_the_slice_view_follows_each_event_for_its_node_only_and_a_relist_replac
     assert node_a is not None and [g.id for g in node_a.gpus] == [f"GPU-a-{i}" for i in range(4)]
     view._on_reset([a_slice("c", 1)])
     assert told[-1] == {"a", "c"} and set(view.devices()) == {"c"} and view.device_of("GPU-a-0") is None
+
+
+def test_a_job_whose_template_claims_gpus_through_dra_is_told_it_is_not_admitted_yet() -> None:
+    from gpupool.backends.kubernetes.batch_adoption import read_job, read_jobset
+
+    template = {"spec": {"schedulerName": "gpupool", "resourceClaims": [{"name": "gpu",
+                                                                         "resourceClaimTemplateName": "one"}],
+                         "containers": [{"name": "c", "resources": {"claims": [{"name": "gpu"}]}}]}}
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u", "labels": {"gpupool.io/project": "vision"}},
+           "spec": {"parallelism": 2, "template": template}}
+    _spec, _user, problem = read_job(job, "gpupool")
+    assert "claims devices through DRA" in problem and "not yet as a Job's gang" in problem
+    js = {"metadata": {"name": "s", "namespace": "ns", "uid": "v", "labels": {"gpupool.io/project": "vision"}},
+          "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": template}}}]}}
+    assert "replicated job w: its pod template claims devices through DRA" in read_jobset(js, "gpupool")[2]

@@ -60,6 +60,10 @@ def _pods_of_job(job_spec: Obj) -> int:
     return parallelism if completions is None else min(parallelism, int(completions))
 
 
+CLAIMS_NOT_YET = ("its pod template claims devices through DRA (resourceClaims); gpupool places claimed pods "
+                  "one by one (kubectl pods), not yet as a Job's gang: ask for nvidia.com/gpu, or run single pods")
+
+
 def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
     """(the job spec, its user, why it cannot be queued or "") for a JobSet labelled with a project.
 
@@ -81,6 +85,8 @@ def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]
         if (ob.spec(template).get("schedulerName") or "default-scheduler") != scheduler_name:
             return spec, user, (f"gpupool cannot admit this JobSet: the pod template of replicated job {name} has "
                                 f"no schedulerName: {scheduler_name}")
+        if ob.spec(template).get("resourceClaims"):
+            return spec, user, f"gpupool cannot admit this JobSet: replicated job {name}: {CLAIMS_NOT_YET}"
         pods += int(rj.get("replicas", 1) or 0) * _pods_of_job(job_spec)
         sizes.add(gpus_asked(template))
         try:
@@ -117,6 +123,8 @@ def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
                             f"{scheduler_name} (a suspended Job's schedulerName cannot be changed: recreate it)")
     if replicas < 1:
         return spec, user, "gpupool cannot admit this Job: its parallelism is 0"
+    if ob.spec(template).get("resourceClaims"):
+        return spec, user, f"gpupool cannot admit this Job: {CLAIMS_NOT_YET}"
     gpus = gpus_asked(template)
     if gpus < 1:
         return spec, user, ("gpupool cannot admit this Job: its pod template asks for no nvidia.com/gpu "
