@@ -42,9 +42,14 @@ def test_kill_9_and_restart_loses_nothing_and_runs_nothing_twice(tmp_path):
             line = ok(gpupool(["submit", "--project", "A", "--gpus", "1", "--", sys.executable, VICTIM,
                                str(tmp_path / f"j{i}.ckpt"), str(out), str(steps)], env))
             outs[line.split()[0]] = out
-        wait_until(lambda: sum(j["state"] == "running" for j in states(env).values()) == 4, 60, 0.1,
-                   "four jobs to run")
-        before = states(env)
+        before: dict[str, dict] = {}
+
+        def four_running() -> bool:  # judged on the listing that showed them (a later one may have moved on)
+            before.clear()
+            before.update(states(env))
+            return sum(j["state"] == "running" for j in before.values()) == 4
+
+        wait_until(four_running, 60, 0.1, "four jobs to run")
         queued = [i for i, j in before.items() if j["state"] == "queued"]
         assert len(queued) == 2 or len(queued) == 1 and any(j["state"] == "succeeded" for j in before.values())
 
