@@ -166,16 +166,19 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
         writes["create pods"] -= args.pods  # the benchmark's own
         writes = collections.Counter({k: v for k, v in writes.items() if v > 0})
         n = max(len(bound), 1)
-        return {"arm": arm, "created": args.pods, "bound": len(bound), "full": full, "create_s": created_s,
+        result = {"arm": arm, "created": args.pods, "bound": len(bound), "full": full, "create_s": created_s,
                 "fill_s": last - t0, "rate": len(bound) / max(last - t0, 1e-9), "p50": kit.pct(lat, 0.5),
                 "p99": kit.pct(lat, 0.99), "writes": dict(sorted(writes.items())),
                 "writes_pod": sum(writes.values()) / n, "sched_cpu_pod": cpu["scheduler"] / n,
                 "server_cpu_pod": cpu["server"] / n, "kwok_cpu_pod": cpu["kwok"] / n,
                 "bench_cpu_pod": cpu["bench"] / n, "rss": rss, "hwm": hwm, "load": load}
+        print(json.dumps(result), flush=True)  # before the clean-up: a clean-up that fails loses no arm
+        return result
     finally:
         if serve is not None:
             serve.stop()
-        kit.empty_namespace(api, POD_NS)
+        # deleting 10,000 pods (KWOK ends each) on 2 loaded cores took more than 300 s
+        kit.empty_namespace(api, POD_NS, timeout=max(300.0, args.pods * 0.12))
 
 
 def med(rows: list[dict[str, Any]], key: str) -> float:
@@ -251,7 +254,6 @@ def main() -> None:
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 res = run_arm(arm, api, kube, work, args, f"{arm}-{r}")
                 res["round"] = r
-                print(json.dumps(res), flush=True)
                 results.append(res)
         report(results, args, made)
     finally:
