@@ -167,11 +167,11 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
         writes = collections.Counter({k: v for k, v in writes.items() if v > 0})
         n = max(len(bound), 1)
         result = {"arm": arm, "created": args.pods, "bound": len(bound), "full": full, "create_s": created_s,
-                "fill_s": last - t0, "rate": len(bound) / max(last - t0, 1e-9), "p50": kit.pct(lat, 0.5),
-                "p99": kit.pct(lat, 0.99), "writes": dict(sorted(writes.items())),
-                "writes_pod": sum(writes.values()) / n, "sched_cpu_pod": cpu["scheduler"] / n,
-                "server_cpu_pod": cpu["server"] / n, "kwok_cpu_pod": cpu["kwok"] / n,
-                "bench_cpu_pod": cpu["bench"] / n, "rss": rss, "hwm": hwm, "load": load}
+                  "fill_s": last - t0, "rate": len(bound) / max(last - t0, 1e-9), "p50": kit.pct(lat, 0.5),
+                  "p99": kit.pct(lat, 0.99), "writes": dict(sorted(writes.items())),
+                  "writes_pod": sum(writes.values()) / n, "sched_cpu_pod": cpu["scheduler"] / n,
+                  "server_cpu_pod": cpu["server"] / n, "kwok_cpu_pod": cpu["kwok"] / n,
+                  "bench_cpu_pod": cpu["bench"] / n, "rss": rss, "hwm": hwm, "load": load}
         print(json.dumps(result), flush=True)  # before the clean-up: a clean-up that fails loses no arm
         return result
     finally:
