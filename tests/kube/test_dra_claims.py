@@ -316,3 +316,27 @@ async def test_devices_another_scheduler_allocated_to_its_pod_are_used_capacity_
     ours = claim_of(api, namespace, "ours")
     assert ours is not None
     assert sorted(r["device"] for r in ours["status"]["allocation"]["devices"]["results"]) == ["gpu-0", "gpu-1"]
+
+
+async def test_a_podgroup_whose_pods_claim_devices_is_told_it_is_not_queued_yet(
+        api: Any, namespace: str, make_core: Any, gpu_nodes: Any) -> None:
+    from tests.kube.test_workload_gangs import make_gang
+
+    gpu_nodes(1, gpus=8)
+    core = await make_core()
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    make_gang(api, namespace, "claimed", "claimed-0", min_count=2)
+    for k in range(2):
+        api.create_namespaced_pod(namespace, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"w{k}", "labels": {"gpupool.io/project": "vision"}},
+            "spec": {"schedulerName": "gpupool", "restartPolicy": "Never",
+                     "schedulingGroup": {"podGroupName": "claimed-0"},
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"w{k}-gpu"}],
+                     "containers": [{"name": "main", "image": "registry.example/train:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "gpu"}]}}]}})
+    (ev, *_) = await wait_for(lambda: [e for e in pod_events(api, namespace, "w0") if e.reason == "GpupoolNotQueued"],
+                              what="the gang's pods told why")
+    assert "claim devices through DRA" in ev.message and ev.type == "Warning", ev.message
+    assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/podgroup")]
+    assert not bound_node(api, namespace, "w0") and not bound_node(api, namespace, "w1")

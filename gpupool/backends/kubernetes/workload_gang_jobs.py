@@ -308,6 +308,9 @@ class WorkloadGangs:
     def _queue(self, host: ForeignJobHost, ref: GroupRef, pods: list[Obj], need: int) -> str:
         read = [read_pod(_as_member(p)) for p in pods]
         problem = next((r.problem for r in read if r.problem), "")
+        if not problem and any(ob.spec(p).get("resourceClaims") for p in pods):
+            problem = ("gpupool cannot queue this PodGroup: its pods claim devices through DRA (resourceClaims); "
+                       "gpupool places claimed pods one by one, not yet as a gang: ask for nvidia.com/gpu")
         first = read[0]
         if not problem and len({(r.project, r.spec.get("gpus")) for r in read}) != 1:
             problem = ("gpupool cannot queue this PodGroup: its pods must name the same project and ask for the "
