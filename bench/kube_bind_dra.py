@@ -313,7 +313,7 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
         writes = collections.Counter({k: v for k, v in writes.items() if v > 0})
         n = max(len(bound), 1)
         own = "gpupool" if arm == "gpupool" else "kube-scheduler"
-        return {"arm": arm, "created": args.pods, "bound": len(bound), "full": full, "wrong": wrong[:20],
+        res = {"arm": arm, "created": args.pods, "bound": len(bound), "full": full, "wrong": wrong[:20],
                 "wrong_n": len(wrong), "create_s": created_s, "fill_s": last - t0,
                 "rate": len(bound) / max(last - t0, 1e-9), "p50": kit.pct(lat, 0.5), "p99": kit.pct(lat, 0.99),
                 "writes": dict(sorted(writes.items())),
@@ -323,6 +323,8 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
                 "sched_cpu_pod": cpu["scheduler"] / n, "server_cpu_pod": cpu["server"] / n,
                 "kcm_cpu_pod": cpu["kcm"] / n, "kwok_cpu_pod": cpu["kwok"] / n, "bench_cpu_pod": cpu["bench"] / n,
                 "rss": rss, "hwm": hwm, "load": load}
+        print(json.dumps({"tag": tag, **res}), flush=True)  # before the clean-up, which a loaded server may fail
+        return res
     finally:
         if serve is not None:
             serve.stop()
@@ -422,7 +424,6 @@ def main() -> None:
             for arm in (arms if r % 2 == 0 else arms[::-1]):
                 res = run_arm(arm, api, kube, work, args, f"{arm}-{r}", audit)
                 res["round"] = r
-                print(json.dumps(res), flush=True)
                 results.append(res)
         report(results, args, made, sliced)
     finally:
