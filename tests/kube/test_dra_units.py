@@ -204,3 +204,40 @@ def test_a_job_whose_template_claims_gpus_through_dra_is_told_it_is_not_admitted
     js = {"metadata": {"name": "s", "namespace": "ns", "uid": "v", "labels": {"gpupool.io/project": "vision"}},
           "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": template}}}]}}
     assert "replicated job w: its pod template claims devices through DRA" in read_jobset(js, "gpupool")[2]
+
+
+def test_an_api_server_without_resource_k8s_io_v1_turns_dra_off_instead_of_a_failing_watch() -> None:
+    import http.server
+    import threading
+
+    from kubernetes import client
+
+    from gpupool.backends.kubernetes.dra_slices import DraSlices
+    from gpupool.backends.kubernetes.dra_watch import DraClaims
+    from gpupool.backends.kubernetes.health import Health
+
+    class Old(http.server.BaseHTTPRequestHandler):  # an API server of before 1.34: no resource.k8s.io/v1
+        def do_GET(self) -> None:  # noqa: N802 (the http.server name)
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"kind":"Status","code":404}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conf = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+        health = Health()
+        view = DraSlices(client.ApiClient(conf), health, lambda nodes: None)
+        view.start()
+        claims = DraClaims(client.ApiClient(conf), health, lambda claim: None)
+        claims.start(view.served)
+        assert not view.served and view.watch.synced.is_set() and claims.synced
+        assert health.snapshot()["ok"] is True and not view.devices()
+        view.close()
+        claims.close()
+    finally:
+        server.shutdown()

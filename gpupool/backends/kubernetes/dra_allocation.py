@@ -104,7 +104,7 @@ class DraPods:
         self._check: tuple[int, KindCheck] = (-1, kind_check({}))
 
     def start(self) -> None:
-        self.claims.start()
+        self.claims.start(self.slices.served)  # (after the slices' start, which found out whether DRA is served)
 
     def close(self) -> None:
         self.claims.close()

@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
 from gpupool.backends.kubernetes import objects as ob
@@ -136,6 +137,21 @@ def device_sort(d: Device) -> tuple[Any, ...]:
     return d.driver, tuple(a for a in d.attributes if a[1] not in _PER_DEVICE), d.capacity
 
 
+def dra_served(api: client.ApiClient) -> bool:
+    """Whether the API server serves ``resource.k8s.io/v1`` (GA in 1.34). An older one answers 404: gpupool then
+    watches nothing of DRA rather than report a failing watch for ever. Any other failure (not reachable yet)
+    counts as served: the watches retry as every watch does."""
+    try:
+        client.ResourceV1Api(api).get_api_resources()
+    except ApiException as e:
+        if e.status == 404:
+            log.info("the API server does not serve resource.k8s.io/v1: GPUs claimed through DRA are off")
+            return False
+    except Exception:
+        pass
+    return True
+
+
 def kind_of(devices: tuple[Device, ...]) -> str:
     """What tells a node's devices apart from another node's, as 12 hex digits (a label value)."""
     text = repr(sorted((device_sort(d) for d in devices), key=repr))
@@ -190,6 +206,9 @@ class DraSlices:
     """
 
     def __init__(self, api: client.ApiClient, health: Health, on_change: Callable[[set[str]], None]) -> None:
+        self.api = api
+        self.served = True
+        """Whether the API server serves resource.k8s.io/v1 (found out by :meth:`start`)."""
         self._lock = threading.Lock()
         self._slices: dict[str, dict[str, Obj]] = {}  # node -> its slices by name (each event reads one node again)
         self._node_of: dict[str, str] = {}  # slice name -> its node
@@ -204,10 +223,15 @@ class DraSlices:
                                self._on_reset, self._on_event, health, field_selector=f"spec.driver={DRIVER}")
 
     def start(self) -> None:
-        self.watch.start()
+        self.served = dra_served(self.api)
+        if self.served:
+            self.watch.start()
+        else:
+            self.watch.synced.set()  # nothing to wait for: no node's GPUs come from slices
 
     def close(self) -> None:
-        self.watch.stop(wait_s=0.5)
+        if self.served:
+            self.watch.stop(wait_s=0.5)
 
     def _on_reset(self, items: list[Obj]) -> None:
         with self._lock:

@@ -43,6 +43,7 @@ class DraClaims:
         self.generation = 0
         """Moves on every change of a claim or class: pods waiting on one are read again."""
         self._on_unreserved = on_unreserved
+        self._started = False
         self._held: tuple[int, dict[str, tuple[tuple[str, str, str], ...]]] = (-1, {})  # (generation, by pod uid)
         self.on_change: Callable[[], None] = lambda: None
         """Called (on the watch thread) after a claim changed: other schedulers' claims hold GPUs."""
@@ -52,13 +53,20 @@ class DraClaims:
         self.class_watch = ListWatch("deviceclasses", rapi.list_device_class, self._classes_reset,
                                      self._class_event, health)
 
-    def start(self) -> None:
+    def start(self, served: bool = True) -> None:
+        """Start both watches; where the API server serves no resource.k8s.io/v1, none (both empty, synced)."""
+        self._started = served
+        if not served:
+            self.claim_watch.synced.set()
+            self.class_watch.synced.set()
+            return
         self.claim_watch.start()
         self.class_watch.start()
 
     def close(self) -> None:
-        self.claim_watch.stop(wait_s=0.5)
-        self.class_watch.stop(wait_s=0.5)
+        if self._started:
+            self.claim_watch.stop(wait_s=0.5)
+            self.class_watch.stop(wait_s=0.5)
 
     @staticmethod
     def _key(claim: Obj) -> tuple[str, str]:
