@@ -26,56 +26,50 @@ Policies (``FreeState.from_nodes(..., policy=...)``):
     fragmentation as the authors' simulator scores it (an integer score, so
     near-equal increases tie), ties by node order, no packing tie-break.
 ``bestfit``
-    The FGD paper's BestFit baseline: node score
-    ``int(100 * (1 - (0.5 * cpu_after / 128000 + 0.5 * gpu_after / 8000)))``,
+    The FGD paper's BestFit baseline (:mod:`gpupool.policy.placement_baselines`):
+    node score ``int(100 * (1 - (0.5 * cpu_after / 128000 + 0.5 * gpu_after / 8000)))``,
     highest wins; a fraction goes on the fitting GPU with the least free share.
 ``firstfit``
-    The first node (in node order) that fits; lowest-index GPUs.
+    The first node (in node order) that fits; lowest-index GPUs (same module).
 
 All policies: a whole-GPU request takes ``gpus`` whole free GPUs on one node,
 in one topology group when any node can offer that; ties are broken by a fixed
 node order (the node list order, or ``tie_rank``), never by hash order.
+
+This module keeps the free capacity and answers ``find``; the rest of placement
+is in modules of its own: the hardware layout (``placement_layout``), the nodes
+rules allow (``placement_rules``), request shapes and the checks on a request
+(``placement_shapes``), narrowing the candidates (``placement_candidates``), the
+policies' choices (``placement_baselines``, ``placement_scoring`` with the
+measures of ``placement_capacity`` and ``placement_frag``), seating a request
+on the chosen node (``placement_slots``) and the pool-wide fit questions
+(``placement_fit``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
+from gpupool.policy import placement_fit as fit
 from gpupool.policy.cache import scoped
 from gpupool.policy.held import Held, held_by
 from gpupool.policy.model import Assignment, Node, Request, Workload
+from gpupool.policy.placement_baselines import choose_bestfit, choose_firstfit
+from gpupool.policy.placement_candidates import distinct_states, prefer_one_group
 from gpupool.policy.placement_capacity import CapacityModel
 from gpupool.policy.placement_frag import FragModel
 from gpupool.policy.placement_layout import layout_of
 from gpupool.policy.placement_rules import preferred_first, rule_masks
 from gpupool.policy.placement_scoring import MeasureScorer
-from gpupool.policy.placement_shapes import request_shape
+from gpupool.policy.placement_shapes import check_request, request_shape
+from gpupool.policy.placement_slots import assignment_on
 from gpupool.wire.errors import InvalidRequest
 
 POLICIES = ("default", "fgd", "bestfit", "firstfit")
 
 FITS_EMPTY_KEEP = 10_000  # requests whose "fits an empty pool" answer is kept with the layout
-
-# BestFit's normalisers are the paper's (the largest openb node: 128 cores, 8 GPUs).
-_BESTFIT_CPU = 128_000.0
-_BESTFIT_GPU = 8_000.0
-
-
-def _check_request(request: Request) -> None:
-    """Refuse a request that sets more than one GPU form or a nonsense amount."""
-    forms = (request.gpus > 0) + (request.gpu_milli > 0) + (request.gpu_memory_mib > 0)
-    if forms > 1:
-        raise InvalidRequest("a request asks for whole GPUs, a GPU fraction or GPU memory, not several")
-    if request.gpus < 0 or request.gpu_milli < 0 or request.gpu_memory_mib < 0:
-        raise InvalidRequest("GPU amounts in a request cannot be negative")
-    if request.gpu_milli > 1000:
-        raise InvalidRequest(f"a GPU fraction is at most one GPU (got {request.gpu_milli} milli)")
-    if request.cpu_milli < 0 or request.memory_mib < 0:
-        raise InvalidRequest("CPU and memory in a request cannot be negative")
 
 
 class FreeState:
@@ -85,8 +79,6 @@ class FreeState:
     ``slot`` is the GPU's position on its node; nodes with fewer GPUs than the
     widest node are padded with slots of capacity 0 that never fit anything.
     """
-
-    DISTINCT_MIN = 96  # fewer candidates: scoring duplicate states costs less than finding them
 
     _maxima: tuple[int, int, int, int] | None  # see _global_max (reset whenever free capacity changes)
 
@@ -130,7 +122,7 @@ class FreeState:
         if rank.shape != (n,):
             raise InvalidRequest("tie_rank must give one rank per node")
         self.tie_rank = rank
-        self._rank_is_order = bool(np.array_equal(rank, np.arange(n)))
+        self.rank_is_order = bool(np.array_equal(rank, np.arange(n)))
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self.rules = rule_masks(self.nodes)  # the nodes each request's placement rules allow
         self._pref_ranks: dict[object, np.ndarray | None] = {}
@@ -286,7 +278,7 @@ class FreeState:
 
     # ------------------------------------------------------------ queries
 
-    def _model_mask(self, models: frozenset[str]) -> np.ndarray:
+    def model_mask(self, models: frozenset[str]) -> np.ndarray:
         """GPU slots whose model is allowed (cached per model set)."""
         mask = self._model_masks.get(models)
         if mask is None:
@@ -295,90 +287,13 @@ class FreeState:
             self._model_masks[models] = mask
         return mask
 
-    def _need_per_gpu(self, request: Request) -> np.ndarray | int:
-        """Milli a fractional/memory request takes on each GPU (memory: per GPU size)."""
-        if request.gpu_memory_mib:
-            need = -(-request.gpu_memory_mib * 1000 // self.gpu_mem)
-            # (a GPU that reports no memory size never holds a memory request)
-            return np.where((need <= self.cap) & self.has_memory, need, np.iinfo(np.int64).max)
-        return request.gpu_milli
-
-    def _gpu_ok(self, request: Request, free: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, Any]:
-        """(usable GPU slots, node mask) for a GPU request on the given free matrix."""
-        if request.gpus:
-            ok = (free == cap) & self.whole_slot
-            if request.gpu_models:
-                ok &= self._model_mask(request.gpu_models)
-            return ok, ok.sum(axis=1) >= request.gpus
-        ok = free >= self._need_per_gpu(request)
-        ok &= self.valid
-        if request.gpu_models:
-            ok &= self._model_mask(request.gpu_models)
-        return ok, ok.any(axis=1)
-
     def closest(self, request: Request, skip: Iterable[str] = ()) -> str | None:
-        """The node nearest to holding a GPU ``request`` now, among those that would hold it empty.
-
-        Nearest: most whole free GPUs of an allowed model (for a fraction or a
-        memory request: the largest free share on one), then the most free CPU,
-        then memory; ties by node order. Nodes in ``skip`` are left out. The
-        starvation rule reserves this node for a job that waited too long.
-        """
-        allowed = self.valid
-        if request.gpu_models:
-            allowed = allowed & self._model_mask(request.gpu_models)
-        if request.gpu_memory_mib:
-            allowed = allowed & self.has_memory
-        ok = (self.cpu_total >= request.cpu_milli) & (self.mem_total >= request.memory_mib)
-        if request.gpus:
-            whole = allowed & self.whole_slot
-            ok &= whole.sum(axis=1) >= request.gpus
-            score = ((self.free >= self.cap) & whole).sum(axis=1)
-        else:
-            need = self._need_per_gpu(request)
-            ok &= (allowed & (self.cap >= need) & (self.cap > 0)).any(axis=1)
-            # the largest free share on an allowed GPU, over-full ones (below 0) included
-            score = np.where(allowed, self.free, np.iinfo(np.int64).min).max(axis=1) if len(ok) else ok
-        for name in skip:
-            i = self.node_index.get(name)
-            if i is not None:
-                ok[i] = False
-        ruled = self.allowed(request)
-        if ruled is not None:
-            ok &= ruled
-        idx = np.flatnonzero(ok)
-        if not len(idx):
-            return None
-        best = np.lexsort((-idx, self.mem_free[idx], self.cpu_free[idx], score[idx]))[-1]
-        return self.names[int(idx[best])]
+        """The node nearest to holding ``request`` now (:func:`~gpupool.policy.placement_fit.closest`)."""
+        return fit.closest(self, request, skip)
 
     def replicas_fit(self, request: Request, empty: bool = False) -> np.ndarray:
-        """Per node, how many copies of a whole-GPU ``request`` fit now (``empty``: on the node were it empty).
-
-        A multi-node gang's replicas may share a node; this is what the gang
-        planner (:mod:`gpupool.policy.gangs`) spreads them over, in one
-        vectorised pass instead of one :meth:`find` per replica and node.
-        """
-        if empty:
-            free, cpu, mem = self.cap, self.cpu_total, self.mem_total
-        else:
-            free, cpu, mem = self.free, self.cpu_free, self.mem_free
-        if request.gpu_models or empty:
-            ok = (free >= self.cap) & self.whole_slot
-            if request.gpu_models:
-                ok &= self._model_mask(request.gpu_models)
-            whole = ok.sum(axis=1)
-        else:
-            whole = self.whole_free
-        room = whole // max(request.gpus, 1)
-        if request.cpu_milli:
-            room = np.minimum(room, np.maximum(cpu, 0) // request.cpu_milli)
-        if request.memory_mib:
-            room = np.minimum(room, np.maximum(mem, 0) // request.memory_mib)
-        allowed = self.allowed(request)
-        if allowed is not None:
-            room = np.where(allowed, room, 0)
-        return np.maximum(room, 0)
+        """Per node, how many copies of a whole-GPU ``request`` fit (:func:`.placement_fit.replicas_fit`)."""
+        return fit.replicas_fit(self, request, empty)
 
     def allowed(self, request: Request) -> np.ndarray | None:
         """The nodes ``request``'s placement rules allow (node taints included); None when all are."""
@@ -395,7 +310,7 @@ class FreeState:
         known = self._fits_empty.get(request)
         if known is not None:
             return known
-        _check_request(request)
+        check_request(request)
         if len(self._fits_empty) >= FITS_EMPTY_KEEP:
             self._fits_empty.clear()
         known = self._fits_empty[request] = self._fits_when_empty(request)
@@ -405,27 +320,12 @@ class FreeState:
         return bool(self.rows_fitting(request, empty=True).any())
 
     def rows_fitting(self, request: Request, empty: bool, ruled: bool = True) -> np.ndarray:
-        """Per node, whether ``request`` fits (``empty``: were the node empty); ``ruled``: where its rules allow.
-
-        The plain, unhurried form of :meth:`find`'s test: for answers kept per
-        shape (whether it could ever fit, why it cannot), not for the hot path.
-        """
-        if empty:
-            free, cpu, mem = self.cap, self.cpu_total, self.mem_total
-        else:
-            free, cpu, mem = self.free, self.cpu_free, self.mem_free
-        mask = (cpu >= request.cpu_milli) & (mem >= request.memory_mib)
-        if request.gpus or request.gpu_milli or request.gpu_memory_mib:
-            _, gmask = self._gpu_ok(request, free, self.cap)
-            mask &= gmask
-        allowed = self.allowed(request) if ruled else None
-        if allowed is not None:
-            mask &= allowed
-        return mask
+        """Per node, whether ``request`` fits (:func:`~gpupool.policy.placement_fit.rows_fitting`)."""
+        return fit.rows_fitting(self, request, empty, ruled)
 
     def find(self, request: Request) -> Assignment | None:
         """The best place for ``request`` under the policy, or None; commits nothing."""
-        _check_request(request)
+        check_request(request)
         if self.frag is not None:
             self.frag.observe(request)
         if self._failed.get(request) == self._release_version:
@@ -443,14 +343,14 @@ class FreeState:
         ok = None
         if request.gpus:
             if request.gpu_models:
-                ok, gmask = self._gpu_ok(request, self.free, self.cap)
+                ok, gmask = fit.gpu_ok(self, request, self.free, self.cap)
                 mask &= gmask
             else:
                 mask &= self.whole_free >= request.gpus
         elif request.gpu_milli and not request.gpu_models:
             mask &= self.max_share >= request.gpu_milli
         elif request.gpu_milli or request.gpu_memory_mib:
-            ok, gmask = self._gpu_ok(request, self.free, self.cap)
+            ok, gmask = fit.gpu_ok(self, request, self.free, self.cap)
             mask &= gmask
         rank = None
         if request.rules is not None or self.rules.repels or self.rules.soft_taints:
@@ -466,13 +366,13 @@ class FreeState:
         if rank is None:
             i, slots = self._pick(cand, ok, request)
         else:  # preferred nodes win ties: they come first in tie order for this request
-            kept = self.tie_rank, self._rank_is_order
-            self.tie_rank, self._rank_is_order = rank, False
+            kept = self.tie_rank, self.rank_is_order
+            self.tie_rank, self.rank_is_order = rank, False
             try:
                 i, slots = self._pick(cand, ok, request)
             finally:
-                self.tie_rank, self._rank_is_order = kept
-        found = self._assignment(i, slots, request)
+                self.tie_rank, self.rank_is_order = kept
+        found = assignment_on(self, i, slots, request)
         if len(self._found) > 4096:
             self._found.clear()
         self._found[request] = (self._version, found)
@@ -480,9 +380,9 @@ class FreeState:
 
     def _pick(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
         """(node, GPU slots) among the nodes ``cand`` where the request fits (``ok``: usable slots, all rows)."""
-        cand = self._distinct(cand)
+        cand = distinct_states(self, cand)
         if request.gpus > 1 and self.max_groups > 1:
-            cand = self._prefer_one_group(cand, request)
+            cand = prefer_one_group(self, cand, request)
         if ok is None and request.gpu_milli:
             ok = self._gpu_ok_rows(cand, request)
         elif ok is not None:
@@ -501,52 +401,9 @@ class FreeState:
             self._pref_ranks[rules] = preferred_first(self.rules.scores(rules), self.tie_rank)
         return self._pref_ranks[rules]
 
-    def _distinct(self, cand: np.ndarray) -> np.ndarray:
-        """One candidate per distinct node state: the first in tie order (result in node order).
-
-        Nodes in the same state score alike under every policy and ties go by tie
-        rank, so dropping the others changes no answer and saves most of the
-        scoring work on large, uniform clusters.
-        """
-        if cand.size < self.DISTINCT_MIN:
-            return cand
-        keys = self.state_key[cand]
-        # by state, then tie rank, then node order (both sorts are stable and cand is ascending,
-        # so with tie ranks in node order sorting by state alone is the same order)
-        if self._rank_is_order:
-            order = keys.argsort(kind="stable")
-        else:
-            order = np.lexsort((self.tie_rank[cand], keys))
-        by_state = keys[order]
-        first = np.empty(by_state.size, dtype=bool)
-        first[0] = True
-        np.not_equal(by_state[1:], by_state[:-1], out=first[1:])
-        if first.all():
-            return cand
-        return np.sort(cand[order[first]])
-
     def _gpu_ok_rows(self, cand: np.ndarray, request: Request) -> np.ndarray:
         """GPU slots with room for a fraction, on the candidate rows only (cheaper than all rows)."""
         return (self.free[cand] >= request.gpu_milli) & self.valid[cand]
-
-    def whole_usable(self, i: int, request: Request) -> np.ndarray:
-        """Slots of node ``i`` wholly free (and of an allowed model) for whole-GPU work."""
-        ok = (self.free[i] == self.cap[i]) & self.whole_slot[i]
-        if request.gpu_models:
-            ok &= self._model_mask(request.gpu_models)[i]
-        return np.flatnonzero(ok)
-
-    def _prefer_one_group(self, cand: np.ndarray, request: Request) -> np.ndarray:
-        """Keep only nodes that can seat a multi-GPU request inside one topology group, if any can."""
-        full = (self.free[cand] == self.cap[cand]) & self.whole_slot[cand]
-        if request.gpu_models:
-            full &= self._model_mask(request.gpu_models)[cand]
-        topo = self.topo_id[cand]
-        best = np.zeros(cand.size, dtype=np.int64)
-        for grp in range(self.max_groups):
-            best = np.maximum(best, (full & (topo == grp)).sum(axis=1))
-        one = best >= request.gpus
-        return cand[one] if one.any() else cand
 
     # ------------------------------------------------------------ choosing
 
@@ -554,72 +411,15 @@ class FreeState:
         """Pick (node, GPU slots) among candidate nodes.
 
         ``ok`` marks usable slots per candidate; None for CPU-only work and for
-        whole GPUs of any model (any wholly free GPU will do: see :meth:`whole_usable`).
+        whole GPUs of any model (any wholly free GPU will do:
+        :func:`~gpupool.policy.placement_slots.whole_usable`).
         """
         if self.policy == "firstfit":
-            k = int(np.argmin(self.tie_rank[cand]))
-            return int(cand[k]), self._slots(int(cand[k]), ok[k] if ok is not None else None, request)
+            return choose_firstfit(self, cand, ok, request)
         if self.policy == "bestfit":
-            return self._choose_bestfit(cand, ok, request)
+            return choose_bestfit(self, cand, ok, request)
         assert self.frag is not None
         return self.frag.choose(cand, ok, request, pack_ties=self.policy == "default")
-
-    def _choose_bestfit(self, cand: np.ndarray, ok: np.ndarray | None, request: Request) -> tuple[int, list[int]]:
-        gpu_take = request.gpus * 1000 if request.gpus else request.gpu_milli
-        if request.gpu_memory_mib:
-            gpu_take = 0  # per-GPU; BestFit is defined for milli requests, score as if free
-        gpu_after = np.where(self.valid[cand], self.free[cand], 0).sum(axis=1) - gpu_take
-        cpu_after = self.cpu_free[cand] - request.cpu_milli
-        score = (100.0 * (1.0 - (0.5 * cpu_after / _BESTFIT_CPU + 0.5 * gpu_after / _BESTFIT_GPU))).astype(np.int64)
-        order = np.lexsort((self.tie_rank[cand], -score))
-        k = int(order[0])
-        i = int(cand[k])
-        return i, self._slots(i, ok[k] if ok is not None else None, request, least_free=True)
-
-    def _slots(self, i: int, ok_row: np.ndarray | None, request: Request, least_free: bool = False) -> list[int]:
-        """GPU slots on node ``i`` for the request (empty for CPU-only work)."""
-        if request.gpus:
-            usable = np.flatnonzero(ok_row) if ok_row is not None else self.whole_usable(i, request)
-            return self.whole_slots(i, usable, request.gpus)
-        if ok_row is None:
-            return []
-        usable = np.flatnonzero(ok_row)
-        if least_free:
-            free = self.free[i, usable]
-            return [int(usable[int(np.argmin(free))])]
-        return [int(usable[0])]
-
-    def whole_slots(self, i: int, usable: np.ndarray, n: int) -> list[int]:
-        """``n`` whole free GPUs on node ``i``: inside one topology group when one has room.
-
-        Among groups that can hold the request the one with the fewest free GPUs is
-        used (it keeps larger groups intact); else GPUs come from the fullest-free
-        groups first. Within a group, lowest slot first.
-        """
-        if n == 1 or self.max_groups <= 1:
-            return [int(s) for s in usable[:n]]
-        by_group: dict[int, list[int]] = {}
-        for s in usable:
-            by_group.setdefault(int(self.topo_id[i, s]), []).append(int(s))
-        fitting = [g for g, slots in by_group.items() if len(slots) >= n]
-        if fitting:
-            g = min(fitting, key=lambda x: (len(by_group[x]), by_group[x][0]))
-            return by_group[g][:n]
-        groups = sorted(by_group.values(), key=lambda slots: (-len(slots), slots[0]))
-        picked = [s for slots in groups for s in slots][:n]
-        return sorted(picked)
-
-    def _assignment(self, i: int, slots: list[int], request: Request) -> Assignment:
-        gpus = []
-        for s in slots:
-            if request.gpus:
-                milli = int(self.cap[i, s])
-            elif request.gpu_memory_mib:
-                milli = math.ceil(request.gpu_memory_mib * 1000 / int(self.gpu_mem[i, s]))
-            else:
-                milli = request.gpu_milli
-            gpus.append((self.gpu_ids[i][s], milli))
-        return Assignment(node=self.names[i], gpus=tuple(gpus))
 
     # ------------------------------------------------------------ reporting
 

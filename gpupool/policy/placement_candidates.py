@@ -1,9 +1,11 @@
-"""Which places a scorer compares: fewer candidates, never a different answer.
+"""Which places a policy compares: fewer candidates, never a different answer.
 
-A placement query may have thousands of (node, GPU) places that fit. Most are
-interchangeable: untouched GPUs of a node whose GPUs are alike score alike,
-so a scorer needs only one of them. Narrowing here is kept apart from the
-measures so that what counts as "the same place" is decided once for both.
+A placement query may have thousands of nodes, and (node, GPU) places, that
+fit. Most are interchangeable: nodes in the same state score alike under every
+policy, as do untouched GPUs of a node whose GPUs are alike, so a policy needs
+only one of each (the first in tie order). A multi-GPU request goes inside one
+topology group when any node can offer that. Narrowing is kept apart from the
+policies so that what counts as "the same place" is decided once for all of them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,46 @@ from gpupool.policy.model import Request
 
 if TYPE_CHECKING:
     from gpupool.policy.placement import FreeState
+
+DISTINCT_MIN = 96  # fewer candidates: scoring duplicate states costs less than finding them
+
+
+def distinct_states(st: FreeState, cand: np.ndarray) -> np.ndarray:
+    """One candidate per distinct node state: the first in tie order (result in node order).
+
+    Nodes in the same state score alike under every policy and ties go by tie
+    rank, so dropping the others changes no answer and saves most of the
+    scoring work on large, uniform clusters.
+    """
+    if cand.size < DISTINCT_MIN:
+        return cand
+    keys = st.state_key[cand]
+    # by state, then tie rank, then node order (both sorts are stable and cand is ascending,
+    # so with tie ranks in node order sorting by state alone is the same order)
+    if st.rank_is_order:
+        order = keys.argsort(kind="stable")
+    else:
+        order = np.lexsort((st.tie_rank[cand], keys))
+    by_state = keys[order]
+    first = np.empty(by_state.size, dtype=bool)
+    first[0] = True
+    np.not_equal(by_state[1:], by_state[:-1], out=first[1:])
+    if first.all():
+        return cand
+    return np.sort(cand[order[first]])
+
+
+def prefer_one_group(st: FreeState, cand: np.ndarray, request: Request) -> np.ndarray:
+    """Keep only nodes that can seat a multi-GPU request inside one topology group, if any can."""
+    full = (st.free[cand] == st.cap[cand]) & st.whole_slot[cand]
+    if request.gpu_models:
+        full &= st.model_mask(request.gpu_models)[cand]
+    topo = st.topo_id[cand]
+    best = np.zeros(cand.size, dtype=np.int64)
+    for grp in range(st.max_groups):
+        best = np.maximum(best, (full & (topo == grp)).sum(axis=1))
+    one = best >= request.gpus
+    return cand[one] if one.any() else cand
 
 
 def fraction_pairs(

@@ -24,6 +24,7 @@ from gpupool.policy.model import Request
 from gpupool.policy.placement_candidates import fraction_pairs
 from gpupool.policy.placement_memo import MemoTable, ScoreMemo
 from gpupool.policy.placement_shapes import Shape, request_type
+from gpupool.policy.placement_slots import whole_slots, whole_usable
 
 if TYPE_CHECKING:
     from gpupool.policy.placement import FreeState
@@ -308,8 +309,8 @@ class MeasureScorer(ABC):
         if not request.gpus:
             return i, []
         if ok is None:  # plain whole GPUs: every wholly free GPU of the node will do
-            return i, st.whole_slots(i, st.whole_usable(i, request), request.gpus)
-        return i, st.whole_slots(i, np.flatnonzero(ok[int(np.searchsorted(cand, i))]), request.gpus)
+            return i, whole_slots(st, i, whole_usable(st, i, request), request.gpus)
+        return i, whole_slots(st, i, np.flatnonzero(ok[int(np.searchsorted(cand, i))]), request.gpus)
 
     def deltas(
         self, cand: np.ndarray, ok: np.ndarray | None, request: Request

@@ -5,7 +5,8 @@ Both fragmentation-aware measures (:mod:`gpupool.policy.placement_frag`,
 GPUs, a fraction, GPU memory; with the models allowed) and by *type* (shape and
 CPU need): the learned request mix is a count per type, and their tables hold one
 column per shape. Keeping the naming of shapes and the per-node tables they
-derive in one place is what makes the two measures agree on them.
+derive in one place is what makes the two measures agree on them. A request
+is checked here too (:func:`check_request`): a shape has exactly one GPU form.
 """
 
 from __future__ import annotations
@@ -15,12 +16,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpupool.policy.model import Request
+from gpupool.wire.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from gpupool.policy.placement import FreeState
 
 Shape = tuple
 """("w", n, models) whole GPUs, ("f", milli, models) a fraction, ("m", mib, models) GPU memory."""
+
+
+def check_request(request: Request) -> None:
+    """Refuse a request that sets more than one GPU form or a nonsense amount (every shape has one form)."""
+    forms = (request.gpus > 0) + (request.gpu_milli > 0) + (request.gpu_memory_mib > 0)
+    if forms > 1:
+        raise InvalidRequest("a request asks for whole GPUs, a GPU fraction or GPU memory, not several")
+    if request.gpus < 0 or request.gpu_milli < 0 or request.gpu_memory_mib < 0:
+        raise InvalidRequest("GPU amounts in a request cannot be negative")
+    if request.gpu_milli > 1000:
+        raise InvalidRequest(f"a GPU fraction is at most one GPU (got {request.gpu_milli} milli)")
+    if request.cpu_milli < 0 or request.memory_mib < 0:
+        raise InvalidRequest("CPU and memory in a request cannot be negative")
 
 
 def request_shape(request: Request) -> Shape | None:
