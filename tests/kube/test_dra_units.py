@@ -191,7 +191,7 @@ def test_the_slice_view_follows_each_event_for_its_node_only_and_a_relist_replac
     assert told[-1] == {"a", "c"} and set(view.devices()) == {"c"} and view.device_of("GPU-a-0") is None
 
 
-def test_a_job_whose_template_claims_gpus_through_dra_is_told_it_is_not_admitted_yet() -> None:
+def test_a_job_whose_template_claims_gpus_is_refused_where_no_claim_templates_are_read() -> None:
     from gpupool.backends.kubernetes.batch_adoption import read_job, read_jobset
 
     template = {"spec": {"schedulerName": "gpupool", "resourceClaims": [{"name": "gpu",
@@ -200,10 +200,10 @@ def test_a_job_whose_template_claims_gpus_through_dra_is_told_it_is_not_admitted
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u", "labels": {"gpupool.io/project": "vision"}},
            "spec": {"parallelism": 2, "template": template}}
     _spec, _user, problem = read_job(job, "gpupool")
-    assert "claims devices through DRA" in problem and "not yet as a Job's gang" in problem
+    assert "claims devices through DRA" in problem and "reads no ResourceClaimTemplates" in problem
     js = {"metadata": {"name": "s", "namespace": "ns", "uid": "v", "labels": {"gpupool.io/project": "vision"}},
           "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": template}}}]}}
-    assert "replicated job w: its pod template claims devices through DRA" in read_jobset(js, "gpupool")[2]
+    assert "(replicated job w): its pod template claims devices through DRA" in read_jobset(js, "gpupool")[2]
 
 
 def test_an_api_server_without_resource_k8s_io_v1_turns_dra_off_instead_of_a_failing_watch() -> None:

@@ -34,6 +34,7 @@ from gpupool.backends.kubernetes.connect import api_client
 from gpupool.backends.kubernetes.dra_allocation import DraPods
 from gpupool.backends.kubernetes.dra_own_pods import OwnPodClaims
 from gpupool.backends.kubernetes.dra_slices import DraSlices
+from gpupool.backends.kubernetes.dra_templates import DraTemplates
 from gpupool.backends.kubernetes.executor import PodExecutor
 from gpupool.backends.kubernetes.fence import fence
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
@@ -123,14 +124,21 @@ class KubeBackend:
         self.dra_pods = DraPods(self.api, self.dra_slices, self.calls, self.health_state, self.kubectl.warn_once)
         """kubectl pods whose GPUs come from ResourceClaims: queued from their claims, devices written at binding."""
         self.kubectl.before_bind = self.dra_pods.allocate
+        self.dra_templates = DraTemplates(self.api.api_client, self.health_state, self.dra_pods)
+        """Jobs' and JobSets' pod templates claiming GPUs: their ResourceClaimTemplates, each pod's claim written."""
+        self.batch_jobs.before_bind = self.dra_templates.allocate
+        self.batch_jobs.held_gpus = self.dra_templates.held
         self.pod_executor.starts.claims = OwnPodClaims(self.api, self.dra_slices).prepare
         """gpupool's own pods on nodes whose GPUs come from slices: each with a claim of its GPUs."""
         pod_adoption = PodAdoption(self.kubectl)
         pod_adoption.read_claims = self.dra_pods.amend
         pod_adoption.claims_changes = self.dra_pods.generation
         pod_adoption.made_elsewhere = lambda pod: self.batch_jobs.owns_pod(pod) or self.gangs.owns_pod(pod)
-        self.foreign_pods = Adoptions(pod_adoption, JobAdoption(self.batch_jobs, config.kube_scheduler_name),
-                                      self.gangs)
+        job_adoption = JobAdoption(self.batch_jobs, config.kube_scheduler_name)
+        job_adoption.claims = self.dra_templates
+        job_adoption.claims_changes = self.dra_templates.generation
+        job_adoption.claims_synced = lambda: self.dra_templates.synced
+        self.foreign_pods = Adoptions(pod_adoption, job_adoption, self.gangs)
         """Those pods as jobs: the core queues a job for each (gpupool.backends.base.AdoptsForeignPods)."""
         self.other_pods = OtherPods(self.api, config.kube_scheduler_name, self.health_state)
         self.other_pods.claimed_gpus = self.dra_pods.claimed_gpus  # (their DRA claims: exactly which GPUs)
@@ -147,6 +155,7 @@ class KubeBackend:
         self.node_watch.start()
         self.pod_executor.start()
         self.dra_pods.start()
+        self.dra_templates.start()
         self.kubectl.start()
         self.batch_jobs.start()
         self.gangs.start()
@@ -251,6 +260,7 @@ class KubeBackend:
         self.node_watch.stop(wait_s=0.5)
         self.dra_slices.close()
         self.dra_pods.close()
+        self.dra_templates.close()
         self.other_pods.close()
         self.kubectl.close()
         self.batch_jobs.close()

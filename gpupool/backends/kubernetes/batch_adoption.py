@@ -16,13 +16,16 @@ as the backend's one :class:`gpupool.backends.base.ForeignWork`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
 
 from gpupool.backends.base import ForeignJobHost, ForeignWork, JobFacts
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.batch_jobs import BatchJobs
 from gpupool.backends.kubernetes.batch_objects import JobRef, finished, post_job_event, suspended
+from gpupool.backends.kubernetes.dra_allocation import with_affinity
+from gpupool.backends.kubernetes.dra_claims import Ask, ClaimProblem, uses_claims
+from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL
 from gpupool.backends.kubernetes.foreign import USER_LABEL, gpus_asked
 from gpupool.backends.kubernetes.names import PROJECT_LABEL
 from gpupool.backends.kubernetes.objects import Obj
@@ -60,15 +63,48 @@ def _pods_of_job(job_spec: Obj) -> int:
     return parallelism if completions is None else min(parallelism, int(completions))
 
 
-CLAIMS_NOT_YET = ("its pod template claims devices through DRA (resourceClaims); gpupool places claimed pods "
-                  "one by one (kubectl pods), not yet as a Job's gang: ask for nvidia.com/gpu, or run single pods")
+CLAIMS_NOT_YET = ("its pod template claims devices through DRA (resourceClaims), and this gpupool reads no "
+                  "ResourceClaimTemplates: ask for nvidia.com/gpu")
 
 
-def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
+class TemplateClaims(Protocol):
+    """What a pod template's DRA claims ask for (:class:`.dra_templates.DraTemplates`)."""
+
+    def ask(self, namespace: str, pod_template: Obj) -> Ask: ...
+
+    def any_nodes(self) -> bool: ...
+
+
+def _template_gpus(what: str, namespace: str, template: Obj,
+                   claims: TemplateClaims | None) -> tuple[int, dict[str, Any] | None, str]:
+    """(whole GPUs per pod, the node-affinity expression its GPUs add or None, why not or "").
+
+    A template with ``resourceClaims`` gets its GPUs from its claim templates
+    (and may land only on nodes of the kinds their selectors accept); one with
+    ``nvidia.com/gpu`` is kept off the nodes whose GPUs come from ResourceSlices.
+    """
+    if not uses_claims(template):
+        off = claims is not None and claims.any_nodes()
+        return gpus_asked(template), ({"key": DRA_NODE_LABEL, "operator": "DoesNotExist"} if off else None), ""
+    if claims is None:
+        return 0, None, f"gpupool cannot admit this {what}: {CLAIMS_NOT_YET}"
+    if gpus_asked(template):
+        return 0, None, (f"gpupool cannot admit this {what}: its pod template asks for GPUs both through "
+                         "resourceClaims and a nvidia.com/gpu limit; give one of them")
+    try:
+        ask = claims.ask(namespace, template)
+    except ClaimProblem as e:
+        return 0, None, f"gpupool cannot place this {what}'s claims: {e}; checked again when they change"
+    return ask.gpus, ask.node_affinity(), ""
+
+
+def read_jobset(js: Obj, scheduler_name: str,
+                claims: TemplateClaims | None = None) -> tuple[dict[str, Any], str, str]:
     """(the job spec, its user, why it cannot be queued or "") for a JobSet labelled with a project.
 
     Its replicated jobs' pods together are one gang: each replicated job's
-    ``replicas`` x its pods at once, every pod on the same whole GPUs.
+    ``replicas`` x its pods at once, every pod on the same whole GPUs (asked
+    through ``nvidia.com/gpu`` or DRA claims, on the same kinds of nodes).
     """
     ref = JobRef(ob.namespace(js), ob.name(js), ob.uid(js), "JobSet")
     labels = ob.labels(js)
@@ -77,7 +113,8 @@ def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]
     spec: dict[str, Any] = {"project": project, "kind": "train", "name": ref.text[:200],
                             "command": [f"(JobSet {ref.text})"],
                             "labels": {JOBSET_LABEL: ref.text, JOBSET_UID_JOB_LABEL: ref.uid}}
-    pods, sizes, rules = 0, set[int](), None
+    pods, sizes, rules, wheres = 0, set[int](), None, set[str]()
+    where: dict[str, Any] | None = None
     for rj in ob.spec(js).get("replicatedJobs") or []:
         job_spec = (rj.get("template") or {}).get("spec") or {}
         template = job_spec.get("template") or {}
@@ -85,10 +122,12 @@ def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]
         if (ob.spec(template).get("schedulerName") or "default-scheduler") != scheduler_name:
             return spec, user, (f"gpupool cannot admit this JobSet: the pod template of replicated job {name} has "
                                 f"no schedulerName: {scheduler_name}")
-        if ob.spec(template).get("resourceClaims"):
-            return spec, user, f"gpupool cannot admit this JobSet: replicated job {name}: {CLAIMS_NOT_YET}"
+        gpus, where, problem = _template_gpus(f"JobSet (replicated job {name})", ref.namespace, template, claims)
+        if problem:
+            return spec, user, problem
         pods += int(rj.get("replicas", 1) or 0) * _pods_of_job(job_spec)
-        sizes.add(gpus_asked(template))
+        sizes.add(gpus)
+        wheres.add(repr(where))
         try:
             rules = rules if rules is not None else rules_of_pod(template)
         except Unsupported as e:
@@ -98,15 +137,24 @@ def read_jobset(js: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]
     if len(sizes) != 1 or min(sizes) < 1:
         return spec, user, ("gpupool cannot admit this JobSet: every pod template must ask for the same number of "
                             f"whole nvidia.com/gpu (at least 1), not {sorted(sizes)}")
+    if len(wheres) != 1:
+        return spec, user, ("gpupool cannot admit this JobSet: its pod templates claim GPUs differently (DRA claims "
+                            "whose selectors accept different nodes, or claims beside nvidia.com/gpu); one gang "
+                            "asks for the same GPUs in every pod")
     spec["gpus"] = sizes.pop()
     if pods > 1:
         spec["replicas"] = pods
     spec.update(rules or {})
+    if where is not None:
+        spec.update(with_affinity(spec, where))
     return spec, user, ""
 
 
-def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
-    """(the job spec, its user, why it cannot be queued or "") for a Job labelled with a project."""
+def read_job(job: Obj, scheduler_name: str, claims: TemplateClaims | None = None) -> tuple[dict[str, Any], str, str]:
+    """(the job spec, its user, why it cannot be queued or "") for a Job labelled with a project.
+
+    ``claims`` reads a template's DRA claims (None: a template with claims is refused).
+    """
     ref = JobRef(ob.namespace(job), ob.name(job), ob.uid(job))
     labels = ob.labels(job)
     project = labels.get(PROJECT_LABEL, "")
@@ -123,9 +171,9 @@ def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
                             f"{scheduler_name} (a suspended Job's schedulerName cannot be changed: recreate it)")
     if replicas < 1:
         return spec, user, "gpupool cannot admit this Job: its parallelism is 0"
-    if ob.spec(template).get("resourceClaims"):
-        return spec, user, f"gpupool cannot admit this Job: {CLAIMS_NOT_YET}"
-    gpus = gpus_asked(template)
+    gpus, where, problem = _template_gpus("Job", ref.namespace, template, claims)
+    if problem:
+        return spec, user, problem
     if gpus < 1:
         return spec, user, ("gpupool cannot admit this Job: its pod template asks for no nvidia.com/gpu "
                             "(a Job is admitted as whole GPUs per pod)")
@@ -136,7 +184,17 @@ def read_job(job: Obj, scheduler_name: str) -> tuple[dict[str, Any], str, str]:
         spec.update(rules_of_pod(template))
     except Unsupported as e:
         return spec, user, f"gpupool cannot admit this Job: {e}"
+    if where is not None:
+        spec.update(with_affinity(spec, where))
     return spec, user, ""
+
+
+def _claims_in(job: Obj) -> bool:
+    """Whether a Job's (JobSet's) pod templates claim devices through DRA."""
+    templates = [ob.spec(job).get("template") or {}]
+    templates += [((rj.get("template") or {}).get("spec") or {}).get("template") or {}
+                  for rj in ob.spec(job).get("replicatedJobs") or []]
+    return any(uses_claims(t) for t in templates)
 
 
 class JobAdoption:
@@ -148,6 +206,11 @@ class JobAdoption:
         self._job_ids: dict[str, str] = {}  # Job uid -> gpupool job id ("" = none)
         self._warned: set[tuple[str, str]] = set()
         self._seen: Hashable = None
+        self.claims: TemplateClaims | None = None
+        """Reads pod templates' DRA claims (set where the cluster's DRA is watched; None refuses them)."""
+        self.claims_changes: Callable[[], Hashable] = lambda: None
+        """Moves when a ResourceClaimTemplate, DeviceClass or node's devices change: Jobs that wait are read again."""
+        self.claims_synced: Callable[[], bool] = lambda: True
 
     def track(self, job: JobFacts) -> None:
         ref = ref_of(job)
@@ -179,7 +242,7 @@ class JobAdoption:
                 host.cancel(job_id, f"its {what} was deleted outside gpupool")
                 b.abandon(job_id)  # its attempt, if one runs, is over: nothing of it is left to stop
                 del self._job_ids[uid]
-        key = (b.generation, host.fingerprint())
+        key = (b.generation, host.fingerprint(), self.claims_changes())
         if self._seen == key:
             return
         self._seen = key
@@ -196,7 +259,11 @@ class JobAdoption:
                                 f"create {kind}s with spec.suspend: true so no pod starts before admission")
             if job_id:
                 continue
-            spec, user, problem = (read_job if kind == "Job" else read_jobset)(job, self.scheduler_name)
+            if not self.claims_synced() and _claims_in(job):
+                self._seen = None  # read again once the DRA watches have listed everything
+                continue
+            spec, user, problem = (read_job if kind == "Job" else read_jobset)(job, self.scheduler_name,
+                                                                                self.claims)
             if not problem and (why := namespaces.refusal(ref.namespace, spec["project"])):
                 problem = f"gpupool cannot admit this {kind}: {why}"
             if not problem:

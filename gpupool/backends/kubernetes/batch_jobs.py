@@ -12,6 +12,11 @@ this is that job's executor, in the way Kueue admits a Job:
   downward API as ``GPUPOOL_RESUME``). The Job controller then makes the pods
   (template ``schedulerName: gpupool``) and gpupool binds each pending one to
   a free replica slot of the placement, through ``pods/binding``;
+- a pod template that claims GPUs through a ResourceClaimTemplate (DRA):
+  before each pod is bound, the GPUs the policy chose for its replica slot
+  are written into the pod's own claim (``before_bind``,
+  :mod:`gpupool.backends.kubernetes.dra_templates`); the slots' GPUs are in
+  an annotation of the Job too, for a restart;
 - **stop** (pause, reclaim) = ``spec.suspend: true``: the Job controller
   deletes the pods with their grace period (SIGTERM, the checkpoint signal)
   and clears the Job's start time; a later attempt unsuspends it again;
@@ -41,6 +46,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +58,7 @@ from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.admitted_gang import AdmittedGang
 from gpupool.backends.kubernetes.batch_objects import (
     ADMITTED_ANNOTATION,
+    GPUS_ANNOTATION,
     JOBSET_GROUP,
     JOBSET_UID_LABEL,
     JOBSET_VERSION,
@@ -84,6 +91,7 @@ class _Run:
     handle: AdmittedGang
     ref: JobRef
     slots: list[str]  # a node per replica
+    gpus: list[tuple[str, ...]] = field(default_factory=list)  # the GPU ids per replica slot (a claim's devices)
     bound: dict[str, int] = field(default_factory=dict)  # pod uid -> its slot
     start: Any = None  # the admission patch's future (None when adopted after a restart)
     stopping: bool = False
@@ -101,6 +109,10 @@ class BatchJobs:
         self.kubectl = kubectl
         self.calls = calls
         self.bind_every_s = bind_every_s
+        self.before_bind: Callable[[Obj, str, list[str]], None] | None = None
+        """Writes a pod's slot GPUs into its DRA claims before its binding (a RuntimeError: not bound yet)."""
+        self.held_gpus: Callable[[Obj], frozenset[str]] = lambda pod: frozenset()
+        """The GPU ids a bound pod's DRA claims hold (after a restart: which slot it has)."""
         self._lock = threading.Lock()
         self._jobs: dict[str, Obj] = {}  # Job (JobSet) uid -> its JSON
         self._kinds: dict[str, str] = {}  # uid -> "Job" or "JobSet"
@@ -232,8 +244,10 @@ class BatchJobs:
     def launch(self, launch: Launch) -> AdmittedGang:
         ref = self._refs[launch.job_id]
         slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
+        gpus = [tuple(str(g["id"]) for g in a.get("gpus") or [])
+                for a in ([r.assignment for r in launch.replicas] or [launch.assignment])]
         handle = AdmittedGang(launch.job_id, launch.attempt, ref.name, start_time=int(time.time()))
-        run = _Run(handle, ref, slots)
+        run = _Run(handle, ref, slots, gpus)
         with self._lock:
             self._runs[launch.job_id] = run
             run.start = self.calls.submit(self._admit, run)
@@ -257,6 +271,7 @@ class BatchJobs:
         h, ref = run.handle, run.ref
         resume = {"metadata": {"annotations": {RESUME_ANNOTATION: "1" if h.attempt > 1 else "0"}}}
         body: dict[str, Any] = {"metadata": {"annotations": {NODES_ANNOTATION: ",".join(run.slots),
+                                                             GPUS_ANNOTATION: ";".join(",".join(g) for g in run.gpus),
                                                              ADMITTED_ANNOTATION: f"{h.job_id}/{h.attempt}"}},
                                 "spec": {"suspend": False}}
         if ref.kind == "Job":
@@ -319,6 +334,8 @@ class BatchJobs:
                 if ob.node_name(p) and uid not in run.bound and active_pod(p):
                     node = ob.node_name(p)  # bound before (a restart): it holds the first free slot on its node
                     free = [i for i, n in enumerate(run.slots) if n == node and i not in run.bound.values()]
+                    held = self.held_gpus(p)  # (one whose claims hold GPUs: the slot of those GPUs)
+                    free = [i for i in free if i < len(run.gpus) and frozenset(run.gpus[i]) == held] or free
                     if free:
                         run.bound[uid] = free[0]
             for p in sorted(mine.values(), key=ob.name):
@@ -333,6 +350,13 @@ class BatchJobs:
         node = run.slots[slot]
         body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
                                 target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
+        if self.before_bind is not None and ob.spec(pod).get("resourceClaims"):
+            try:  # its slot's GPUs into its own ResourceClaims first (its claim may not be made yet: next round)
+                self.before_bind(pod, node, list(run.gpus[slot]) if slot < len(run.gpus) else [])
+            except Exception as e:
+                log.info("pod %s/%s of %s %s not bound to %s yet: %s", ob.namespace(pod), ob.name(pod),
+                         run.ref.kind, run.ref.text, node, e)
+                return
         try:
             if has_our_gate(pod):  # a template with gpupool's scheduling gate: removed first (gates.py)
                 remove_gate(self.api, ob.namespace(pod), ob.name(pod))
@@ -473,7 +497,9 @@ class BatchJobs:
         if suspended(job) or ob.annotations_of(job).get(ADMITTED_ANNOTATION) != f"{job_id}/{attempt}":
             return Recovered("not-started")
         slots = [n for n in ob.annotations_of(job).get(NODES_ANNOTATION, "").split(",") if n]
-        run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, slots)
+        gpus = [tuple(g for g in text.split(",") if g)
+                for text in ob.annotations_of(job).get(GPUS_ANNOTATION, "").split(";")] if slots else []
+        run = _Run(AdmittedGang(job_id, attempt, ref.name), ref, slots, gpus if len(gpus) == len(slots) else [])
         with self._lock:
             self._runs[job_id] = run
         return Recovered("running", run.handle)

@@ -129,6 +129,10 @@ class DraPods:
             self._check = (gen, check)
         return check
 
+    def kinds(self) -> KindCheck:
+        """Which kinds of nodes pass which selectors (a Job's template claims are read by them too)."""
+        return self._kind_check()
+
     def amend(self, pod: Obj, kp: KubectlPod) -> KubectlPod | None:
         """The pod's job spec with its claims' GPUs and node kinds; None when it waits or was told why not.
 

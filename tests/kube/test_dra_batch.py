@@ -1,0 +1,121 @@
+"""batch/v1 Jobs whose pod template claims GPUs through a ResourceClaimTemplate (DRA), admitted as one gang.
+
+Real API server and controller-manager: the Job controller makes and deletes
+the pods, the resourceclaim controller makes each pod's claim from the
+template (and deletes it with its pod); the DRA driver's ResourceSlices and
+DeviceClass are published by the test (tests/kube/dra_objects.py); the
+kubelet is the stand-in of tests/kube/cluster.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpupool.service.actor import Actor
+from tests.kube.cluster import Kubelet
+from tests.kube.dra_objects import claim_of, claim_template, resource_api
+from tests.kube.test_batch_jobs import batch, job_body, job_events, job_pods, jobs_of  # noqa: F401 (fixture)
+from tests.kube.test_dra_claims import dra_nodes  # noqa: F401 (fixture)
+from tests.service.helpers import wait_for
+
+ADMIN = Actor("admin", True)
+
+
+def claimed_job(name: str, template: str, *, project: str = "vision", parallelism: int = 2) -> dict[str, Any]:
+    """A suspended Job for gpupool whose pods each claim their GPUs from ResourceClaimTemplate ``template``."""
+    body = job_body(name, project=project, parallelism=parallelism)
+    pod = body["spec"]["template"]["spec"]
+    pod["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    pod["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return body
+
+
+def claims_in(api: Any, ns: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = api.api_client.sanitize_for_serialization(
+        resource_api(api).list_namespaced_resource_claim(ns).items)
+    return out
+
+
+def allocated_for_its_pod(api: Any, ns: str, pod: Any) -> list[str]:
+    """The devices of the pod's claim, checked to be allocated on the pod's node and reserved for it ([] before)."""
+    claim = claim_of(api, ns, pod.metadata.name)
+    status = (claim or {}).get("status") or {}
+    if not status.get("allocation"):
+        return []
+    node = pod.spec.node_name
+    assert status["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]
+    assert status["reservedFor"] == [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}]
+    results = status["allocation"]["devices"]["results"]
+    assert {(r["request"], r["driver"], r["pool"]) for r in results} == {("gpu", "gpu.nvidia.com", node)}, results
+    return [r["device"] for r in results]
+
+
+async def test_a_job_claiming_a_gpu_per_pod_is_admitted_as_one_gang_reclaimed_and_resumed(
+        api: Any, namespace: str, batch: Any, make_core: Any, dra_nodes: Any) -> None:  # noqa: F811
+    node = dra_nodes(gpus=2)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0, "train_limit": 2})
+    core.set_project(ADMIN, "owner", {"train_guarantee": 2})
+    claim_template(api, namespace, "one-gpu", count=1)
+    with Kubelet(api, namespace) as kubelet:
+        batch.create_namespaced_job(namespace, claimed_job("borrow", "one-gpu", project="scrappy"))
+        (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "borrow") if j["state"] == "running"],
+                                what="the Job's gang admitted")
+        assert (job["project"], job["request"]["gpus"], job["request"]["replicas"]) == ("scrappy", 1, 2)
+        first = await wait_for(lambda: len(p := job_pods(api, namespace, "borrow")) == 2 and all(
+            x.metadata.name in kubelet.started for x in p) and p, what="both claimed pods bound and running")
+        assert {p.spec.node_name for p in first} == {node}
+        devices = [d for p in first for d in allocated_for_its_pod(api, namespace, p)]
+        chosen = sorted(f"gpu-{g['index']}" for r in job["assignment"]["replicas"] for g in r["gpus"])
+        assert sorted(devices) == chosen == ["gpu-0", "gpu-1"]  # each pod its own GPU: the ones the policy chose
+        assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/pod")]  # not kubectl pods
+        first_claims = {c["metadata"]["name"] for c in claims_in(api, namespace)}
+        assert len(first_claims) == 2
+        # A guaranteed project takes its two GPUs back: the Job is suspended, its pods and their claims go.
+        owner, _ = await core.submit(ADMIN, {"project": "owner", "gpus": 2, "command": ["python", "train.py"]})
+        await wait_for(lambda: core.get_job(ADMIN, job["id"])["state"] == "paused", what="the Job's job paused")
+        assert batch.read_namespaced_job("borrow", namespace).spec.suspend is True
+        (told,) = [e for e in job_events(api, namespace, "borrow") if e.reason == "GpupoolStopped"]
+        assert "project owner" in told.message, told.message
+        await wait_for(lambda: not job_pods(api, namespace, "borrow"), what="its pods deleted")
+        await wait_for(lambda: not first_claims & {c["metadata"]["name"] for c in claims_in(api, namespace)},
+                       what="their claims deleted with them")
+        await wait_for(lambda: core.get_job(ADMIN, owner["id"])["state"] == "running", what="the owner's job running")
+        # The owner is done: the Job resumes, its new pods' new claims allocated before they are bound.
+        await core.cancel(ADMIN, owner["id"])
+        second = await wait_for(lambda: len(p := job_pods(api, namespace, "borrow")) == 2 and all(
+            x.spec.node_name for x in p) and p, what="the Job resumed, its new pods bound")
+        assert not {p.metadata.name for p in second} & {p.metadata.name for p in first}
+        assert sorted(d for p in second for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
+        for p in second:
+            assert p.metadata.annotations["gpupool.io/resume"] == "1"
+        resumed = core.get_job(ADMIN, job["id"])
+        assert resumed["state"] == "running" and resumed["attempts"] == 2
+
+
+async def test_a_job_whose_claims_gpupool_cannot_place_is_told_and_one_waiting_for_its_template_is_read_again(
+        api: Any, namespace: str, batch: Any, make_core: Any, dra_nodes: Any) -> None:  # noqa: F811
+    node = dra_nodes(gpus=2)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    claim_template(api, namespace, "fpga", device_class="example.com-fpga")
+    with Kubelet(api, namespace):
+        batch.create_namespaced_job(namespace, claimed_job("other-class", "fpga", parallelism=1))
+        batch.create_namespaced_job(namespace, claimed_job("early", "later", parallelism=2))
+        (told,) = await wait_for(lambda: [e for e in job_events(api, namespace, "other-class")
+                                          if e.reason == "GpupoolNotQueued"], what="the Job told why not")
+        assert "cannot place this Job's claims" in told.message and "device class 'example.com-fpga'" in told.message
+        (early,) = await wait_for(lambda: [e for e in job_events(api, namespace, "early")
+                                           if e.reason == "GpupoolNotQueued"], what="the early Job told why not")
+        assert f"ResourceClaimTemplate {namespace}/later does not exist" in early.message, early.message
+        assert not jobs_of(core, namespace, "other-class") and not jobs_of(core, namespace, "early")
+        assert batch.read_namespaced_job("other-class", namespace).spec.suspend is True
+        assert not job_pods(api, namespace, "other-class")
+        # Its template made: the waiting Job is read again, admitted, and its pods' claims allocated.
+        claim_template(api, namespace, "later", count=1)
+        pods = await wait_for(lambda: len(p := job_pods(api, namespace, "early")) == 2 and all(
+            x.spec.node_name for x in p) and p, what="the early Job admitted, its pods bound")
+        assert sorted(d for p in pods for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
+        assert not jobs_of(core, namespace, "other-class")
