@@ -9,12 +9,25 @@ kubelet is the stand-in of tests/kube/cluster.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from kubernetes import client, config
 
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
+from tests.kube.conftest import start_components
 from tests.kube.dra_objects import claim_of, claim_template, resource_api
-from tests.kube.test_batch_jobs import batch, job_body, job_events, job_pods, jobs_of  # noqa: F401 (fixture)
+from tests.kube.test_batch_jobs import (  # noqa: F401 (batch: a fixture)
+    JOBSET,
+    batch,
+    job_body,
+    job_events,
+    job_pods,
+    jobs_of,
+    jobset_body,
+    jobset_pods,
+)
 from tests.kube.test_dra_claims import dra_nodes  # noqa: F401 (fixture)
 from tests.service.helpers import wait_for
 
@@ -119,3 +132,29 @@ async def test_a_job_whose_claims_gpupool_cannot_place_is_told_and_one_waiting_f
             x.spec.node_name for x in p) and p, what="the early Job admitted, its pods bound")
         assert sorted(d for p in pods for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
         assert not jobs_of(core, namespace, "other-class")
+
+
+async def test_a_jobset_whose_pods_claim_gpus_by_selector_lands_on_the_nodes_whose_devices_pass(
+        api: Any, namespace: str, kubeconfig: Path, make_core: Any, dra_nodes: Any) -> None:  # noqa: F811
+    start_components(kubeconfig, "jobset")  # the JobSet CRD, controller and webhooks (before the core starts)
+    custom = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+    h100 = dra_nodes(gpus=2, product="NVIDIA H100 80GB HBM3", memory="80Gi")
+    a100 = dra_nodes(gpus=2, product="NVIDIA A100-SXM4-40GB", memory="40Gi")
+    core = await make_core()
+    await wait_for(lambda: {h100, a100} <= {n["name"] for n in core.pool()["nodes"]}, what="both nodes in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 4})
+    claim_template(api, namespace, "one-a100", count=1, selectors=[
+        'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-40GB"'])
+    body = jobset_body("ring", workers=1)
+    for rj in body["spec"]["replicatedJobs"]:
+        rj["template"]["spec"]["template"] = claimed_job("x", "one-a100")["spec"]["template"]
+    with Kubelet(api, namespace) as kubelet:
+        custom.create_namespaced_custom_object(*JOBSET, namespace, "jobsets", body)
+        (job,) = await wait_for(lambda: [j for j in core.list_jobs(ADMIN)
+                                         if j["labels"].get("gpupool.io/jobset") == f"{namespace}/ring"
+                                         and j["state"] == "running"], what="the JobSet admitted")
+        assert (job["request"]["replicas"], job["request"]["gpus"]) == (2, 1)
+        pods = await wait_for(lambda: len(p := jobset_pods(api, namespace, "ring")) == 2 and all(
+            x.metadata.name in kubelet.started for x in p) and p, what="its 2 pods bound and running")
+        assert {p.spec.node_name for p in pods} == {a100}  # never the H100s its selector refuses
+        assert sorted(d for p in pods for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
