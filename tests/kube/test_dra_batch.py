@@ -1,4 +1,4 @@
-"""batch/v1 Jobs whose pod template claims GPUs through a ResourceClaimTemplate (DRA), admitted as one gang.
+"""batch/v1 Jobs, JobSets and PodGroups whose pods claim GPUs through a ResourceClaimTemplate (DRA): one gang each.
 
 Real API server and controller-manager: the Job controller makes and deletes
 the pods, the resourceclaim controller makes each pod's claim from the
@@ -29,6 +29,7 @@ from tests.kube.test_batch_jobs import (  # noqa: F401 (batch: a fixture)
     jobset_pods,
 )
 from tests.kube.test_dra_claims import dra_nodes  # noqa: F401 (fixture)
+from tests.kube.test_workload_gangs import make_gang
 from tests.service.helpers import wait_for
 
 ADMIN = Actor("admin", True)
@@ -158,3 +159,31 @@ async def test_a_jobset_whose_pods_claim_gpus_by_selector_lands_on_the_nodes_who
             x.metadata.name in kubelet.started for x in p) and p, what="its 2 pods bound and running")
         assert {p.spec.node_name for p in pods} == {a100}  # never the H100s its selector refuses
         assert sorted(d for p in pods for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
+
+
+async def test_a_podgroup_whose_pods_claim_a_gpu_each_is_bound_whole_with_each_claim_allocated(
+        api: Any, namespace: str, make_core: Any, dra_nodes: Any) -> None:  # noqa: F811
+    node = dra_nodes(gpus=2)
+    core = await make_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    claim_template(api, namespace, "one-gpu", count=1)
+    make_gang(api, namespace, "claimed", "claimed-0", min_count=2)
+    with Kubelet(api, namespace) as kubelet:
+        pods = []
+        for k in range(2):
+            pods.append(api.create_namespaced_pod(namespace, {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"w{k}", "labels": {"gpupool.io/project": "vision"}},
+                "spec": {"schedulerName": "gpupool", "restartPolicy": "Never",
+                         "schedulingGroup": {"podGroupName": "claimed-0"},
+                         "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                         "containers": [{"name": "main", "image": "registry.example/train:1",
+                                         "resources": {"claims": [{"name": "gpu"}]}}]}}))
+        (job,) = await wait_for(lambda: [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/podgroup")
+                                         and j["state"] == "running"], what="the gang admitted")
+        assert (job["request"]["gpus"], job["request"]["replicas"]) == (1, 2)
+        await wait_for(lambda: {"w0", "w1"} <= set(kubelet.started), what="both pods bound and running")
+        bound = [api.read_namespaced_pod(p.metadata.name, namespace) for p in pods]
+        assert {p.spec.node_name for p in bound} == {node}
+        assert sorted(d for p in bound for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]

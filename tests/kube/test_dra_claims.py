@@ -318,7 +318,7 @@ async def test_devices_another_scheduler_allocated_to_its_pod_are_used_capacity_
     assert sorted(r["device"] for r in ours["status"]["allocation"]["devices"]["results"]) == ["gpu-0", "gpu-1"]
 
 
-async def test_a_podgroup_whose_pods_claim_devices_is_told_it_is_not_queued_yet(
+async def test_a_podgroup_whose_pods_claim_devices_and_ask_nvidia_gpu_too_is_told_it_is_not_queued(
         api: Any, namespace: str, make_core: Any, gpu_nodes: Any) -> None:
     from tests.kube.test_workload_gangs import make_gang
 
@@ -337,6 +337,7 @@ async def test_a_podgroup_whose_pods_claim_devices_is_told_it_is_not_queued_yet(
                                      "resources": {"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "gpu"}]}}]}})
     (ev, *_) = await wait_for(lambda: [e for e in pod_events(api, namespace, "w0") if e.reason == "GpupoolNotQueued"],
                               what="the gang's pods told why")
-    assert "claim devices through DRA" in ev.message and ev.type == "Warning", ev.message
+    assert "claim devices through DRA" in ev.message and "nvidia.com/gpu too" in ev.message, ev.message
+    assert ev.type == "Warning"
     assert not [j for j in core.list_jobs(ADMIN) if j["labels"].get("gpupool.io/podgroup")]
     assert not bound_node(api, namespace, "w0") and not bound_node(api, namespace, "w1")

@@ -128,6 +128,11 @@ class KubeBackend:
         """Jobs' and JobSets' pod templates claiming GPUs: their ResourceClaimTemplates, each pod's claim written."""
         self.batch_jobs.before_bind = self.dra_templates.allocate
         self.batch_jobs.held_gpus = self.dra_templates.held
+        self.gangs.pod_ask = self.dra_templates.pod_ask
+        self.gangs.dra_nodes = self.dra_templates.any_nodes
+        self.gangs.claims_changes = self.dra_templates.generation
+        self.gangs.claims_synced = lambda: self.dra_templates.synced
+        self.gangs.before_bind = self.dra_pods.allocate
         self.pod_executor.starts.claims = OwnPodClaims(self.api, self.dra_slices).prepare
         """gpupool's own pods on nodes whose GPUs come from slices: each with a claim of its GPUs."""
         pod_adoption = PodAdoption(self.kubectl)

@@ -129,6 +129,10 @@ class DraPods:
             self._check = (gen, check)
         return check
 
+    def ask_of(self, pod: Obj) -> Ask | None:
+        """What the pod's claims ask for; None while a template's claim is not made; raises ClaimProblem."""
+        return self._ask(pod)
+
     def kinds(self) -> KindCheck:
         """Which kinds of nodes pass which selectors (a Job's template claims are read by them too)."""
         return self._kind_check()

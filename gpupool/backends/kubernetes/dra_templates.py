@@ -132,6 +132,10 @@ class DraTemplates:
             raise ClaimProblem("its claims could not be read")
         return ask
 
+    def pod_ask(self, pod: Obj) -> Ask | None:
+        """What an existing pod's own claims ask for (a PodGroup's member); None while its claim is not made."""
+        return self.pods.ask_of(pod)
+
     # ------------------------------------------------------------ binding (the binder's thread)
     def allocate(self, pod: Obj, node: str, gpu_ids: list[str]) -> None:
         """Write a Job's pod's GPUs into its own claims before its binding; RuntimeError while it cannot yet."""

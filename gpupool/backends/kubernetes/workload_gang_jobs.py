@@ -1,4 +1,11 @@
-"""The gang jobs of PodGroups (the Workload API): their watch, queueing and attempts (see :mod:`.workload_gangs`)."""
+"""The gang jobs of PodGroups (the Workload API): their watch, queueing and attempts (see :mod:`.workload_gangs`).
+
+Pods that claim their GPUs through DRA (each its own claim, e.g. from a
+ResourceClaimTemplate) are queued from their claims, as a kubectl pod's are
+(GPU count, the kinds of nodes their selectors accept); when the gang is
+admitted each pod's claim gets the GPUs the policy chose for its slot before
+the pod is bound (:mod:`.dra_allocation`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +25,9 @@ from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.admitted_gang import AdmittedGang
 from gpupool.backends.kubernetes.adoption import evicted_reason
 from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.dra_allocation import with_affinity
+from gpupool.backends.kubernetes.dra_claims import Ask, ClaimProblem, uses_claims
+from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL
 from gpupool.backends.kubernetes.foreign import PodRef, kubectl_pod_end, read_pod
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
@@ -52,6 +62,7 @@ class _Run:
     ref: GroupRef
     slots: list[str]
     bound: dict[str, str] = field(default_factory=dict)  # pod uid -> node
+    gpus: list[tuple[str, ...]] = field(default_factory=list)  # GPU ids per slot (written into DRA claims)
     start: Any = None
 
 
@@ -73,6 +84,14 @@ class WorkloadGangs:
         self._warned: set[tuple[str, str]] = set()
         self._seen: Hashable = None
         self.changes = 0
+        self.pod_ask: Callable[[Obj], Ask | None] | None = None
+        """What a member's own DRA claims ask for (raises ClaimProblem); None: claimed gangs are refused."""
+        self.dra_nodes: Callable[[], bool] = lambda: False
+        """Whether some node's GPUs come from ResourceSlices (pods asking nvidia.com/gpu are kept off them)."""
+        self.claims_changes: Callable[[], Hashable] = lambda: None
+        self.claims_synced: Callable[[], bool] = lambda: True
+        self.before_bind: Callable[[PodRef, Obj | None, str, list[str]], None] | None = None
+        """Writes a member's slot GPUs into its DRA claims before its binding."""
         self.watch: ListWatch | None = None
         if self._served():
             self.watch = ListWatch("podgroups", lambda **kw: self.custom.list_cluster_custom_object(
@@ -128,7 +147,10 @@ class WorkloadGangs:
     def launch(self, launch: Launch) -> AdmittedGang:
         ref = self._refs[launch.job_id]
         slots = [r.node for r in launch.replicas] or [str(launch.assignment.get("node", ""))]
-        run = _Run(AdmittedGang(launch.job_id, launch.attempt, ref.name, start_time=int(time.time())), ref, slots)
+        gpus = [tuple(str(g["id"]) for g in a.get("gpus") or [])
+                for a in ([r.assignment for r in launch.replicas] or [launch.assignment])]
+        run = _Run(AdmittedGang(launch.job_id, launch.attempt, ref.name, start_time=int(time.time())), ref, slots,
+                   gpus=gpus)
         with self._lock:
             self._runs[launch.job_id] = run
             run.start = self.calls.submit(self._bind_all, run)
@@ -144,7 +166,10 @@ class WorkloadGangs:
                    and not other_gates(p)]
         if len(pending) < len(run.slots):
             raise RuntimeError(f"PodGroup {run.ref.text} has {len(pending)} pods to bind, not {len(run.slots)}")
-        for pod, node in zip(pending, run.slots, strict=False):
+        for i, (pod, node) in enumerate(zip(pending, run.slots, strict=False)):
+            if self.before_bind is not None and uses_claims(pod):  # its slot's GPUs into its own claims first
+                self.before_bind(PodRef(ob.namespace(pod), ob.name(pod), ob.uid(pod)), pod, node,
+                                 list(run.gpus[i]) if i < len(run.gpus) else [])
             if has_our_gate(pod):
                 remove_gate(self.api, ob.namespace(pod), ob.name(pod))
             body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
@@ -276,7 +301,7 @@ class WorkloadGangs:
         kc = self.kubectl
         if self.watch is None or not self.watch.synced.is_set() or not kc.synced:
             return
-        key = (self.generation, kc.generation, host.fingerprint())
+        key = (self.generation, kc.generation, host.fingerprint(), self.claims_changes())
         if self._seen == key:
             return
         self._seen = key
@@ -300,6 +325,9 @@ class WorkloadGangs:
                 continue
             if len(waiting) < need or any(other_gates(p) for p in waiting):
                 continue  # the gang is not whole yet: nothing of it is queued, nothing bound
+            if any(uses_claims(p) for p in waiting) and not self.claims_synced():
+                self._seen = None  # read again once the DRA watches have listed everything
+                continue
             job_id = self._queue(host, ref, waiting, need)
             queued = queued or bool(job_id)
         if queued:
@@ -308,18 +336,31 @@ class WorkloadGangs:
     def _queue(self, host: ForeignJobHost, ref: GroupRef, pods: list[Obj], need: int) -> str:
         read = [read_pod(_as_member(p)) for p in pods]
         problem = next((r.problem for r in read if r.problem), "")
-        if not problem and any(ob.spec(p).get("resourceClaims") for p in pods):
-            problem = ("gpupool cannot queue this PodGroup: its pods claim devices through DRA (resourceClaims); "
-                       "gpupool places claimed pods one by one, not yet as a gang: ask for nvidia.com/gpu")
+        gpus = [r.spec.get("gpus") for r in read]
+        where: dict[str, Any] | None = None
+        if not problem and any(uses_claims(p) for p in pods):
+            try:
+                claimed = self._claimed(pods, gpus)
+            except ClaimProblem as e:
+                problem = f"gpupool cannot queue this PodGroup: {e}"
+            else:
+                if claimed is None:
+                    return ""  # a member's claim is not made yet: read again when it is
+                gpus, where = claimed
+        elif self.dra_nodes():
+            where = {"key": DRA_NODE_LABEL, "operator": "DoesNotExist"}
         first = read[0]
-        if not problem and len({(r.project, r.spec.get("gpus")) for r in read}) != 1:
+        if not problem and len({(r.project, g) for r, g in zip(read, gpus, strict=True)}) != 1:
             problem = ("gpupool cannot queue this PodGroup: its pods must name the same project and ask for the "
                        "same whole nvidia.com/gpu")
-        if not problem and not first.spec.get("gpus"):
+        if not problem and not gpus[0]:
             problem = "gpupool cannot queue this PodGroup: its pods ask for no whole nvidia.com/gpu"
         if not problem and (why := self.kubectl.namespaces.refusal(ref.namespace, first.project)):
             problem = f"gpupool cannot queue this PodGroup: {why}"
         spec = {k: v for k, v in first.spec.items() if k not in ("gpu_fraction", "gpu_memory")}
+        spec["gpus"] = gpus[0]
+        if where is not None:
+            spec = with_affinity(spec, where)
         spec.update(name=ref.text[:200], kind="train", command=[f"(PodGroup {ref.text})"],
                     labels={PODGROUP_LABEL: ref.text, PODGROUP_UID_LABEL: ref.uid})
         if need > 1:
@@ -335,6 +376,28 @@ class WorkloadGangs:
         self._job_ids[ref.uid] = job_id
         self._refs[job_id] = ref
         return job_id
+
+    def _claimed(self, pods: list[Obj], gpus: list[Any]) -> tuple[list[Any], dict[str, Any]] | None:
+        """The members' GPUs and node-affinity expression from their own DRA claims; None while one is not made.
+
+        Every member must claim (none may also ask for ``nvidia.com/gpu``),
+        and all the same GPUs on the same kinds of nodes: one gang, one ask.
+        """
+        if self.pod_ask is None:
+            raise ClaimProblem("its pods claim devices through DRA (resourceClaims), and this gpupool reads no "
+                               "claims: ask for nvidia.com/gpu")
+        if not all(uses_claims(p) for p in pods) or any(gpus):
+            raise ClaimProblem("its pods claim devices through DRA (resourceClaims), but not all of them, or "
+                               "some ask for nvidia.com/gpu too: give every pod its GPUs one way")
+        asks = [self.pod_ask(p) for p in pods]
+        if any(a is None for a in asks):
+            return None
+        shapes = {(a.gpus, a.kinds) for a in asks if a is not None}
+        if len(shapes) != 1:
+            raise ClaimProblem("its pods' claims ask for different GPUs (counts, or selectors accepting different "
+                               "nodes); one gang asks for the same GPUs in every pod")
+        ask = next(a for a in asks if a is not None)
+        return [ask.gpus] * len(pods), ask.node_affinity()
 
     def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
         ref = ref_of(job)
