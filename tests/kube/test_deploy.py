@@ -98,7 +98,8 @@ SCHEDULER_RIGHTS = {
                                 ("batch", "jobs"): {"list", "watch"}, ("jobset.x-k8s.io", "jobsets"): {"list", "watch"},
                                 ("scheduling.k8s.io", "podgroups"): {"list", "watch"},
                                 **{("resource.k8s.io", r): {"list", "watch"}
-                                   for r in ("resourceslices", "deviceclasses", "resourceclaims")},
+                                   for r in ("resourceslices", "deviceclasses", "resourceclaims",
+                                             "resourceclaimtemplates")},
                                 ("resource.k8s.io", "resourceclaims/binding"): {"update"},
                                 ("authentication.k8s.io", "tokenreviews"): {"create"}},
     "gpupool-scheduler-pods": {("", "pods"): {"create", "list", "watch", "delete", "patch"},
@@ -154,5 +155,6 @@ def test_the_scheduler_is_granted_exactly_what_it_uses_and_the_docs_say_so() -> 
                             ("`leases`", "get, create, update"), ("`tokenreviews`", "create"),
                             ("`resourceslices`", "list, watch"), ("`deviceclasses`", "list, watch"),
                             ("`resourceclaims` in every namespace", "list, watch"), ("`resourceclaims`", "get"),
+                            ("`resourceclaimtemplates` in every namespace", "list, watch"),
                             ("`resourceclaims/status`", "update"), ("`resourceclaims/binding`", "update")):
         assert f"{resource}: {verbs}" in least, (resource, verbs, least)

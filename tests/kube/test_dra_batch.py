@@ -9,6 +9,7 @@ kubelet is the stand-in of tests/kube/cluster.py.
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,26 @@ async def test_a_podgroup_whose_pods_claim_a_gpu_each_is_bound_whole_with_each_c
         bound = [api.read_namespaced_pod(p.metadata.name, namespace) for p in pods]
         assert {p.spec.node_name for p in bound} == {node}
         assert sorted(d for p in bound for d in allocated_for_its_pod(api, namespace, p)) == ["gpu-0", "gpu-1"]
+
+
+async def test_the_deploy_rbac_is_enough_to_read_a_jobs_claim_template_and_allocate_its_pods_claims(
+        api: Any, batch: Any, make_account_core: Any, dra_nodes: Any) -> None:  # noqa: F811
+    """As the ServiceAccount of deploy/kubernetes/rbac.yaml (its own namespace): the templates watched, the Job
+    admitted, its pod's claim allocated, with no failing call in the backend's health."""
+    node = dra_nodes(gpus=2)
+    name = f"sa-{uuid.uuid4().hex[:6]}"
+    core = await make_account_core()
+    await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node, as the SA")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+    claim_template(api, "gpupool", name, count=2)
+    try:
+        with Kubelet(api, "gpupool") as kubelet:
+            batch.create_namespaced_job("gpupool", claimed_job(name, name, parallelism=1))
+            (pod,) = await wait_for(lambda: [p for p in job_pods(api, "gpupool", name)
+                                             if p.metadata.name in kubelet.started], what="admitted and bound as the SA")
+            assert pod.spec.node_name == node
+            assert sorted(allocated_for_its_pod(api, "gpupool", pod)) == ["gpu-0", "gpu-1"]
+            assert core.status(ADMIN)["backend"]["ok"] is True, core.status(ADMIN)["backend"]
+            batch.delete_namespaced_job(name, "gpupool", propagation_policy="Background")
+    finally:
+        resource_api(api).delete_namespaced_resource_claim_template(name, "gpupool")
