@@ -15,9 +15,10 @@ from typing import Any
 
 from kubernetes import client, config
 
+from gpupool.app.backend import build_core
 from gpupool.service.actor import Actor
 from tests.kube.cluster import Kubelet
-from tests.kube.conftest import start_components
+from tests.kube.conftest import kube_config, start_components
 from tests.kube.dra_objects import claim_of, claim_template, resource_api
 from tests.kube.test_batch_jobs import (  # noqa: F401 (batch: a fixture)
     JOBSET,
@@ -211,3 +212,45 @@ async def test_the_deploy_rbac_is_enough_to_read_a_jobs_claim_template_and_alloc
             batch.delete_namespaced_job(name, "gpupool", propagation_policy="Background")
     finally:
         resource_api(api).delete_namespaced_resource_claim_template(name, "gpupool")
+
+
+async def test_a_jobs_next_pod_gets_the_gpu_its_ended_pod_freed_never_one_still_held_across_a_restart(
+        api: Any, namespace: str, batch: Any, kubeconfig: Path, dra_nodes: Any,  # noqa: F811
+        tmp_path: Path) -> None:
+    node = dra_nodes(gpus=2)
+    cfg = kube_config(tmp_path / "state", kubeconfig, namespace)
+    core = build_core(cfg)
+    await core.start()
+    try:
+        await wait_for(lambda: [n for n in core.pool()["nodes"] if n["name"] == node], what="the DRA node")
+        core.set_project(ADMIN, "vision", {"train_guarantee": 2})
+        claim_template(api, namespace, "one-gpu", count=1)
+        body = claimed_job("steps", "one-gpu", parallelism=2)
+        body["spec"].update(completions=4, completionMode="Indexed")  # pods steps-<index>-..., 2 at once
+
+        def pod_of(index: int) -> Any:
+            return next((p for p in job_pods(api, namespace, "steps") if p.spec.node_name and
+                         p.metadata.annotations.get("batch.kubernetes.io/job-completion-index") == str(index)), None)
+
+        with Kubelet(api, namespace) as kubelet:
+            batch.create_namespaced_job(namespace, body)
+            first = [await wait_for(lambda i=i: pod_of(i), what=f"pod {i} bound") for i in (0, 1)]
+            held = [allocated_for_its_pod(api, namespace, p) for p in first]
+            assert sorted(d for ds in held for d in ds) == ["gpu-0", "gpu-1"]
+            await wait_for(lambda: first[0].metadata.name in kubelet.started, what="pod 0 running")
+            kubelet.finish(first[0].metadata.name, 0)
+            third = await wait_for(lambda: pod_of(2), what="pod 2 bound in the slot pod 0 freed")
+            assert allocated_for_its_pod(api, namespace, third) == held[0]
+            await wait_for(lambda: {first[1].metadata.name, third.metadata.name} <= set(kubelet.started),
+                           what="pods 1 and 2 running")
+            await core.stop()
+            core = build_core(cfg)  # it finds pods 1 and 2 bound: each keeps the slot of the GPU its claim holds
+            await core.start()
+            (job,) = await wait_for(lambda: [j for j in jobs_of(core, namespace, "steps") if j["state"] == "running"],
+                                    what="the Job found again")
+            kubelet.finish(first[1].metadata.name, 0)
+            fourth = await wait_for(lambda: pod_of(3), what="pod 3 bound in the slot pod 1 freed")
+            assert allocated_for_its_pod(api, namespace, fourth) == held[1]  # never pod 2's, still held
+            assert core.get_job(ADMIN, job["id"])["attempts"] == 1
+    finally:
+        await core.stop()
