@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,7 @@ def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_clus
 
         # the machine dies: nobody renews its Lease any more
         core.patch_node(lost, {"metadata": {"labels": {KWOK_LABEL: None}}})
+        stopped_at = time.monotonic()
         # the node-lifecycle controller marks it unreachable and taints it (NoSchedule and NoExecute)
         ready, taints = wait(lambda: (s := node_state(core, lost))[0] == "Unknown"
                              and "node.kubernetes.io/unreachable:NoExecute" in s[1] and s, timeout=45,
@@ -122,8 +124,9 @@ def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_clus
         # gpupool takes it out of the pool and says why
         out = wait(lambda: (s := gpupool(url, "status"))["backend"]["nodes_out"].get(lost) and s, timeout=20,
                    what="the lost node out of gpupool's pool")
-        assert out["backend"]["nodes_out"] == {lost: "not ready"}
-        assert any(f"{lost} (not ready)" in line for line in cli_lines(url, "status"))
+        why = "unreachable (its kubelet stopped posting status)"
+        assert out["backend"]["nodes_out"] == {lost: why}
+        assert any(f"{lost} ({why})" in line for line in cli_lines(url, "status"))
 
         # the job moves: its pod on the lost node is removed for good (no kubelet will confirm its end), the job
         # is requeued and runs again on the other node as attempt 2, told to resume from its checkpoint
@@ -131,6 +134,8 @@ def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_clus
         moved = wait(lambda: (j := gpupool(url, "describe", job["id"]))["state"] == "running"
                      and j["attempts"] == 2 and j, timeout=45, what="the job running again as attempt 2")
         assert moved["assignment"]["node"] == other
+        print(f"\nheartbeat stopped -> attempt 2 running elsewhere: {time.monotonic() - stopped_at:.1f} s "
+              f"(grace {CONTROLLER_MANAGER_ARGS}, pause_grace_s 2)")
         pod = core.read_namespaced_pod(second, namespace)
         assert pod.spec.node_name == other and pod_env(pod)["GPUPOOL_RESUME"] == "1"
         wait(lambda: core.read_namespaced_pod(second, namespace).status.phase == "Running", timeout=20,

@@ -45,7 +45,11 @@ def test_pool_label_and_problems() -> None:
     assert read_node(node(labels={"gpupool.io/pool": "train"})).pools == frozenset({TRAIN_POOL})  # type: ignore[union-attr]
     assert "not build, train or both" in read_node(node(labels={"gpupool.io/pool": "b,t"})).problem  # type: ignore[union-attr]
     assert read_node(node(unschedulable=True)).problem == "cordoned"  # type: ignore[union-attr]
-    assert read_node(node(ready="Unknown")).problem == "not ready"  # type: ignore[union-attr]
+    assert read_node(node(ready="False")).problem == "not ready"  # type: ignore[union-attr]
+    assert read_node(node(ready="Unknown")).problem.startswith("unreachable")  # type: ignore[union-attr]
+    # lost (its pods deleted for good after the grace) even when an admin has also cordoned it
+    assert read_node(node(ready="Unknown", unschedulable=True)).lost  # type: ignore[union-attr]
+    assert not read_node(node(unschedulable=True)).lost  # type: ignore[union-attr]
     tainted = node(taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
     assert read_node(tainted).problem.startswith("tainted")  # type: ignore[union-attr]
     gpu_taint = node(taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])

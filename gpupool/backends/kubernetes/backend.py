@@ -228,10 +228,11 @@ class KubeBackend:
         return True
 
     def node_lost(self, name: str) -> bool:
-        """Whether no kubelet will ever finish that node's pods: deleted, NotReady or without GPUs."""
+        """Whether no kubelet will ever finish that node's pods: deleted, NotReady (cordoned or not) or without
+        GPUs."""
         with self._lock:
             n = self._seen.get(name)
-        return n is None or n.problem == "not ready"
+        return n is None or n.lost
 
     def admit(self, user: str, workdir: str | None, submit_dir: str | None) -> str | None:
         """Jobs run in pods, not as Unix accounts of this machine: nothing to refuse; the folder is the spec's."""

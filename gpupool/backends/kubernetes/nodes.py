@@ -57,6 +57,9 @@ class PoolNode:
     group: str = ""  # rack or switch (label gpupool.io/rack, else topology.kubernetes.io/zone); "" unknown
     labels: tuple[tuple[str, str], ...] = ()  # the node's labels, sorted: what nodeSelector and affinity read
     taints: tuple[Taint, ...] = ()  # its taints that placement weighs (see placement_taints)
+    # no kubelet will finish its pods (Ready is not True): its pods are deleted for good after the grace. Apart
+    # from ``problem``, which names only the first reason: a dead node an admin has also cordoned is still lost.
+    lost: bool = False
 
     def policy_node(self) -> Node:
         """The policy's Node (memory in MiB)."""
@@ -99,7 +102,7 @@ def read_node(node: Obj, dra: DraNode | None = None) -> PoolNode | None:
     group = labels.get(RACK_LABEL) or labels.get(ZONE_LABEL) or ""
     return PoolNode(name, gpus, pools, _milli(alloc.get("cpu")), _mib(alloc.get("memory")),
                     problem or _not_schedulable(node), group, tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                    placement_taints(node))
+                    placement_taints(node), _ready(node) != "True")
 
 
 def placement_taints(node: Obj) -> tuple[Taint, ...]:
@@ -118,14 +121,22 @@ def _not_schedulable(node: Obj) -> str:
     """Why the node may not take work now ("" when it may)."""
     if ob.unschedulable(node):
         return "cordoned"
-    ready = next((c for c in ob.conditions(node) if c.get("type") == "Ready"), None)
-    if ready is None or ready.get("status") != "True":
+    ready = _ready(node)
+    if ready == "Unknown":  # the node-lifecycle controller's verdict on a node whose heartbeat stopped
+        return "unreachable (its kubelet stopped posting status)"
+    if ready != "True":
         return "not ready"
     for t in ob.taints(node):
         key, effect = str(t.get("key") or ""), t.get("effect")
         if key.startswith(_CONTROLLER_TAINT) and effect in ("NoSchedule", "NoExecute"):
             return f"tainted {key}:{effect}"
     return ""
+
+
+def _ready(node: Obj) -> str:
+    """Its Ready condition's status ("True", "False", "Unknown"; "" before its kubelet has posted one)."""
+    ready = next((c for c in ob.conditions(node) if c.get("type") == "Ready"), None)
+    return str(ready.get("status") or "") if ready is not None else ""
 
 
 def _annotated_gpus(node: str, text: str | None, model: str, mem_mib: int) -> tuple[GpuInfo, ...]:
