@@ -74,7 +74,7 @@ from gpupool.backends.kubernetes.batch_objects import (
     post_job_event,
     suspended,
 )
-from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.calls import START_GIVE_UP_S, STOP_WAIT_AFTER_GRACE_S, Calls, bind_pod
 from gpupool.backends.kubernetes.foreign import kubectl_pod_end
 from gpupool.backends.kubernetes.foreign_jobs import KubectlPods
 from gpupool.backends.kubernetes.gates import has_our_gate, other_gates, remove_gate
@@ -348,8 +348,6 @@ class BatchJobs:
 
     def _bind(self, run: _Run, pod: Obj, slot: int) -> None:
         node = run.slots[slot]
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
-                                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
         if self.before_bind is not None and ob.spec(pod).get("resourceClaims"):
             try:  # its slot's GPUs into its own ResourceClaims first (its claim may not be made yet: next round)
                 self.before_bind(pod, node, list(run.gpus[slot]) if slot < len(run.gpus) else [])
@@ -360,7 +358,7 @@ class BatchJobs:
         try:
             if has_our_gate(pod):  # a template with gpupool's scheduling gate: removed first (gates.py)
                 remove_gate(self.api, ob.namespace(pod), ob.name(pod))
-            self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
+            bind_pod(self.api, ob.namespace(pod), ob.name(pod), node, ob.uid(pod))
         except ApiException as e:
             if e.status not in (404, 409):
                 log.warning("could not bind pod %s/%s of %s %s to %s: %s", ob.namespace(pod), ob.name(pod),

@@ -167,6 +167,25 @@ def pods_path(namespace: str, name: str | None = None, sub: str | None = None) -
     return path
 
 
+def bind_pod(api: Any, namespace: str, name: str, node: str, uid: str | None = None,
+             annotations: dict[str, str] | None = None) -> int:
+    """Bind a pod to ``node`` through ``pods/binding``; the HTTP status (non-2xx raises ``ApiException``).
+
+    Plain JSON with its reply read to the end (:func:`raw_status`), so the
+    connection goes back to the pool; ``uid`` makes the API server refuse a
+    recreated pod of the same name; ``annotations`` are copied onto the pod by
+    the API server as it binds it (a kubectl pod's GPU environment).
+    """
+    meta: dict[str, Any] = {"name": name}
+    if uid:
+        meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = annotations
+    body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    return raw_status(post_json(api, pods_path(namespace, name, "binding"), body))
+
+
 class Calls:
     """Worker threads for API calls, reporting to ``health``."""
 

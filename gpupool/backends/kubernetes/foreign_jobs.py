@@ -43,9 +43,7 @@ from gpupool.backends.kubernetes.calls import (
     STOP_WAIT_AFTER_GRACE_S,
     Calls,
     StartBackoff,
-    pods_path,
-    post_json,
-    raw_status,
+    bind_pod,
 )
 from gpupool.backends.kubernetes.disruption import DELETED, disruption
 from gpupool.backends.kubernetes.foreign import (
@@ -285,13 +283,10 @@ class KubectlPods:
         if self.before_bind is not None:  # a claimed pod: its devices into its ResourceClaims first
             self.before_bind(ref, pod, node, list(run.gpu_ids))
         self._ungate(ref)
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": ref.name, "uid": ref.uid, "annotations": binding_annotations(env)},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        path = pods_path(ref.namespace, ref.name, "binding")
-        try:  # plain JSON, its reply read to the end: the connection goes back to the pool (calls.raw_status)
-            status = self.calls.retrying("start", lambda: raw_status(post_json(self.api, path, body)),
-                                         START_GIVE_UP_S)
+        annotations = binding_annotations(env)
+        try:
+            status = self.calls.retrying("start", lambda: bind_pod(self.api, ref.namespace, ref.name, node, ref.uid,
+                                                                   annotations), START_GIVE_UP_S)
             if status != 201:
                 raise RuntimeError(f"binding answered HTTP {status}")
         except Exception as e:  # the pod is the user's: it stays, Pending, and the job is queued again

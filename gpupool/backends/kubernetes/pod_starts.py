@@ -27,10 +27,10 @@ from gpupool.backends.kubernetes.calls import (
     Calls,
     Refused,
     StartBackoff,
+    bind_pod,
     pods_path,
     post_json,
     raw_json,
-    raw_status,
     refusal,
 )
 from gpupool.backends.kubernetes.health import describe
@@ -195,11 +195,8 @@ class PodStarts:
         """Bind the created pod to ``node``; a refused bind deletes it (never bound: nothing ran) and raises.
         The binding's reply is a Status the client cannot read as a V1Binding anyway: only its code is read."""
         ns, name = self.namespace, a.handle.name
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            status = self.calls.retrying("start", lambda: raw_status(post_json(
-                self.api, pods_path(ns, name, "binding"), body)), START_GIVE_UP_S)
+            status = self.calls.retrying("start", lambda: bind_pod(self.api, ns, name, node), START_GIVE_UP_S)
             if status != 201:
                 raise RuntimeError(f"binding {name} to {node} answered HTTP {status}")
         except Exception as e:

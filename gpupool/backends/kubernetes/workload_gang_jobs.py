@@ -24,7 +24,7 @@ from gpupool.backends.base import ForeignJobHost, Interrupted, JobFacts, Launch,
 from gpupool.backends.kubernetes import objects as ob
 from gpupool.backends.kubernetes.admitted_gang import AdmittedGang
 from gpupool.backends.kubernetes.adoption import evicted_reason
-from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls
+from gpupool.backends.kubernetes.calls import STOP_WAIT_AFTER_GRACE_S, Calls, bind_pod
 from gpupool.backends.kubernetes.dra_allocation import with_affinity
 from gpupool.backends.kubernetes.dra_claims import Ask, ClaimProblem, uses_claims
 from gpupool.backends.kubernetes.dra_slices import DRA_NODE_LABEL
@@ -172,9 +172,7 @@ class WorkloadGangs:
                                  list(run.gpus[i]) if i < len(run.gpus) else [])
             if has_our_gate(pod):
                 remove_gate(self.api, ob.namespace(pod), ob.name(pod))
-            body = client.V1Binding(metadata=client.V1ObjectMeta(name=ob.name(pod), uid=ob.uid(pod)),
-                                    target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-            self.api.create_namespaced_pod_binding(ob.name(pod), ob.namespace(pod), body, _preload_content=False)
+            bind_pod(self.api, ob.namespace(pod), ob.name(pod), node, ob.uid(pod))
             with self._lock:
                 run.bound[ob.uid(pod)] = node
 
