@@ -86,7 +86,10 @@ def cli_lines(url: str, *args: str) -> list[str]:
     return r.stdout.splitlines()
 
 
-def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_cluster: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def two_kwok_nodes(quick_cluster: Path) -> Iterator[tuple[Any, str, list[str]]]:
+    """(a CoreV1Api, a fresh namespace, two Ready KWOK GPU nodes named after it); the nodes deleted after the test
+    (gpupool's pool is every GPU node of the cluster)."""
     from kubernetes import client, config
 
     core = client.CoreV1Api(config.new_client_from_config(config_file=str(quick_cluster)))
@@ -97,7 +100,14 @@ def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_clus
         make_kwok_gpu_node(core, n)
     wait(lambda: all(node_state(core, n) == ("True", set()) for n in nodes), timeout=30,
          what="both KWOK nodes Ready and untainted")
+    yield core, namespace, nodes
+    for n in nodes:
+        core.delete_node(n)
 
+
+def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(
+        quick_cluster: Path, two_kwok_nodes: tuple[Any, str, list[str]], tmp_path: Path) -> None:
+    core, namespace, nodes = two_kwok_nodes
     proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(quick_cluster),
                       "--namespace", namespace)
     try:
@@ -160,6 +170,42 @@ def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(quick_clus
                     what="a new job placed on the node that came back")
         assert back["assignment"]["node"] == lost
         assert gpupool(url, "describe", job["id"])["state"] == "running"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert proc.returncode == 0
+
+
+def test_a_dead_node_an_admin_cordons_is_still_lost_and_its_job_moves(
+        quick_cluster: Path, two_kwok_nodes: tuple[Any, str, list[str]], tmp_path: Path) -> None:
+    """An admin's first move on a dead machine is often a cordon (``kubectl cordon``/``drain``): gpupool then
+    sees "cordoned" first, yet no kubelet will end the pod there, so it must still delete it for good."""
+    core, namespace, nodes = two_kwok_nodes
+    proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(quick_cluster),
+                      "--namespace", namespace)
+    try:
+        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 2, what="both nodes in gpupool status")
+        gpupool(url, "projects", "set", "vision", "--guarantee", "8")
+        job = gpupool(url, "submit", "--project", "vision", "--gpus", "8", "--", "python", "train.py")
+        first = f"gpupool-{job['id']}-1"
+        wait(lambda: core.read_namespaced_pod(first, namespace).status.phase == "Running", timeout=30,
+             what="KWOK running the job's pod")
+        dead = core.read_namespaced_pod(first, namespace).spec.node_name
+        other = next(n for n in nodes if n != dead)
+        # the machine dies and the admin cordons it at once: gpupool stops the job for the cordon
+        core.patch_node(dead, {"metadata": {"labels": {KWOK_LABEL: None}}, "spec": {"unschedulable": True}})
+        out = wait(lambda: gpupool(url, "status")["backend"]["nodes_out"].get(dead), timeout=20,
+                   what="the cordoned node out of gpupool's pool")
+        assert out == "cordoned"
+        # its pod outlives the grace (no kubelet answers); once the controller finds the node unreachable, gpupool
+        # deletes the pod for good and the job runs again on the other node
+        moved = wait(lambda: (j := gpupool(url, "describe", job["id"]))["state"] == "running"
+                     and j["attempts"] == 2 and j, timeout=45, what="the job running again as attempt 2")
+        assert moved["assignment"]["node"] == other
+        assert node_state(core, dead)[0] == "Unknown"
+        assert first not in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+        held = held_gpus(gpupool(url, "status")["pool"], job["id"])
+        assert len(held) == 8 and all(g.startswith(f"{other}/") for g in held), held
     finally:
         proc.terminate()
         proc.wait(20)
