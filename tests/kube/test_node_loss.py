@@ -105,16 +105,21 @@ def two_kwok_nodes(quick_cluster: Path) -> Iterator[tuple[Any, str, list[str]]]:
         core.delete_node(n)
 
 
+def submit_whole_node_job(url: str) -> tuple[dict[str, Any], str]:
+    """Once both nodes are in gpupool's pool: project vision's 8-GPU job (a whole node); (the job, its pod)."""
+    wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 2, what="both nodes in gpupool status")
+    gpupool(url, "projects", "set", "vision", "--guarantee", "8")
+    job = gpupool(url, "submit", "--project", "vision", "--gpus", "8", "--", "python", "train.py")
+    return job, f"gpupool-{job['id']}-1"
+
+
 def test_a_lost_node_is_taken_out_and_its_job_resumes_on_another_node(
         quick_cluster: Path, two_kwok_nodes: tuple[Any, str, list[str]], tmp_path: Path) -> None:
     core, namespace, nodes = two_kwok_nodes
     proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(quick_cluster),
                       "--namespace", namespace)
     try:
-        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 2, what="both nodes in gpupool status")
-        gpupool(url, "projects", "set", "vision", "--guarantee", "8")
-        job = gpupool(url, "submit", "--project", "vision", "--gpus", "8", "--", "python", "train.py")
-        first = f"gpupool-{job['id']}-1"
+        job, first = submit_whole_node_job(url)
         # KWOK plays the kubelet: the bound pod goes Running, and gpupool shows the job running there
         running = wait(lambda: (j := gpupool(url, "describe", job["id"]))["state"] == "running" and j,
                        timeout=30, what="the job running on a KWOK node")
@@ -184,10 +189,9 @@ def test_a_dead_node_an_admin_cordons_is_still_lost_and_its_job_moves(
     proc, url = serve(tmp_path, "--backend", "kubernetes", "--kubeconfig", str(quick_cluster),
                       "--namespace", namespace)
     try:
-        wait(lambda: len(gpupool(url, "status")["pool"]["nodes"]) == 2, what="both nodes in gpupool status")
-        gpupool(url, "projects", "set", "vision", "--guarantee", "8")
-        job = gpupool(url, "submit", "--project", "vision", "--gpus", "8", "--", "python", "train.py")
-        first = f"gpupool-{job['id']}-1"
+        job, first = submit_whole_node_job(url)
+        wait(lambda: gpupool(url, "describe", job["id"])["state"] == "running", timeout=30,
+             what="the job running on a KWOK node")  # its pod made and bound (reading it earlier: a 404)
         wait(lambda: core.read_namespaced_pod(first, namespace).status.phase == "Running", timeout=30,
              what="KWOK running the job's pod")
         dead = core.read_namespaced_pod(first, namespace).spec.node_name
