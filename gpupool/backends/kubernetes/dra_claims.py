@@ -176,10 +176,13 @@ def read_ask(pod: Obj, claims: Mapping[str, Obj], classes: Mapping[str, Obj], ch
     names: list[str] = []
     requests: list[Request] = []
     configs: list[tuple[str, tuple[Obj, ...]]] = []
+    named = {str(c.get("name") or "") for c in ob.spec(pod).get("resourceClaims") or [] if c.get("resourceClaimName")}
     for pod_name, claim_name in claim_names(pod):
         if claim_name is None:
             return None  # the controller-manager has not made it yet: the pod is read again when it does
         claim = claims.get(claim_name)
+        if claim is None and pod_name not in named:
+            return None  # made from its template, named in the pod's status before the claims' watch brought it
         if claim is None:
             raise ClaimProblem(f"its claim {pod_name!r}: ResourceClaim {ns}/{claim_name} does not exist")
         if ob.being_deleted(claim):
