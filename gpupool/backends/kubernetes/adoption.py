@@ -78,7 +78,8 @@ class PodAdoption:
         Only this process makes jobs for pods, so once the store has been
         asked about a pod, memory answers for it: the store is read once per pod."""
         self._seen: Hashable = None  # what the last queueing looked at: nothing changed, nothing to do
-        self._outer: Hashable = None  # the claims and the core's fingerprint at the last full pass
+        self._outer: Hashable = None  # the core's fingerprint at the last full pass
+        self._claims: Hashable = None  # claims_changes() when pods waiting on claims were last read again
         self._full_at = float("-inf")  # when that was (time.monotonic)
         self.made_elsewhere: Callable[[Obj], bool] = lambda pod: False
         """Pods that are another adoption's (a labelled Job's pods): never queued on their own."""
@@ -114,23 +115,30 @@ class PodAdoption:
         tick costs what changed, not every kubectl pod (tens of thousands at a
         cluster's scale, each tick while pods arrive). A full pass comes after a
         relist, when what a pod's validity depends on changes (projects, pool
-        size, claims), and at least every ``FULL_PASS_S`` while pods change.
+        size), and at least every ``FULL_PASS_S`` while pods change. A change of
+        claims, classes or slices (two claim events per claimed pod) reads again
+        only the pods not queued yet that use claims: those waiting on them.
         """
         kc = self.kubectl
         if not kc.synced:
             return
-        outer = (self.claims_changes(), host.fingerprint())
-        key = (kc.generation, outer)
+        claims, outer = self.claims_changes(), host.fingerprint()
+        key = (kc.generation, claims, outer)
         if self._seen == key:
             return
         self._seen = key
         touched = kc.take_touched()
         now = time.monotonic()
         if touched is None or outer != self._outer or now - self._full_at >= FULL_PASS_S:
-            self._outer, self._full_at = outer, now
+            self._outer, self._claims, self._full_at = outer, claims, now
             self._look(host, kc.pods(), None)
-        else:
-            self._look(host, kc.pods_of(touched), touched)
+            return
+        if claims != self._claims:
+            self._claims = claims
+            known = self._pod_jobs
+            touched |= {uid for uid, pod in kc.pods().items()
+                        if not known.get(uid) and ob.spec(pod).get("resourceClaims")}
+        self._look(host, kc.pods_of(touched), touched)
 
     def _look(self, host: ForeignJobHost, pods: dict[str, Obj], uids: set[str] | None) -> None:
         """The pass over the pods with these ``uids`` (``pods``: those that exist), or over every pod (None)."""
