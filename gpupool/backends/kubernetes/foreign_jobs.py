@@ -294,17 +294,19 @@ class KubectlPods:
         gpus = env.get("NVIDIA_VISIBLE_DEVICES", "")
         where = (f"ConfigMap {config_map_name(ref.name)} and " if with_config_map else "") + \
             f"annotations {ENV_ANNOTATION_PREFIX}*"
-        post_event(self.api, ref, "Normal", "Scheduled",
-                   f"gpupool assigned {ref.text} to {node} as job {run.handle.job_id} (GPUs {gpus or 'none'}, "
-                   f"fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in {where})")
+        # The events are posted by another of the calls' workers (as kube-scheduler's event broadcaster posts its own): the
+        # start is done once the pod is bound, and the next pod's binding does not wait behind this one's event.
+        self.calls.submit(post_event, self.api, ref, "Normal", "Scheduled",
+                          f"gpupool assigned {ref.text} to {node} as job {run.handle.job_id} (GPUs "
+                          f"{gpus or 'none'}, fraction {env.get('GPUPOOL_GPU_FRACTION', '0')}; environment in {where})")
         if pod is not None and not reads_config_map(pod) and not reads_env_annotations(pod):
             ann = ob.annotations_of(pod)
             if FRACTION_ANNOTATION in ann or MEMORY_ANNOTATION in ann:
-                post_event(self.api, ref, "Warning", "GpupoolNoGpuEnv",
-                           f"this pod holds a share of one GPU but reads neither its annotations "
-                           f"{ENV_ANNOTATION_PREFIX}* (env valueFrom fieldRef) nor its ConfigMap (envFrom: "
-                           f"[{{configMapRef: {{name: {config_map_name(ref.name)}}}}}]): its container will see "
-                           f"every GPU on node {node}, not only its share")
+                self.calls.submit(post_event, self.api, ref, "Warning", "GpupoolNoGpuEnv",
+                                  f"this pod holds a share of one GPU but reads neither its annotations "
+                                  f"{ENV_ANNOTATION_PREFIX}* (env valueFrom fieldRef) nor its ConfigMap (envFrom: "
+                                  f"[{{configMapRef: {{name: {config_map_name(ref.name)}}}}}]): its container will "
+                                  f"see every GPU on node {node}, not only its share")
 
     def _ungate(self, ref: PodRef) -> None:
         """Remove gpupool's scheduling gate from the pod, if it has one: the API server binds no gated pod."""
