@@ -42,7 +42,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,7 @@ POD_NS = "bench-pods"
 GPUPOOL_NS = "gpupool"
 SETTINGS = {"watchdog": "off", "on_shutdown": "leave", "min_runtime_s": 0.0, "resume_backoff_s": 0.0,
             "events_max_rows": 100000}
-ARMS = ("kube-scheduler", "gpupool")
+ARMS = kit.ARMS
 
 
 def pod_manifest(i: int, arm: str) -> dict[str, Any]:
@@ -181,10 +180,6 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
         kit.empty_namespace(api, POD_NS, timeout=max(300.0, args.pods * 0.12))
 
 
-def med(rows: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in rows)
-
-
 def report(results: list[dict[str, Any]], args: argparse.Namespace, made_s: float) -> None:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, load avg at start of each arm in the table; "
@@ -204,25 +199,15 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, made_s: floa
     by = {a: [r for r in results if r["arm"] == a] for a in ARMS}
     if not all(by.values()):
         return
-    print("\nmedians over rounds, gpupool / kube-scheduler:\n")
-    print("| | kube-scheduler | gpupool | gpupool / kube-scheduler |")
-    print("|---|---|---|---|")
-    for key, label, scale, fmt in (("rate", "binds/s", 1, ".0f"), ("fill_s", "first create -> last bound, s", 1, ".1f"),
-                                   ("p50", "create->bound p50, ms", 1000, ".0f"),
-                                   ("p99", "create->bound p99, ms", 1000, ".0f"),
-                                   ("writes_pod", "API writes per bound pod", 1, ".2f"),
-                                   ("sched_cpu_pod", "scheduler CPU per bound pod, ms", 1000, ".2f"),
-                                   ("server_cpu_pod", "API server + etcd CPU per bound pod, ms", 1000, ".2f"),
-                                   ("hwm", "scheduler peak RSS, MiB", 1, ".0f")):
-        k, g = med(by["kube-scheduler"], key), med(by["gpupool"], key)
-        print(f"| {label} | {k * scale:{fmt}} | {g * scale:{fmt}} | {g / k if k else float('nan'):.2f} |")
+    kit.print_medians(by, (("rate", "binds/s", 1, ".0f"), ("fill_s", "first create -> last bound, s", 1, ".1f"),
+                           ("p50", "create->bound p50, ms", 1000, ".0f"),
+                           ("p99", "create->bound p99, ms", 1000, ".0f"),
+                           ("writes_pod", "API writes per bound pod", 1, ".2f"),
+                           ("sched_cpu_pod", "scheduler CPU per bound pod, ms", 1000, ".2f"),
+                           ("server_cpu_pod", "API server + etcd CPU per bound pod, ms", 1000, ".2f"),
+                           ("hwm", "scheduler peak RSS, MiB", 1, ".0f")))
     print("\nAPI writes per bound pod, by verb and resource (all rounds; KWOK's are in both arms):\n")
-    keys = sorted({k for r in results for k in r["writes"]})
-    print("| write | kube-scheduler | gpupool |")
-    print("|---|---|---|")
-    for k in keys:
-        cells = [sum(r["writes"].get(k, 0) for r in by[a]) / max(1, sum(r["bound"] for r in by[a])) for a in ARMS]
-        print(f"| {k} | {cells[0]:.3f} | {cells[1]:.3f} |")
+    kit.print_per_bound_pod(by, "writes", "write | kube-scheduler | gpupool")
 
 
 def main() -> None:

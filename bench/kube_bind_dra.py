@@ -53,7 +53,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -75,7 +74,7 @@ GPUS_PER_NODE = kit.GPUS_PER_NODE
 DRIVER = "gpu.nvidia.com"
 CLASS_SELECTOR = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"
 TEMPLATE = "one-gpu"
-ARMS = ("kube-scheduler", "gpupool")
+ARMS = kit.ARMS
 BENCH_AGENT = "kube-bind-dra-bench"  # the benchmark's own calls; gpupool's are the Python client's default agent
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -359,35 +358,20 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, made_s: floa
     by = {a: [r for r in results if r["arm"] == a] for a in ARMS}
     if not all(by.values()):
         return
-    print("\nmedians over rounds, gpupool / kube-scheduler:\n")
-    print("| | kube-scheduler | gpupool | gpupool / kube-scheduler |")
-    print("|---|---|---|---|")
-    for key, label, scale, fmt in (("rate", "binds/s", 1, ".0f"), ("fill_s", "first create -> last bound, s", 1, ".1f"),
-                                   ("p50", "create->bound p50, ms", 1000, ".0f"),
-                                   ("p99", "create->bound p99, ms", 1000, ".0f"),
-                                   ("writes_pod", "API writes per bound pod", 1, ".2f"),
-                                   ("own_pod", "of which the scheduler's own", 1, ".2f"),
-                                   ("sched_cpu_pod", "scheduler CPU per bound pod, ms", 1000, ".2f"),
-                                   ("server_cpu_pod", "API server + etcd CPU per bound pod, ms", 1000, ".2f"),
-                                   ("kcm_cpu_pod", "controller-manager CPU per bound pod, ms", 1000, ".2f"),
-                                   ("hwm", "scheduler peak RSS, MiB", 1, ".0f")):
-        k, g = statistics.median(r[key] for r in by["kube-scheduler"]), statistics.median(r[key] for r in by["gpupool"])
-        print(f"| {label} | {k * scale:{fmt}} | {g * scale:{fmt}} | {g / k if k else float('nan'):.2f} |")
+    kit.print_medians(by, (("rate", "binds/s", 1, ".0f"), ("fill_s", "first create -> last bound, s", 1, ".1f"),
+                           ("p50", "create->bound p50, ms", 1000, ".0f"),
+                           ("p99", "create->bound p99, ms", 1000, ".0f"),
+                           ("writes_pod", "API writes per bound pod", 1, ".2f"),
+                           ("own_pod", "of which the scheduler's own", 1, ".2f"),
+                           ("sched_cpu_pod", "scheduler CPU per bound pod, ms", 1000, ".2f"),
+                           ("server_cpu_pod", "API server + etcd CPU per bound pod, ms", 1000, ".2f"),
+                           ("kcm_cpu_pod", "controller-manager CPU per bound pod, ms", 1000, ".2f"),
+                           ("hwm", "scheduler peak RSS, MiB", 1, ".0f")))
     print("\nAPI writes per bound pod, by verb and resource (all rounds; the controller-manager's and KWOK's are in "
           "both arms):\n")
-    keys = sorted({k for r in results for k in r["writes"]})
-    print("| write | kube-scheduler | gpupool |")
-    print("|---|---|---|")
-    for k in keys:
-        cells = [sum(r["writes"].get(k, 0) for r in by[a]) / max(1, sum(r["bound"] for r in by[a])) for a in ARMS]
-        print(f"| {k} | {cells[0]:.3f} | {cells[1]:.3f} |")
+    kit.print_per_bound_pod(by, "writes", "write | kube-scheduler | gpupool")
     print("\nWho wrote them, per bound pod (the API server's audit log, by user agent):\n")
-    keys = sorted({k for r in results for k in r["by_client"]})
-    print("| client, write | kube-scheduler arm | gpupool arm |")
-    print("|---|---|---|")
-    for k in keys:
-        cells = [sum(r["by_client"].get(k, 0) for r in by[a]) / max(1, sum(r["bound"] for r in by[a])) for a in ARMS]
-        print(f"| {k} | {cells[0]:.3f} | {cells[1]:.3f} |")
+    kit.print_per_bound_pod(by, "by_client", "client, write | kube-scheduler arm | gpupool arm")
 
 
 def main() -> None:

@@ -12,10 +12,12 @@ import concurrent.futures
 import json
 import os
 import re
+import statistics
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import urllib3
 from kubernetes import client
@@ -237,3 +239,28 @@ def empty_namespace(api: client.CoreV1Api, ns: str, timeout: float = 300) -> flo
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+ARMS = ("kube-scheduler", "gpupool")
+"""The two schedulers every kube_bind table compares, in their columns' order."""
+
+
+def print_medians(by: dict[str, list[dict[str, Any]]], rows: tuple[tuple[str, str, float, str], ...]) -> None:
+    """The side-by-side table: each (key, label, scale, format) row's median over rounds per arm, and the ratio."""
+    print("\nmedians over rounds, gpupool / kube-scheduler:\n")
+    print("| | kube-scheduler | gpupool | gpupool / kube-scheduler |")
+    print("|---|---|---|---|")
+    for key, label, scale, fmt in rows:
+        k, g = (statistics.median(r[key] for r in by[a]) for a in ARMS)
+        print(f"| {label} | {k * scale:{fmt}} | {g * scale:{fmt}} | {g / k if k else float('nan'):.2f} |")
+
+
+def print_per_bound_pod(by: dict[str, list[dict[str, Any]]], field: str, header: str) -> None:
+    """A table of the counts in each round's ``field`` (e.g. writes by verb and resource), per pod bound in all
+    rounds of each arm."""
+    keys = sorted({k for rows in by.values() for r in rows for k in r[field]})
+    print(f"| {header} |")
+    print("|---|---|---|")
+    for k in keys:
+        cells = [sum(r[field].get(k, 0) for r in by[a]) / max(1, sum(r["bound"] for r in by[a])) for a in ARMS]
+        print(f"| {k} | {cells[0]:.3f} | {cells[1]:.3f} |")
