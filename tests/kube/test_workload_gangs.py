@@ -56,11 +56,8 @@ def bound(api: Any, ns: str, names: list[str]) -> list[str]:
 
 
 async def test_a_podgroup_is_bound_whole_once_its_min_count_pods_exist_and_never_paused(
-        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
-    nodes = gpu_nodes(2, gpus=8)
-    core = await make_core()
-    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="the nodes in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 16})
+        api: Any, namespace: str, core_on_nodes: Any) -> None:
+    core, nodes = await core_on_nodes(nodes=2, projects={"vision": {"train_guarantee": 16}})
     make_gang(api, namespace, "trainer", "trainer-0", min_count=3)
     workers = [f"worker-{k}" for k in range(3)]
     with Kubelet(api, namespace):
@@ -86,11 +83,8 @@ async def test_a_podgroup_is_bound_whole_once_its_min_count_pods_exist_and_never
 
 
 async def test_a_podgroup_over_its_quota_waits_whole_and_cancel_deletes_its_pods(
-        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
-    gpu_nodes(2, gpus=8)
-    core = await make_core()
-    await wait_for(lambda: len(core.pool()["nodes"]) == 2, what="the nodes in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 0, "train_limit": 12})
+        api: Any, namespace: str, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(nodes=2, projects={"vision": {"train_guarantee": 0, "train_limit": 12}})
     with Kubelet(api, namespace):
         first, _ = await core.submit(ADMIN, {"project": "vision", "gpus": 4, "command": ["python", "a.py"]})
         await wait_for(lambda: core.get_job(ADMIN, first["id"])["state"] == "running", what="the first job running")
@@ -110,11 +104,8 @@ async def test_a_podgroup_over_its_quota_waits_whole_and_cancel_deletes_its_pods
 
 
 async def test_the_gang_ends_with_its_pods_success_only_when_all_succeeded(
-        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+        api: Any, namespace: str, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"vision": {"train_guarantee": 8}})
     with Kubelet(api, namespace) as kubelet:
         for group, names in (("ok", ["ok-0", "ok-1"]), ("bad", ["bad-0", "bad-1"])):
             make_gang(api, namespace, f"w-{group}", group, min_count=2)
@@ -137,12 +128,8 @@ async def test_the_gang_ends_with_its_pods_success_only_when_all_succeeded(
 
 
 async def test_reclaim_evicts_the_whole_gang_and_cancels_its_job(
-        api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
-    gpu_nodes(1, gpus=8)
-    core = await make_core()
-    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
-    core.set_project(ADMIN, "scrappy", {"train_guarantee": 0})
-    core.set_project(ADMIN, "owner", {"train_guarantee": 8})
+        api: Any, namespace: str, core_on_nodes: Any) -> None:
+    core, _ = await core_on_nodes(projects={"scrappy": {"train_guarantee": 0}, "owner": {"train_guarantee": 8}})
     with Kubelet(api, namespace, stop_exit_code=0) as kubelet:
         make_gang(api, namespace, "w-pair", "pair", min_count=2)
         for name in ("pair-0", "pair-1"):
