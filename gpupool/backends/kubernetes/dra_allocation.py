@@ -114,28 +114,22 @@ class DraPods:
         return self.claims.generation, self.slices.generation
 
     # ------------------------------------------------------------ queueing (the core's loop)
-    def _ask(self, pod: Obj) -> Ask | None:
+    def ask_of(self, pod: Obj) -> Ask | None:
+        """What the pod's claims ask for; None while a template's claim is not made; raises ClaimProblem."""
         names = [str(c.get("resourceClaimName") or "") for c in ob.spec(pod).get("resourceClaims") or []]
         names += [str(s.get("resourceClaimName") or "") for s in ob.status(pod).get("resourceClaimStatuses") or []]
         claims = self.claims.claims_in(ob.namespace(pod), [n for n in names if n])
-        return read_ask(pod, claims, self.claims.classes(), self._kind_check())
+        return read_ask(pod, claims, self.claims.classes(), self.kinds())
 
-    def _kind_check(self) -> KindCheck:
-        """Which kinds of nodes pass which selectors: memoised until the slices' devices change."""
+    def kinds(self) -> KindCheck:
+        """Which kinds of nodes pass which selectors (a Job's template claims are read by them too): memoised
+        until the slices' devices change."""
         gen, check = self._check
         if gen != self.slices.generation:
             gen = self.slices.generation  # (read first: a change meanwhile moves it again)
             check = kind_check(self.slices.devices())
             self._check = (gen, check)
         return check
-
-    def ask_of(self, pod: Obj) -> Ask | None:
-        """What the pod's claims ask for; None while a template's claim is not made; raises ClaimProblem."""
-        return self._ask(pod)
-
-    def kinds(self) -> KindCheck:
-        """Which kinds of nodes pass which selectors (a Job's template claims are read by them too)."""
-        return self._kind_check()
 
     def amend(self, pod: Obj, kp: KubectlPod) -> KubectlPod | None:
         """The pod's job spec with its claims' GPUs and node kinds; None when it waits or was told why not.
@@ -152,7 +146,7 @@ class DraPods:
         if not self.claims.synced:
             return None
         try:
-            ask = self._ask(pod)
+            ask = self.ask_of(pod)
             if ask is None:
                 return None  # its template's claim is not made yet
             spec = dict(kp.spec)
@@ -177,7 +171,7 @@ class DraPods:
         if pod is None or not uses_claims(pod):
             return
         try:
-            ask = self._ask(pod)
+            ask = self.ask_of(pod)
         except ClaimProblem as e:
             raise RuntimeError(f"its claims cannot be allocated: {e}") from e
         if ask is None:
