@@ -113,6 +113,8 @@ class KubectlPods:
         self._marks = itertools.count(1)
         self.changes = 0
         """Moves whenever an attempt may have stopped being alive (see PodExecutor.changes)."""
+        self.new_work: Callable[[], None] = lambda: None
+        """Called (the watch thread) when a pod with no job yet arrives or changes: the core queues it at once."""
         self.before_bind: Callable[[PodRef, Obj | None, str, list[str]], None] | None = None
         """Called before a pod's binding (a worker thread): a claimed pod's devices go into its claims
         (dra_allocation.py); a RuntimeError refuses the start, the pod stays queued."""
@@ -133,6 +135,7 @@ class KubectlPods:
             self._pods = {ob.uid(p): p for p in pods}
             self.generation += 1
             self._touched = None
+            self.new_work()
             for run in self._runs.values():
                 pod = self._pods.get(run.ref.uid)
                 if pod is not None:
@@ -152,6 +155,8 @@ class KubectlPods:
             if self._touched is not None:
                 self._touched.add(uid)
             job_id = self._job_of_uid.get(uid)
+            if job_id is None and kind != "DELETED":
+                self.new_work()
             run = self._runs.get(job_id) if job_id is not None else None
             if run is not None:
                 self._observe(run, pod)
@@ -163,7 +168,18 @@ class KubectlPods:
         self.changes = next(self._marks)
 
     def _observe(self, run: _Run, pod: Obj) -> None:
-        self._changed()  # deleted by someone, or ended: kubectl pods are few, so any look counts as a change
+        """Take what ``pod`` says of its attempt; the mark moves only when that changed.
+
+        A pod's status changes several times as it runs (scheduled, running, its
+        conditions): at thousands of running kubectl pods, moving the mark on each
+        would make every monitor tick scan every attempt.
+        """
+        before = (run.end, run.deleted_by_other, run.disruption)
+        self._observe_now(run, pod)
+        if (run.end, run.deleted_by_other, run.disruption) != before:
+            self._changed()
+
+    def _observe_now(self, run: _Run, pod: Obj) -> None:
         if ob.being_deleted(pod) and not run.stopping:
             run.deleted_by_other = True
         if not run.stopping and not run.disruption and (d := disruption(pod)) is not None and d.cause != DELETED:
