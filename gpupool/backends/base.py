@@ -23,7 +23,7 @@ by its own threads.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -305,6 +305,15 @@ class ForeignWork(Protocol):
 
     def sync(self, host: ForeignJobHost) -> None:
         """On the monitor's tick: queue new work as jobs, cancel waiting jobs whose work went away."""
+        ...
+
+    def on_new_work(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (from any thread, cheaply, often) when new work may be waiting.
+
+        The core then runs its monitor's tick (:meth:`sync`) at once rather than
+        at its next poll: new work is queued and placed without waiting a poll
+        period, as a scheduler watching its pods does.
+        """
         ...
 
     def stopping(self, job: JobFacts, intent: str, reason: str) -> None:

@@ -156,8 +156,11 @@ class SchedulerCore:
         recover_attempts(self.attempts)
         self.life.started = True
         self.cycles.run()
+        woken = asyncio.Event()
+        if self.attempts.foreign is not None:
+            self.attempts.foreign.on_new_work(_waker(asyncio.get_running_loop(), woken))
         self._tasks = [
-            asyncio.create_task(self._loop(self.config.poll_s, self.attempts.check_processes), name="gpupool-monitor"),
+            asyncio.create_task(self._monitor(woken), name="gpupool-monitor"),
             asyncio.create_task(self._loop(self.config.tick_s, self.periodic.tick), name="gpupool-tick"),
         ]
         n = len(self.pool_state.gpus)
@@ -205,11 +208,34 @@ class SchedulerCore:
     async def _loop(self, period: float, fn: Callable[[], None]) -> None:
         while True:
             await asyncio.sleep(period)
+            self._iteration(fn)
+
+    async def _monitor(self, woken: asyncio.Event) -> None:
+        """The monitor's tick every ``poll_s``, or at once when the backend says new work waits.
+
+        A burst of new work (pods created by the hundred) is taken a tick at a
+        time, at most one tick per ``cycle_min_interval_s``: each tick queues
+        what arrived since the last, and one cycle places it.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            # The poll is a timer that sets the same event (not asyncio.wait_for, which in Python 3.11 may swallow
+            # the task's cancellation when the event is set at that moment: the service's stop would then hang).
+            poll = loop.call_later(self.config.poll_s, woken.set)
             try:
-                fn()
-            except Exception:  # one bad iteration must not end the service
-                log.exception("scheduler loop %s failed", getattr(fn, "__name__", fn))
-                self.book.reload()  # a rolled-back transaction may have left the mirror ahead of the store
+                await woken.wait()
+            finally:
+                poll.cancel()
+            woken.clear()
+            self._iteration(self.attempts.check_processes)
+            await asyncio.sleep(self.config.cycle_min_interval_s)
+
+    def _iteration(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:  # one bad iteration must not end the service
+            log.exception("scheduler loop %s failed", getattr(fn, "__name__", fn))
+            self.book.reload()  # a rolled-back transaction may have left the mirror ahead of the store
 
     # ================================================================ shared state, as callers see it
     @property
@@ -316,3 +342,19 @@ class SchedulerCore:
 
 __all__ = ["PAUSE_INTENTS", "assigned_gpus", "held_milli", "STOPPING_PROJECT", "WAIT_FOR_STOPPING", "Actor",
            "SchedulerCore", "ServiceConfig"]
+
+
+def _waker(loop: asyncio.AbstractEventLoop, woken: asyncio.Event) -> Callable[[], None]:
+    """A function any thread may call, as often as it likes, to set ``woken`` on ``loop``.
+
+    Calls while it is already set cost nothing (reading the flag from another
+    thread may at worst schedule one set too many); after the loop has closed
+    a call does nothing.
+    """
+    def wake() -> None:
+        if not woken.is_set():
+            try:
+                loop.call_soon_threadsafe(woken.set)
+            except RuntimeError:  # the loop has closed (the service stopped)
+                pass
+    return wake

@@ -109,6 +109,22 @@ async def test_a_whole_gpu_pod_and_one_without_its_configmap(api: Any, namespace
     assert not [e for e in pod_events(api, namespace, "two-gpus") if e.reason == "GpupoolNoGpuEnv"]
 
 
+async def test_a_new_pod_is_queued_and_bound_as_its_watch_sees_it_not_at_the_next_poll(api: Any, namespace: str,
+                                                                                        gpu_nodes: Any,
+                                                                                        make_core: Any) -> None:
+    """The monitor polls every 30 s here: only the watch's wake can have the pods bound within seconds."""
+    gpu_nodes(1, gpus=8)
+    core = await make_core(poll_s=30.0)
+    await wait_for(lambda: core.pool()["nodes"], what="the node in the pool")
+    core.set_project(ADMIN, "vision", {"train_guarantee": 8})
+    await asyncio.sleep(0.5)  # past the monitor's first look: what follows waits on the wake alone
+    for i in range(3):
+        kubectl_pod(api, namespace, f"woken-{i}", gpus=1, env_from=False)
+    await wait_for(lambda: all(api.read_namespaced_pod(f"woken-{i}", namespace).spec.node_name for i in range(3)),
+                   timeout=10.0, what="the three pods bound well before the next poll")
+    assert sorted(j["state"] for i in range(3) for j in jobs_of(core, namespace, f"woken-{i}")) == ["running"] * 3
+
+
 async def test_a_pod_without_a_known_project_is_told_why_and_queued_once_the_project_exists(
         api: Any, namespace: str, gpu_nodes: Any, make_core: Any) -> None:
     gpu_nodes(1, gpus=8)

@@ -108,6 +108,9 @@ class PodAdoption:
         return found
 
     # ------------------------------------------------------------ queueing pods (the monitor's tick)
+    def on_new_work(self, wake: Callable[[], None]) -> None:
+        self.kubectl.new_work = wake
+
     def sync(self, host: ForeignJobHost) -> None:
         """Queue new kubectl pods, and end queued jobs whose pod went away; only after a change.
 

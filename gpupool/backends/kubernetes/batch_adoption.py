@@ -332,6 +332,12 @@ class Adoptions:
             self.gangs.sync(host)
         self.pods.sync(host)
 
+    def on_new_work(self, wake: Callable[[], None]) -> None:
+        """The kubectl pods' watch wakes the core (a gang's pods are kubectl pods too); labelled Jobs wait a poll."""
+        self.pods.on_new_work(wake)
+        if self.gangs is not None:
+            self.gangs.on_new_work(wake)
+
     def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
         for w in self._all():
             w.stopping(job, intent, reason)

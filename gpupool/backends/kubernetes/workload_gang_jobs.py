@@ -397,6 +397,9 @@ class WorkloadGangs:
         ask = next(a for a in asks if a is not None)
         return [ask.gpus] * len(pods), ask.node_affinity()
 
+    def on_new_work(self, wake: Callable[[], None]) -> None:
+        """Nothing of its own: a gang's pods are kubectl pods, whose watch wakes the core (PodAdoption)."""
+
     def stopping(self, job: JobFacts, intent: str, reason: str) -> None:
         ref = ref_of(job)
         if ref is not None:
