@@ -30,6 +30,7 @@ whole run, gpupool's over its arm), and the ratios gpupool / kube-scheduler.
     .venv/bin/python bench/kube_bind.py [--nodes 200] [--pods 1600] [--rounds 2]
     .venv/bin/python bench/kube_bind.py --nodes 1000 --pods 10000   # issue 28's size (8,000 bind, 2,000 wait)
     .venv/bin/python bench/kube_bind.py --kai                       # 500 nodes x 8 GPUs filled by 4,000 pods
+    .venv/bin/python bench/kube_bind.py --setting cycle_busy_share=0.25   # a gpupool setting (VALUE is JSON)
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ def pod_manifest(i: int, arm: str) -> dict[str, Any]:
 class GpupoolServe:
     """`gpupool serve --backend kubernetes` of this checkout, in a child process, for one arm."""
 
-    def __init__(self, work: Path, kubeconfig: Path, tag: str) -> None:
+    def __init__(self, work: Path, kubeconfig: Path, tag: str, settings: dict[str, Any]) -> None:
         cfg = work / f"settings-{tag}.json"
-        cfg.write_text(json.dumps(SETTINGS))
+        cfg.write_text(json.dumps(settings))
         self.log = work / f"serve-{tag}.log"
         env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
@@ -128,7 +129,7 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
     """Create P pods for ``arm``'s scheduler, measure until the GPUs are full (or nothing more binds), clean up."""
     serve = None
     if arm == "gpupool":
-        serve = GpupoolServe(work, kube / "kubeconfig", tag)
+        serve = GpupoolServe(work, kube / "kubeconfig", tag, args.settings)
         serve.ready(args.nodes)
         scheduler = serve.proc.pid
     else:
@@ -183,7 +184,8 @@ def run_arm(arm: str, api: client.CoreV1Api, kube: Path, work: Path, args: argpa
 def report(results: list[dict[str, Any]], args: argparse.Namespace, made_s: float) -> None:
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, load avg at start of each arm in the table; "
-          f"`bench/kube_bind.py --nodes {args.nodes} --pods {args.pods} --rounds {args.rounds}`: "
+          f"`bench/kube_bind.py --nodes {args.nodes} --pods {args.pods} --rounds {args.rounds}"
+          f"{''.join(f' --setting {s}' for s in args.setting)}`: "
           f"{args.nodes} KWOK nodes x {GPUS_PER_NODE} GPUs (made in {made_s:.0f} s), {args.pods} one-GPU pods "
           f"created by {args.creators} threads, {min(args.pods, args.nodes * GPUS_PER_NODE)} can bind\n")
     print("| round | arm | bound / created | binds/s | create->bound p50 / p99 | API writes per bound pod | "
@@ -221,7 +223,18 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=30, help="end an arm when no pod has bound for this long, s")
     ap.add_argument("--kai", action="store_true", help="KAI-Scheduler's scale scenario: 500 nodes x 8 GPUs "
                     "filled by 4,000 one-GPU pods (first create -> last bound is the time to fill)")
+    ap.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                    help="a gpupool service setting besides the benchmark's (VALUE is JSON)")
     args = ap.parse_args()
+    args.settings = dict(SETTINGS)
+    for item in args.setting:
+        key, sep, value = item.partition("=")
+        try:
+            args.settings[key] = json.loads(value) if sep else None
+        except json.JSONDecodeError:
+            ap.error(f"--setting {item}: VALUE must be JSON (a number, true, \"text\")")
+        if not sep:
+            ap.error(f"--setting {item}: expected KEY=VALUE")
     if args.kai:
         args.nodes, args.pods = 500, 4000
     work = Path(tempfile.mkdtemp(prefix="kube-bind-"))

@@ -94,6 +94,8 @@ class ServiceConfig:
     # Train submits and exits within this of a cycle share the next one. 20 ms, not less: a burst of 1,000
     # submits then takes 2.4 s instead of 3.2 s (docs/benchmarks.md, cli); a quiet service decides at once.
     cycle_min_interval_s: float = 0.02
+    # The most of its time a busy service spends on deferred cycles: one at most every last cycle / this share.
+    cycle_busy_share: float = 0.5
     poll_s: float = 0.2  # how often running processes are checked for exit
     pause_grace_s: float = 10.0  # SIGTERM -> SIGKILL delay when pausing or cancelling
     reply_wait_s: float = 2.0  # pause/cancel calls wait this long for the process to stop
@@ -250,6 +252,9 @@ class ServiceConfig:
         for name in ("tick_s", "poll_s", "history_interval_s", "lease_s", "kube_start_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidRequest(f"{name} must be > 0")
+        if not 0 < self.cycle_busy_share <= 1:
+            raise InvalidRequest("cycle_busy_share must be > 0 and <= 1 (the most of its time the service spends "
+                                 "on scheduling cycles while busy)")
         if not self.kube_refused_backoff_s >= 0:
             raise InvalidRequest("kube_refused_backoff_s must be >= 0")
         if not (isinstance(self.kube_refusals_before_failure, int) and self.kube_refusals_before_failure >= 1):

@@ -265,7 +265,7 @@ class CycleRunner:
             return
         # At most one cycle per max(cycle_min_interval_s, 2 x the last cycle): a quiet service
         # decides at once, a busy one spends at most about half of the loop on cycles.
-        interval = max(self.config.cycle_min_interval_s, 2 * self._last_cycle_s)
+        interval = max(self.config.cycle_min_interval_s, self._last_cycle_s / self.config.cycle_busy_share)
         wait = interval - (time.monotonic() - self._last_cycle)
         loop = asyncio.get_running_loop()
         self._handle = (loop.call_later(wait, self._deferred) if wait > 0

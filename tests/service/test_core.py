@@ -359,6 +359,44 @@ async def test_expensive_cycles_are_coalesced_for_train_bursts(tmp_path):
         await core.stop()
 
 
+async def test_a_lower_busy_share_runs_fewer_cycles_for_a_steady_stream_of_submits(tmp_path):
+    """cycle_busy_share: the most of its time a busy service spends on cycles (fewer, larger ones when lower)."""
+    import time as _time
+
+    from gpupool.app.backend import build_core
+    from gpupool.service import fallback_policy
+    from gpupool.service.config import ServiceConfig
+    from tests.service.helpers import fast_config
+
+    async def cycles_for_stream(share: float) -> int:
+        calls = []
+
+        def slow_policy(snapshot):
+            calls.append(len(snapshot.workloads))
+            _time.sleep(0.04)  # a cycle over a big cluster's jobs
+            return fallback_policy.schedule(snapshot)
+
+        core = build_core(fast_config(tmp_path / f"s{share}", cycle_min_interval_s=0.001, tick_s=60,
+                                      cycle_busy_share=share), policy=slow_policy)
+        await core.start()
+        try:
+            core.set_project(ADMIN, "p", {"train_guarantee": 2})
+            before = len(calls)
+            for _ in range(30):  # a job every 20 ms, as pods arrive on a busy cluster
+                await core.submit(ALICE, {"project": "p", "command": [PY, "-c", "import time; time.sleep(60)"]})
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # the last deferred cycle
+            return len(calls) - before
+        finally:
+            await core.stop()
+
+    every, tenth = await cycles_for_stream(1.0), await cycles_for_stream(0.1)
+    assert tenth >= 1 and tenth * 3 < every, (tenth, every)
+    for bad in (0, 1.5, -0.2):
+        with pytest.raises(InvalidRequest, match="cycle_busy_share must be > 0 and <= 1"):
+            ServiceConfig(state_dir=tmp_path, cycle_busy_share=bad)
+
+
 async def test_memory_request_and_model_choice(make_core):
     core = await make_core(simulate="1xA100-80GB,1xT4")
     core.set_project(ADMIN, "p", {"build_quota": 2})
