@@ -88,9 +88,9 @@ def pod_manifest(i: int, arm: str) -> dict[str, Any]:
 class GpupoolServe:
     """`gpupool serve --backend kubernetes` of this checkout, in a child process, for one arm."""
 
-    def __init__(self, work: Path, kubeconfig: Path, tag: str, settings: dict[str, Any]) -> None:
+    def __init__(self, work: Path, kubeconfig: Path, tag: str, settings: dict[str, Any] | None = None) -> None:
         cfg = work / f"settings-{tag}.json"
-        cfg.write_text(json.dumps(settings))
+        cfg.write_text(json.dumps(SETTINGS if settings is None else settings))
         self.log = work / f"serve-{tag}.log"
         env = dict(os.environ, GPUPOOL_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
