@@ -218,6 +218,7 @@ class SchedulerCore:
         what arrived since the last, and one cycle places it.
         """
         loop = asyncio.get_running_loop()
+        last = float("-inf")
         while True:
             # The poll is a timer that sets the same event (not asyncio.wait_for, which in Python 3.11 may swallow
             # the task's cancellation when the event is set at that moment: the service's stop would then hang).
@@ -226,9 +227,12 @@ class SchedulerCore:
                 await woken.wait()
             finally:
                 poll.cancel()
+            gap = self.config.cycle_min_interval_s - (loop.time() - last)
+            if gap > 0:  # woken soon after the last tick: what arrives meanwhile shares the next
+                await asyncio.sleep(gap)
             woken.clear()
+            last = loop.time()
             self._iteration(self.attempts.check_processes)
-            await asyncio.sleep(self.config.cycle_min_interval_s)
 
     def _iteration(self, fn: Callable[[], None]) -> None:
         try:
