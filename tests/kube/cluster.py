@@ -323,12 +323,16 @@ class Kubelet:
                         "name": "job", "ready": False, "restartCount": 0, "image": image, "imageID": "",
                         "state": {"waiting": {"reason": reason, "message": message}}}]}})
         elif not statuses:
-            self.api.patch_namespaced_pod_status(name, self.ns, {"status": {
-                "phase": "Running", "startTime": now_text(), "podIP": "127.0.0.1",
-                "containerStatuses": [{"name": "job", "ready": True, "restartCount": 0,
-                                       "image": pod.spec.containers[0].image, "imageID": "",
-                                       "state": {"running": {"startedAt": now_text()}}}]}})
-            self.started.append(name)
+            self.started.append(name)  # before the report: whoever sees the pod Running finds it here already
+            try:
+                self.api.patch_namespaced_pod_status(name, self.ns, {"status": {
+                    "phase": "Running", "startTime": now_text(), "podIP": "127.0.0.1",
+                    "containerStatuses": [{"name": "job", "ready": True, "restartCount": 0,
+                                           "image": pod.spec.containers[0].image, "imageID": "",
+                                           "state": {"running": {"startedAt": now_text()}}}]}})
+            except Exception:
+                self.started.remove(name)
+                raise
 
 
 def wait(pred: Any, timeout: float = 20.0, what: str = "condition") -> Any:
