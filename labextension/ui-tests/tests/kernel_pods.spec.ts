@@ -112,7 +112,16 @@ test.describe('GPU kernels as pods on the cluster backend', () => {
     await expect(editor).toHaveText(code);
     await page.keyboard.press('Shift+Enter');
     const output = page.locator('.jp-NotebookPanel .jp-OutputArea-output').first();
-    await expect(output).toContainText(/pod 127\.77\.\d+\.\d+ share 0\.25 CUDA 0 job j-\d+/, { timeout: 60000 });
+    // Once in CI the run never reached the kernel (the cell kept its "[ ]" prompt, no output): when nothing
+    // has come 20 s after a run, select the first cell and run it again (printing the same line twice is harmless).
+    let runs = 0;
+    await expect(async () => {
+      if (runs++ > 0 && (await output.count()) === 0) {
+        await page.locator('.jp-NotebookPanel .jp-Cell').first().locator('.jp-InputPrompt').click();
+        await page.locator('.jp-NotebookPanel').getByRole('button', { name: /Run this cell and advance/ }).click();
+      }
+      await expect(output).toContainText(/pod 127\.77\.\d+\.\d+ share 0\.25 CUDA 0 job j-\d+/, { timeout: 20000 });
+    }).toPass({ timeout: 90000 });
     fs.mkdirSync(SHOTS, { recursive: true });
     await page.screenshot({ path: path.join(SHOTS, 'kernel-pod.png') });
 
